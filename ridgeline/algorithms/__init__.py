@@ -1,0 +1,56 @@
+"""RL objective building blocks: advantage estimators, policy losses, KL estimators, reductions.
+
+Pure tensor functions looked up by name in registries. Importing this package
+registers every built-in.
+"""
+
+from ridgeline.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_REDUCTIONS,
+    POLICY_LOSSES,
+    Registry,
+    UnknownNameError,
+    register_advantage_estimator,
+    register_kl_estimator,
+    register_loss_reduction,
+    register_policy_loss,
+)
+
+# Importing the modules below runs their @register decorators.
+from ridgeline.algorithms.reductions import (
+    masked_mean,
+    seq_mean_token_sum_norm,
+    sequence_mean,
+    token_mean,
+)
+from ridgeline.algorithms.advantages import compute_grpo_advantages
+from ridgeline.algorithms.kl import kl_penalty, resolve_kl_estimator
+from ridgeline.algorithms.policy_loss import (
+    PolicyLossConfig,
+    dual_clip_loss,
+    ppo_clip_loss,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_REDUCTIONS",
+    "POLICY_LOSSES",
+    "PolicyLossConfig",
+    "Registry",
+    "UnknownNameError",
+    "compute_grpo_advantages",
+    "dual_clip_loss",
+    "kl_penalty",
+    "masked_mean",
+    "ppo_clip_loss",
+    "register_advantage_estimator",
+    "register_kl_estimator",
+    "register_loss_reduction",
+    "register_policy_loss",
+    "resolve_kl_estimator",
+    "seq_mean_token_sum_norm",
+    "sequence_mean",
+    "token_mean",
+]

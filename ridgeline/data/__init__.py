@@ -1,0 +1,18 @@
+"""Prompt data: the SkyRL row schema, loading/validation/batching, and dataset preparation.
+
+Independent of ``ridgeline.envs``: rows name their env by string only.
+"""
+
+from .dataset import PromptDataset
+from .prepare_arithmetic import prepare_arithmetic
+from .prepare_gsm8k import prepare_gsm8k
+from .schema import DatasetError, PromptRow, validate_row
+
+__all__ = [
+    "DatasetError",
+    "PromptDataset",
+    "PromptRow",
+    "prepare_arithmetic",
+    "prepare_gsm8k",
+    "validate_row",
+]

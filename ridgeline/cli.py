@@ -1,0 +1,33 @@
+"""The `ridgeline` command: `ridgeline train [overrides]` and `ridgeline prepare DATASET ...`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="ridgeline", description="RL post-training of language models")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run training; arguments are Hydra overrides",
+                           description="ridgeline train +experiment=quickstart trainer.epochs=2 ...")
+    train.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=tiny trainer.seed=1")
+    from ridgeline.data.cli import add_prepare_parser, run_prepare
+    add_prepare_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        return run_prepare(args)
+    from ridgeline.config import ConfigError, load_config
+    from ridgeline.entrypoints.run import run_training
+    try:
+        cfg = load_config(args.overrides)
+    except ConfigError as err:
+        print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
+        return 2
+    run_training(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Compose a Ridgeline config the way the `ridgeline` command does: Hydra + validation.
+
+``load_config(["+experiment=quickstart", "trainer.epochs=2"])`` composes ``ppo_base_config.yaml``
+with the preset and overrides, drops Hydra's own node, and validates the result.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ridgeline.config.validate import (
+    FREE_FORM,
+    ConfigError,
+    _base_default,
+    _base_leaves,
+    _show,
+    base_config,
+    config_problems,
+    suggest_key,
+    under_free_form,
+)
+
+__all__ = [
+    "CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments", "base_config",
+]
+
+CONFIG_DIR: Path = Path(__file__).resolve().parent
+CONFIG_NAME = "ppo_base_config"
+EXPERIMENT_GROUP = "experiment"
+
+
+def default_backend() -> str:
+    """Default inference backend: "vllm" when a CUDA GPU is present, "hf" otherwise."""
+    try:
+        import torch
+    except ImportError:
+        return "hf"
+    return "vllm" if torch.cuda.is_available() else "hf"
+
+
+OmegaConf.register_new_resolver("ridgeline.default_backend", default_backend, replace=True)
+
+
+def list_experiments() -> list[str]:
+    """Names of the presets usable as ``+experiment=NAME``."""
+    return sorted(p.stem for p in (CONFIG_DIR / EXPERIMENT_GROUP).glob("*.yaml"))
+
+
+def load_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose the base config with Hydra ``overrides``, validate it and return it.
+
+    Raises :class:`ConfigError` naming every problem found (bad override syntax, unknown keys,
+    wrong types, clashing batch sizes, features not built yet, ...).
+    """
+    overrides = list(overrides or [])
+    problems: list[str] = []
+    usable = _check_overrides(overrides, problems)
+    try:
+        cfg = _compose(usable)
+    except ConfigError as exc:  # a problem the pre-checks could not see
+        problems.extend(exc.problems)
+        # still report what is wrong with the rest: compose again without presets
+        rest = [o for o in usable if o.lstrip("+").split("=", 1)[0] != EXPERIMENT_GROUP]
+        if rest != usable:
+            try:
+                cfg = _compose(rest)
+            except ConfigError:
+                raise ConfigError(problems) from None
+            _strip_hydra(cfg)
+            problems.extend(config_problems(cfg))
+        raise ConfigError(problems) from None
+    _strip_hydra(cfg)
+    _names_to_str(cfg)
+    problems.extend(config_problems(cfg))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+# --------------------------------------------------------------------------- Hydra
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException, MissingConfigException
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    # called from inside a running Hydra app: compose here, then give the app its state back
+    outer = get_gh_backup() if GlobalHydra.instance().is_initialized() else None
+    if outer is not None:
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+            return compose(config_name=CONFIG_NAME, overrides=overrides)
+    except MissingConfigException as exc:
+        raise ConfigError(_missing_config_problem(exc, overrides)) from None
+    except HydraException as exc:
+        raise ConfigError(_hydra_problem(exc, overrides)) from None
+    finally:
+        if outer is not None:
+            restore_gh_from_backup(outer)
+
+
+def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
+    """Report overrides Hydra would refuse (all of them, not just the first); return the rest."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    known = _known_keys()
+    usable: list[str] = []
+    for text in overrides:
+        try:
+            ov = parser.parse_override(text)
+        except HydraException as exc:
+            problems.append(
+                f"The override {text!r} cannot be parsed: {_parse_reason(exc)}. "
+                "Fix: write it as key=value (e.g. trainer.epochs=2); quote values with spaces or "
+                "special characters, e.g. 'trainer.run_name=\"my run\"'.")
+            continue
+        key = ov.key_or_group
+        if key == EXPERIMENT_GROUP or key.startswith("hydra") or ov.package is not None:
+            if key == EXPERIMENT_GROUP and not (ov.is_add() or ov.is_force_add()):
+                problems.append(
+                    f"The override {text!r} selects a preset without '+': presets are not part "
+                    f"of the base config. Fix: +experiment={ov.value()}.")
+                continue
+            usable.append(text)
+            continue
+        if ov.is_delete():
+            problems.append(
+                f"The override {text!r} deletes {key}: Ridgeline reads every key of the base "
+                f"config. Fix: set it to a value instead, e.g. {key}=VALUE.")
+            continue
+        # Inside a free-form map a preset may already have created the key, which only the composed
+        # config knows: Hydra decides, and its refusal comes back as a ConfigError with the fix.
+        if ov.is_add() or ov.is_force_add() or key in known or under_free_form(key):
+            usable.append(text)
+            continue
+        # a CHANGE of a key the base config does not have: Hydra would refuse it
+        value = _show(ov.value()) if not isinstance(ov.value(), dict) else "..."
+        guess = suggest_key(key)
+        if guess:
+            problems.append(f"{key}={value} is not a Ridgeline config key: did you mean {guess}? "
+                            f"Fix: {guess}={value}.")
+        else:
+            problems.append(
+                f"{key}={value} is not a Ridgeline config key. Fix: remove it. Free-form "
+                f"settings go under {', '.join(FREE_FORM)} (add them with '+', e.g. "
+                "+generator.engine_init_kwargs.attention_backend=flashinfer).")
+    return usable
+
+
+def _parse_reason(exc: Exception) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines()
+             if ln.strip() and not ln.startswith(("See ", "Error parsing override"))]
+    return "; ".join(lines) or "invalid syntax"
+
+
+def _known_keys() -> set[str]:
+    from ridgeline.config.validate import _all_keys
+
+    return set(_all_keys())
+
+
+def _missing_config_problem(exc: Exception, overrides: list[str]) -> str:
+    msg = str(exc).splitlines()[0]
+    available = list_experiments()
+    asked = [o.split("=", 1)[1] for o in overrides
+             if o.lstrip("+").startswith(EXPERIMENT_GROUP + "=")]
+    guess = difflib.get_close_matches(asked[0], available, n=1) if asked else []
+    hint = f" Did you mean +experiment={guess[0]}?" if guess else ""
+    names = ", ".join(available) if available else "(none installed)"
+    return (f"{msg}.{hint} Presets are the files in {CONFIG_DIR / EXPERIMENT_GROUP}: {names}. "
+            "Fix: +experiment=NAME with one of those names.")
+
+
+def _hydra_problem(exc: Exception, overrides: list[str]) -> str:
+    cause = exc.__cause__
+    full_key = getattr(cause, "full_key", None)
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if full_key and under_free_form(str(full_key)):
+        text = next((o for o in overrides if o.split("=", 1)[0] == str(full_key)), f"{full_key}=VALUE")
+        return (f"{text}: {str(full_key).rsplit('.', 1)[0]} is a free-form map, so new keys in it need "
+                f"a '+'. Fix: +{text}.")
+    if full_key:
+        guess = suggest_key(str(full_key))
+        hint = f" Did you mean {guess}?" if guess else ""
+        return (f"{full_key}: {first} ({str(cause).splitlines()[0]}).{hint} Fix: use a key of the "
+                "base config, or '+key=value' to add one inside a free-form map.")
+    return f"Hydra could not compose the config: {str(exc).strip()} Fix: correct that override."
+
+
+# --------------------------------------------------------------------------- clean-up
+
+
+def _strip_hydra(cfg: DictConfig) -> None:
+    if "hydra" in cfg:
+        with open_dict(cfg):
+            cfg.pop("hydra")
+
+
+def _names_to_str(cfg: DictConfig) -> None:
+    """Hydra reads ``trainer.run_name=2024`` as a number; string keys get it back as text."""
+    for key, default in _base_leaves().items():
+        if not isinstance(_base_default(key), str) or isinstance(default, (list, dict)):
+            continue
+        parent_key, _, leaf = key.rpartition(".")
+        parent: Any = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        if not isinstance(parent, DictConfig) or leaf not in parent:
+            continue
+        node = parent._get_node(leaf)
+        if node is None or OmegaConf.is_interpolation(parent, leaf):
+            continue
+        value = node._value()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            with open_dict(parent):
+                parent[leaf] = str(value)
+

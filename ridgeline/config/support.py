@@ -1,0 +1,198 @@
+"""What the current Ridgeline build acts on, as data.
+
+Every key of the base config is accepted by name, but some features behind those keys are not
+built yet. The tables here say which, so that validation can refuse a setting Ridgeline would
+otherwise ignore, and the trainer can list the defaults it does not act on.
+
+Rules applied by :func:`ridgeline.config.validate.validate_config`:
+
+* ``SUPPORTED_VALUES[key]``: the key must hold one of these values (for ``trainer.logger``, every
+  entry must). This applies even at the base default: the default ``trainer.strategy=fsdp2`` is
+  refused until FSDP is built.
+* ``NOT_YET[key]`` without an entry in ``SUPPORTED_VALUES``: the key is accepted at its base
+  default and refused when changed. A key ending in ``.*`` covers every key below that prefix.
+* ``HINTS[key]``: accepted with any value; an engine or strategy tuning knob the current build may
+  not use.
+* ``DEFAULTS_NOT_ACTED_ON[key]``: defaults of ``NOT_YET`` keys that ask for something the build
+  does not do; :func:`unbuilt_defaults` lists the ones a config leaves in place so the trainer can
+  log them once at start.
+
+Issue numbers refer to Ridgeline's tracker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = [
+    "NOT_YET",
+    "SUPPORTED_VALUES",
+    "HINTS",
+    "DEFAULTS_NOT_ACTED_ON",
+    "KNOWN_ADVANTAGE_ESTIMATORS",
+    "KNOWN_POLICY_LOSSES",
+    "PREPARE_DATASETS",
+    "not_yet_note",
+    "unbuilt_defaults",
+]
+
+_MULTI = "multi-process training (issue 6)"
+_MULTI_LATER = "multi-process training arrives with issue 6"
+
+# dotted key (or prefix.*) -> what to use today / which issue brings it
+NOT_YET: dict[str, str] = {
+    # strategies, engines, trackers: only some values built
+    "trainer.strategy": "only 'single' is built; fsdp2 and fsdp arrive with issue 6, deepspeed "
+    "and megatron are not planned",
+    "generator.backend": "only the embedded 'hf' engine is built; vllm, sglang and remote "
+    "engines arrive with issue 7",
+    "trainer.logger": "the 'console' and 'jsonl' trackers are built; wandb, tensorboard and "
+    "mlflow arrive with issue 5",
+    # placement and sharding
+    "trainer.placement.*": "placement of workers on several devices arrives with " + _MULTI,
+    "trainer.policy.fsdp_config.*": "FSDP settings arrive with " + _MULTI,
+    "trainer.ref.fsdp_config.*": "FSDP settings arrive with " + _MULTI,
+    "trainer.critic.*": "a critic (needed only by the gae estimator) arrives with issue 6",
+    "trainer.policy.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
+    "trainer.ref.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
+    "trainer.policy.use_torch_compile": "torch.compile support arrives with issue 8",
+    "trainer.policy.record_memory": "memory snapshots arrive with issue 5",
+    # checkpoints and dumps
+    "trainer.resume_mode": "checkpoints and resume arrive with issue 5",
+    "trainer.resume_path": "checkpoints and resume arrive with issue 5",
+    "trainer.ckpt_interval": "checkpoints arrive with issue 5",
+    "trainer.max_ckpts_to_keep": "checkpoints arrive with issue 5",
+    "trainer.hf_save_interval": "periodic Hugging Face exports arrive with issue 5 (the final "
+    "model is always written to trainer.run_dir)",
+    "trainer.dump_data_batch": "training-batch dumps arrive with issue 5",
+    # algorithm features
+    "trainer.update_ref_every_epoch": "reference-model refresh arrives with issue 3",
+    "trainer.algorithm.use_kl_in_reward": "KL in the reward arrives with issue 3; use "
+    "trainer.algorithm.use_kl_loss=true",
+    "trainer.algorithm.kl_ctrl.*": "KL controllers (for use_kl_in_reward) arrive with issue 3",
+    "trainer.algorithm.advantage_batch_normalize": "batch-normalized advantages arrive with "
+    "issue 3",
+    "trainer.algorithm.dynamic_sampling.*": "dynamic sampling arrives with issue 3",
+    "trainer.algorithm.use_tis": "truncated importance sampling arrives with issue 3",
+    "trainer.algorithm.tis_imp_ratio_cap": "truncated importance sampling arrives with issue 3",
+    # generator / engines
+    "generator.num_inference_engines": "several inference engines arrive with issue 6",
+    "generator.inference_engine_tensor_parallel_size": "tensor-parallel engines arrive with "
+    "issue 7; the hf engine runs on one device",
+    "generator.remote_inference_engine_urls": "remote engines arrive with issue 7",
+    "generator.max_turns": "multi-turn rollouts arrive with issue 4; only 1 turn is built",
+    "generator.use_conversation_multi_turn": "multi-turn rollouts arrive with issue 4",
+    "generator.weight_sync_backend": "cross-process weight sync arrives with issue 6",
+    "generator.weight_sync_timeout": "cross-process weight sync arrives with issue 6",
+    "generator.override_existing_update_group": "cross-process weight sync arrives with issue 6",
+    "generator.engine_init_kwargs": "engine keyword arguments are passed to vllm/sglang engines "
+    "(issue 7); the hf engine takes none, so this map must stay empty",
+    "generator.run_engines_locally": "remote engines arrive with issue 7; only true is built",
+}
+
+# keys where only some values are built (checked even at the base default)
+SUPPORTED_VALUES: dict[str, set[Any]] = {
+    "trainer.strategy": {"single"},
+    "generator.backend": {"hf"},
+    "trainer.logger": {"console", "jsonl"},
+    "generator.inference_engine_tensor_parallel_size": {1, 4},  # 4 = base default, not acted on
+    "generator.max_turns": {1},
+    "generator.run_engines_locally": {True},
+    # the default, plus the value that turns the unbuilt feature off (what the build does anyway)
+    "trainer.resume_mode": {"latest", "none"},
+    "trainer.ckpt_interval": {10, -1},
+}
+
+# accepted with any value; tuning hints the current build may not use
+HINTS: dict[str, str] = {
+    "generator.async_engine": "vllm engine mode; the hf engine is always synchronous",
+    "generator.batched": "vllm/sglang request batching; the hf engine batches on its own",
+    "generator.enable_prefix_caching": "vllm/sglang KV-cache option",
+    "generator.enable_chunked_prefill": "vllm option",
+    "generator.max_num_batched_tokens": "vllm scheduler option",
+    "generator.enforce_eager": "vllm option (CUDA graphs off)",
+    "generator.gpu_memory_utilization": "vllm/sglang KV-cache budget",
+    "generator.max_num_seqs": "vllm/sglang scheduler option",
+    "trainer.policy.optimizer_config.offload_after_step": "optimizer-state offload for "
+    "colocated GPU runs",
+    "trainer.critic.optimizer_config.offload_after_step": "optimizer-state offload for "
+    "colocated GPU runs",
+    "trainer.use_sample_packing": "packing several samples into one row; a speed option",
+    "trainer.gradient_checkpointing": "activation recomputation; a memory option",
+    "trainer.algorithm.normalize_reward": "reward normalization switch from SkyRL",
+    "trainer.algorithm.clip_ratio_c": "read only by the dual_clip policy loss",
+}
+
+# defaults of NOT_YET keys that ask for something this build does not do
+DEFAULTS_NOT_ACTED_ON: dict[str, str] = {
+    "trainer.resume_mode": "no checkpoint is read: checkpoints and resume arrive with issue 5",
+    "trainer.ckpt_interval": "no checkpoint is written: checkpoints arrive with issue 5",
+    "trainer.placement.policy_num_gpus_per_node": "strategy single trains in one process on one "
+    "device; " + _MULTI_LATER,
+    "trainer.placement.ref_num_gpus_per_node": "the reference model lives in the training "
+    "process; " + _MULTI_LATER,
+    "trainer.placement.critic_num_gpus_per_node": "no critic is built; critics arrive with issue 6",
+    "trainer.placement.reward_num_gpus_per_node": "rewards are computed in the training process; "
+    + _MULTI_LATER,
+    "trainer.ref.fsdp_config.cpu_offload": "the reference model stays on the training "
+    "device; " + _MULTI_LATER,
+    "generator.inference_engine_tensor_parallel_size": "the hf engine runs on one device; tensor "
+    "parallelism arrives with issue 7",
+    "generator.weight_sync_backend": "weights reach the embedded engine in-process, "
+    "so no transport is used; cross-process weight sync arrives with issue 6",
+}
+
+# names SkyRL users may bring; refused with "not supported yet" until registered
+KNOWN_ADVANTAGE_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "gae", "reinforce++")
+KNOWN_POLICY_LOSSES: tuple[str, ...] = (
+    "regular", "dual_clip", "gspo", "cispo", "clip_cov", "kl_cov", "sapo",
+)
+
+# datasets `data.prepare.dataset` can name
+PREPARE_DATASETS: set[str] = {"arithmetic", "gsm8k"}
+
+
+def not_yet_note(key: str) -> str | None:
+    """The NOT_YET note covering dotted ``key`` (exact entry or a ``prefix.*`` entry)."""
+    if key in NOT_YET:
+        return NOT_YET[key]
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        note = NOT_YET.get(".".join(parts[:i]) + ".*")
+        if note is not None:
+            return note
+    return None
+
+
+def _base_defaults() -> DictConfig:
+    from ridgeline.config.validate import base_config
+
+    return base_config()
+
+
+def unbuilt_defaults(cfg: DictConfig) -> list[str]:
+    """Lines naming the not-built keys that ``cfg`` leaves at a default the run will not act on.
+
+    The trainer logs these once at start so that no setting is silently ignored, e.g.
+    ``trainer.ckpt_interval=10 (default): no checkpoint is written: ...``.
+    """
+    base = _base_defaults()
+    lines: list[str] = []
+    for key, why in DEFAULTS_NOT_ACTED_ON.items():
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=False)
+            default = OmegaConf.select(base, key, throw_on_missing=False)
+        except Exception:  # an unresolvable value is reported by validation, not here
+            continue
+        if value is None or value != default:
+            continue
+        lines.append(f"{key}={_show(value)} (default): {why}")
+    return lines
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,741 @@
+"""Checks a composed Ridgeline config before anything heavy runs.
+
+:func:`validate_config` gathers every problem it finds and raises one :class:`ConfigError` whose
+message lists them, one paragraph each: the full dotted key, the bad value, why it cannot work,
+and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from ridgeline.config import support
+
+__all__ = ["ConfigError", "validate_config", "config_problems", "base_config", "BASE_CONFIG_FILE"]
+
+BASE_CONFIG_FILE = Path(__file__).resolve().parent / "ppo_base_config.yaml"
+
+# maps whose contents are free-form: keys below them are not checked against the base config
+FREE_FORM: tuple[str, ...] = ("generator.engine_init_kwargs", "environment.skyrl_gym", "data.prepare")
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "trainer.strategy": ("fsdp2", "fsdp", "single", "deepspeed", "megatron"),
+    "trainer.resume_mode": ("none", "latest", "from_path"),
+    "trainer.mixed_precision": ("auto", "bf16", "fp32"),
+    "trainer.algorithm.loss_reduction": ("token_mean", "sequence_mean", "seq_mean_token_sum_norm"),
+    "trainer.algorithm.kl_estimator_type": (None, "k1", "k2", "k3", "abs"),
+    "trainer.algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "trainer.algorithm.dynamic_sampling.type": (None, "filter", "replace"),
+    "generator.backend": ("hf", "vllm", "sglang", "remote"),
+    "generator.model_dtype": ("bfloat16", "float16", "float32"),
+    "generator.override_existing_update_group": ("auto", "enable", "disable"),
+    "generator.weight_sync_backend": ("nccl", "gloo"),
+}
+LOGGERS: tuple[str, ...] = ("wandb", "console", "tensorboard", "mlflow", "jsonl")
+
+_PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+_MISSING = object()  # key absent, or its value could not be resolved (already reported)
+_PURE_REF = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+
+
+class ConfigError(ValueError):
+    """A config Ridgeline cannot run. ``problems`` holds one paragraph per problem."""
+
+    def __init__(self, problems: str | Iterable[str]):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems: list[str] = list(problems)
+        super().__init__(format_problems(self.problems))
+
+
+def format_problems(problems: list[str]) -> str:
+    if len(problems) == 1:
+        return "Invalid Ridgeline config:\n\n- " + problems[0]
+    head = f"Invalid Ridgeline config ({len(problems)} problems):"
+    return head + "".join("\n\n- " + p for p in problems)
+
+
+# --------------------------------------------------------------------------- base config
+
+
+@functools.lru_cache(maxsize=1)
+def _base() -> DictConfig:
+    cfg = OmegaConf.load(BASE_CONFIG_FILE)
+    for node in ("defaults", "hydra"):
+        cfg.pop(node, None)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def base_config() -> DictConfig:
+    """The defaults of ``ppo_base_config.yaml`` (without Hydra's nodes), read-only."""
+    return _base()
+
+
+@functools.lru_cache(maxsize=1)
+def _base_tree() -> dict:
+    return OmegaConf.to_container(_base(), resolve=False)
+
+
+def _walk_leaves(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) for every leaf of a plain nested dict; free-form maps are leaves."""
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v and key not in FREE_FORM:
+            yield from _walk_leaves(v, key)
+        else:
+            yield key, v
+
+
+@functools.lru_cache(maxsize=1)
+def _base_leaves() -> dict[str, Any]:
+    return dict(_walk_leaves(_base_tree()))
+
+
+def _base_default(key: str) -> Any:
+    """The base default of ``key`` with a pure ``${other.key}`` reference followed."""
+    value = _base_leaves()[key]
+    seen = set()
+    while isinstance(value, str) and (m := _PURE_REF.match(value)) and m.group(1) not in seen:
+        seen.add(m.group(1))
+        value = _base_leaves().get(m.group(1), value)
+    return value
+
+
+def _all_keys() -> list[str]:
+    keys: list[str] = []
+
+    def rec(tree: dict, prefix: str) -> None:
+        for k, v in tree.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            keys.append(key)
+            if isinstance(v, dict) and key not in FREE_FORM:
+                rec(v, key)
+
+    rec(_base_tree(), "")
+    return keys
+
+
+def suggest_key(key: str) -> str | None:
+    """The base-config key a mistyped or misplaced dotted ``key`` most likely means."""
+    all_keys = _all_keys()
+    if key in all_keys:
+        return None
+    parent, _, leaf = key.rpartition(".")
+    # same name, other place (e.g. trainer.n_samples_per_prompt -> generator.n_samples_per_prompt)
+    same_leaf = [k for k in all_keys if k.rpartition(".")[2] == leaf]
+    if len(same_leaf) == 1:
+        return same_leaf[0]
+    if same_leaf:
+        close = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)
+        return close[0]
+    siblings = [k for k in all_keys if k.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    close = difflib.get_close_matches(key, all_keys, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def under_free_form(key: str) -> bool:
+    return any(key == f or key.startswith(f + ".") for f in FREE_FORM)
+
+
+# --------------------------------------------------------------------------- formatting helpers
+
+
+def _show(value: Any) -> str:
+    """A value as it would be written on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value) if (value == "" or value.strip() != value or " " in value) else value
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _one_of(values: Iterable[Any]) -> str:
+    items = [_show(v) for v in values]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+
+
+def _divisor_text(n: int) -> str:
+    divs = _divisors(n)
+    if len(divs) > 8:
+        return ", ".join(str(d) for d in divs[:5]) + ", ... or " + str(divs[-1])
+    return _one_of(divs)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a map"
+    return type(value).__name__
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _resolve(node: Any, prefix: str, problems: list[str]) -> Any:
+    """A plain copy of ``node`` with interpolations resolved; failures become problems."""
+    if isinstance(node, DictConfig):
+        out: dict = {}
+        for k in node.keys():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            out[str(k)] = _resolve_child(node, k, key, problems)
+        return out
+    if isinstance(node, ListConfig):
+        items = [_resolve_child(node, i, f"{prefix}[{i}]", problems) for i in range(len(node))]
+        return _MISSING if any(v is _MISSING for v in items) else items
+    return node
+
+
+def _resolve_child(parent: Any, k: Any, key: str, problems: list[str]) -> Any:
+    try:
+        value = parent[k]
+    except Exception as exc:  # interpolation / missing-value errors
+        raw = None
+        try:
+            raw = parent._get_node(k)._value()
+        except Exception:
+            pass
+        problems.append(_resolution_problem(key, raw, exc))
+        return _MISSING
+    if isinstance(value, (DictConfig, ListConfig)):
+        if value._is_none():
+            return None
+        return _resolve(value, key, problems)
+    return value
+
+
+def _resolution_problem(key: str, raw: Any, exc: Exception) -> str:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    reason = re.sub(r"^\w+ raised while resolving interpolation: ", "", reason).strip("\"'")
+    if raw == "???":
+        return (f"{key} has no value (???): the config requires it. "
+                f"Fix: give it one, e.g. {key}=VALUE.")
+    env = re.search(r"Environment variable '(\w+)' not found", reason)
+    if env is None and raw is not None:
+        env = re.search(r"oc\.env:([A-Za-z_]\w*)", str(raw))
+    fix = (f"set the environment variable {env.group(1)}, or give {key.split('[')[0]} a literal value on the "
+           "command line" if env else
+           f"give {key} a value that resolves, or fix the interpolation")
+    return f"{key}={_show(raw)} could not be resolved: {reason}. Fix: {fix}."
+
+
+def _get(tree: Any, key: str) -> Any:
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+class _Checker:
+    def __init__(self, cfg: DictConfig):
+        self.problems: list[str] = []
+        self.c = _resolve(cfg, "", self.problems)
+        self.bad: set[str] = set()  # keys already reported; later checks skip them
+
+    def add(self, key: str | None, text: str) -> None:
+        self.problems.append(text)
+        if key:
+            self.bad.add(key)
+
+    def val(self, key: str) -> Any:
+        if key in self.bad:
+            return _MISSING
+        return _get(self.c, key)
+
+    def num(self, key: str) -> int | float | None:
+        v = self.val(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        return v
+
+    # 1. unknown and missing keys --------------------------------------------------------
+    def structure(self) -> None:
+        def rec(c: dict, b: dict, prefix: str) -> None:
+            for k, v in c.items():
+                key = f"{prefix}.{k}" if prefix else str(k)
+                if k not in b:
+                    self._unknown(key, v)
+                elif key in FREE_FORM:
+                    continue
+                elif isinstance(v, dict) and isinstance(b[k], dict):
+                    rec(v, b[k], key)
+            for k, bv in b.items():
+                key = f"{prefix}.{k}" if prefix else str(k)
+                if k not in c:
+                    self.add(key, f"{key} is missing from the config (default {_show(bv)}): "
+                                  "Ridgeline reads every key of the base config. Fix: do not "
+                                  f"delete it; restore it with {key}={_show(bv)} or drop the "
+                                  "override that removed it.")
+
+        if not isinstance(self.c, dict):
+            self.add(None, "The config is not a map of sections. Fix: load it with "
+                           "ridgeline.config.load_config().")
+            return
+        rec(self.c, _base_tree(), "")
+
+    def _unknown(self, key: str, value: Any) -> None:
+        guess = suggest_key(key)
+        if guess:
+            fix = (f"did you mean {guess}? Fix: rename it, e.g. {guess}={_show(value)}"
+                   if not isinstance(value, dict) else f"did you mean {guess}? Fix: rename it")
+        else:
+            fix = ("Fix: remove it. Free-form settings go under generator.engine_init_kwargs, "
+                   "environment.skyrl_gym or data.prepare")
+        self.add(key, f"{key}={_show(value)} is not a Ridgeline config key: {fix}.")
+
+    # 2. types ---------------------------------------------------------------------------
+    def types(self) -> None:
+        for key in _base_leaves():
+            value = self.val(key)
+            if value is _MISSING:
+                continue
+            default = _base_default(key)
+            expected = self._type_error(key, value, default)
+            if expected:
+                got = _type_name(value)
+                if isinstance(value, list) and isinstance(default, list) and default:
+                    wrong = [v for v in value if not _scalar_ok(v, default[0])]
+                    if wrong:
+                        got = f"a list holding {_one_of(wrong)}"
+                self.add(key, f"{key}={_show(value)} has the wrong type: expected {expected}, "
+                              f"got {got}. Fix: {key}=<{_placeholder(default)}>, "
+                              f"e.g. the default {key}={_show(default)}.")
+        # sections replaced by a scalar
+        def rec(b: dict, prefix: str) -> None:
+            for k, bv in b.items():
+                key = f"{prefix}.{k}" if prefix else str(k)
+                if isinstance(bv, dict) and bv and key not in FREE_FORM:
+                    v = self.val(key)
+                    if v is not _MISSING and not isinstance(v, dict):
+                        self.add(key, f"{key}={_show(v)} replaces a section with "
+                                      f"{_type_name(v)}: {key} holds the keys "
+                                      f"{', '.join(bv)}. Fix: set its keys one at a time, "
+                                      f"e.g. {key}.{next(iter(bv))}=VALUE.")
+                    elif isinstance(v, dict):
+                        rec(bv, key)
+        rec(_base_tree(), "")
+
+    def _type_error(self, key: str, value: Any, default: Any) -> str | None:
+        if key == "trainer.logger":
+            if isinstance(value, str):
+                return None
+            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                return None
+            return "a tracker name or a non-empty list of tracker names"
+        if key in FREE_FORM and default is not None:
+            return None if isinstance(value, dict) else "a map"
+        if default is None:
+            if key == "data.prepare" and value is not None and not isinstance(value, dict):
+                return "null or a map {dataset: ..., output_dir: ...}"
+            return None
+        if isinstance(default, list):
+            if not isinstance(value, list):
+                return "a list"
+            if default:
+                bad = [v for v in value if not _scalar_ok(v, default[0])]
+                if bad:
+                    return f"a list of {_PLURAL.get(type(default[0]), 'values')}"
+            return None
+        if isinstance(default, dict):
+            return None if isinstance(value, dict) else "a map"
+        if _scalar_ok(value, default):
+            return None
+        return _type_name(default)
+
+    # 3. choices and registries ----------------------------------------------------------
+    def choices(self) -> None:
+        for key, allowed in CHOICES.items():
+            v = self.val(key)
+            if v is _MISSING or v in allowed:
+                continue
+            self._not_one_of(key, v, allowed)
+        logger = self.val("trainer.logger")
+        if logger is not _MISSING:
+            entries = [logger] if isinstance(logger, str) else list(logger)
+            unknown = [e for e in entries if e not in LOGGERS]
+            if unknown:
+                self.add("trainer.logger",
+                         f"trainer.logger={_show(logger)} names unknown tracker(s) "
+                         f"{_one_of(unknown)}: trackers are {_one_of(LOGGERS)}. Fix: e.g. "
+                         "trainer.logger=console, or a list such as trainer.logger=[console,jsonl].")
+        self._registry_checks()
+
+    def _not_one_of(self, key: str, v: Any, allowed: Iterable[Any]) -> None:
+        allowed = list(allowed)
+        strs = [a for a in allowed if isinstance(a, str)]
+        close = difflib.get_close_matches(str(v), strs, n=1, cutoff=0.6)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        fix_value = close[0] if close else _base_default(key)
+        self.add(key, f"{key}={_show(v)} is not a valid choice: it must be {_one_of(allowed)}."
+                      f"{hint} Fix: e.g. {key}={_show(fix_value)}.")
+
+    def _registry_checks(self) -> None:
+        estimators, losses = _registries()
+        key = "trainer.algorithm.advantage_estimator"
+        v = self.val(key)
+        if isinstance(v, str):
+            self._registered(key, v, estimators, support.KNOWN_ADVANTAGE_ESTIMATORS,
+                             "advantage estimator", "ADVANTAGE_ESTIMATORS")
+        for key in ("trainer.algorithm.policy_loss_type", "trainer.algorithm.ppo_loss_type"):
+            v = self.val(key)
+            if isinstance(v, str):
+                self._registered(key, v, losses, support.KNOWN_POLICY_LOSSES,
+                                 "policy loss", "POLICY_LOSSES")
+
+    def _registered(self, key: str, name: str, registry: Any, known: Iterable[str],
+                    what: str, attr: str) -> None:
+        if name in registry:
+            return
+        built = sorted(registry.names())
+        fix = f"Fix: {key}={built[0]}" if built else "Fix: register one"
+        if name in known:
+            self.add(key, f"{key}={name} is not supported yet: Ridgeline has not built the {name} "
+                          f"{what}. Built: {_one_of(built)}. {fix}.")
+        else:
+            close = difflib.get_close_matches(name, list(built) + list(known), n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            self.add(key, f"{key}={name} is not a registered {what}.{hint} Registered: "
+                          f"{_one_of(built)}. Fix: pick one of those, or register your own in "
+                          f"ridgeline.algorithms.{attr} before the config is loaded.")
+
+    # 4. numbers -------------------------------------------------------------------------
+    def numbers(self) -> None:
+        positive_ints = [
+            "trainer.epochs", "trainer.update_epochs_per_batch", "trainer.train_batch_size",
+            "trainer.policy_mini_batch_size", "trainer.critic_mini_batch_size",
+            "trainer.micro_train_batch_size_per_gpu", "trainer.micro_forward_batch_size_per_gpu",
+            "trainer.max_prompt_length", "trainer.eval_batch_size",
+            "generator.n_samples_per_prompt", "generator.eval_n_samples_per_prompt",
+            "generator.max_input_length", "generator.max_turns",
+            "generator.num_inference_engines", "generator.inference_engine_tensor_parallel_size",
+            "generator.sampling_params.max_generate_length",
+            "generator.eval_sampling_params.max_generate_length",
+        ]
+        for key in positive_ints:
+            v = self.num(key)
+            if v is not None and v < 1:
+                self.add(key, f"{key}={_show(v)} must be a positive whole number (at least 1). "
+                              f"Fix: e.g. {key}={_show(_base_default(key))}.")
+        for key in ("trainer.policy.optimizer_config.lr", "trainer.critic.optimizer_config.lr"):
+            v = self.num(key)
+            if v is not None and v <= 0:
+                self.add(key, f"{key}={_show(v)} must be greater than 0: the optimizer would not "
+                              f"move the weights. Fix: e.g. {key}={_show(_base_default(key))}.")
+        for key in ("trainer.num_warmup_steps",
+                    "trainer.policy.optimizer_config.weight_decay",
+                    "trainer.policy.optimizer_config.max_grad_norm",
+                    "trainer.critic.optimizer_config.weight_decay",
+                    "trainer.critic.optimizer_config.max_grad_norm",
+                    "trainer.algorithm.kl_loss_coef"):
+            v = self.num(key)
+            if v is not None and v < 0:
+                self.add(key, f"{key}={_show(v)} must not be negative. "
+                              f"Fix: e.g. {key}={_show(_base_default(key))}.")
+        v = self.num("generator.weight_sync_timeout")
+        if v is not None and v <= 0:
+            self.add("generator.weight_sync_timeout",
+                     f"generator.weight_sync_timeout={_show(v)} must be a positive number of "
+                     "seconds. Fix: e.g. generator.weight_sync_timeout=60.")
+        v = self.num("trainer.eval_interval")
+        if v is not None and v != -1 and v < 1:
+            self.add("trainer.eval_interval",
+                     f"trainer.eval_interval={_show(v)} must be a positive number of steps, or -1 "
+                     "to turn periodic evaluation off. Fix: trainer.eval_interval=-1 or e.g. 5.")
+        for key in ("trainer.policy.optimizer_config.adam_betas",
+                    "trainer.critic.optimizer_config.adam_betas"):
+            v = self.val(key)
+            if isinstance(v, list) and (len(v) != 2 or any(
+                    isinstance(b, (int, float)) and not 0 <= b < 1 for b in v)):
+                self.add(key, f"{key}={_show(v)} must be two numbers in [0, 1) (beta1, beta2). "
+                              f"Fix: e.g. {key}=[0.9,0.999].")
+        for block in ("generator.sampling_params", "generator.eval_sampling_params"):
+            self._sampling(block)
+        v = self.num("trainer.algorithm.eps_clip_low")
+        if v is not None and not 0 <= v < 1:
+            self.add("trainer.algorithm.eps_clip_low",
+                     f"trainer.algorithm.eps_clip_low={_show(v)} must be in [0, 1): the ratio is "
+                     "clipped below at 1 - eps_clip_low, which must stay positive. "
+                     "Fix: e.g. trainer.algorithm.eps_clip_low=0.2.")
+        v = self.num("trainer.algorithm.eps_clip_high")
+        if v is not None and v < 0:
+            self.add("trainer.algorithm.eps_clip_high",
+                     f"trainer.algorithm.eps_clip_high={_show(v)} must be 0 or more: the ratio is "
+                     "clipped above at 1 + eps_clip_high. "
+                     "Fix: e.g. trainer.algorithm.eps_clip_high=0.2 (0.28 for clip-higher).")
+
+    def _sampling(self, block: str) -> None:
+        key = f"{block}.temperature"
+        v = self.num(key)
+        if v is not None and v < 0:
+            self.add(key, f"{key}={_show(v)} must be 0 or more (0 means greedy decoding). "
+                          f"Fix: e.g. {key}=1.0.")
+        key = f"{block}.top_p"
+        v = self.num(key)
+        if v is not None and not 0 < v <= 1:
+            self.add(key, f"{key}={_show(v)} must be in (0, 1]: it is the probability mass kept "
+                          f"when sampling. Fix: e.g. {key}=1.0 (no nucleus cut).")
+        key = f"{block}.min_p"
+        v = self.num(key)
+        if v is not None and not 0 <= v < 1:
+            self.add(key, f"{key}={_show(v)} must be in [0, 1). Fix: e.g. {key}=0.0 (off).")
+        key = f"{block}.top_k"
+        v = self.num(key)
+        if v is not None and v != -1 and v < 1:
+            self.add(key, f"{key}={_show(v)} must be -1 (off) or at least 1. Fix: e.g. {key}=-1.")
+
+    # 5. batch arithmetic ----------------------------------------------------------------
+    def batches(self) -> None:
+        tbs = self.num("trainer.train_batch_size")
+        n = self.num("generator.n_samples_per_prompt")
+        micro = self.num("trainer.micro_train_batch_size_per_gpu")
+        strategy = self.val("trainer.strategy")
+        self._batch_role("policy", tbs, n, micro, strategy)
+        if self.val("trainer.algorithm.advantage_estimator") == "gae":
+            self._batch_role("critic", tbs, n, micro, strategy)
+
+    def _batch_role(self, role: str, tbs: Any, n: Any, micro: Any, strategy: Any) -> None:
+        mkey = f"trainer.{role}_mini_batch_size"
+        mini = self.num(mkey)
+        if not all(isinstance(x, int) and x >= 1 for x in (tbs, mini)):
+            return
+        if mini > tbs:
+            self.add(mkey, f"{mkey}={mini} is larger than trainer.train_batch_size={tbs}: a "
+                           f"mini-batch is a slice of the {tbs} prompts of one step. Fix: choose "
+                           f"a mini-batch size that divides {tbs} ({_divisor_text(tbs)}).")
+            return
+        if tbs % mini:
+            self.add(mkey, f"{mkey}={mini} does not divide trainer.train_batch_size={tbs}: each "
+                           f"step splits the {tbs} prompts into mini-batches of {mini} for "
+                           f"optimizer steps. Fix: choose a mini-batch size that divides {tbs} "
+                           f"({_divisor_text(tbs)}).")
+        if not all(isinstance(x, int) and x >= 1 for x in (n, micro)):
+            return
+        nodes_key = f"trainer.placement.{role}_num_nodes"
+        gpus_key = f"trainer.placement.{role}_num_gpus_per_node"
+        if strategy == "single":
+            dp, dp_why = 1, "1 data-parallel rank (strategy single)"
+        else:
+            nodes, gpus = self.num(nodes_key), self.num(gpus_key)
+            if not all(isinstance(x, int) and x >= 1 for x in (nodes, gpus)):
+                return
+            dp = nodes * gpus
+            dp_why = (f"{dp} data-parallel ranks ({nodes_key}={nodes} x {gpus_key}={gpus}, "
+                      f"strategy {strategy})")
+        samples = mini * n
+        if samples % dp:
+            self.add(mkey, f"{mkey}={mini} x generator.n_samples_per_prompt={n} = {samples} "
+                           f"samples per optimizer step cannot be split evenly over {dp_why}. "
+                           f"Fix: make {mkey} x n_samples_per_prompt a multiple of {dp}, or change "
+                           "the number of ranks.")
+            return
+        per_rank = samples // dp
+        if per_rank % micro:
+            self.add("trainer.micro_train_batch_size_per_gpu",
+                     f"trainer.micro_train_batch_size_per_gpu={micro} does not divide the "
+                     f"{per_rank} samples each rank trains on per {role} optimizer step "
+                     f"({mkey}={mini} x generator.n_samples_per_prompt={n} / {dp_why}): "
+                     "gradient accumulation needs whole micro-batches. Fix: choose a micro-batch "
+                     f"size that divides {per_rank} ({_divisor_text(per_rank)}).")
+
+    # 6. exclusive switches --------------------------------------------------------------
+    def kl(self) -> None:
+        if self.val("trainer.algorithm.use_kl_loss") is True and \
+                self.val("trainer.algorithm.use_kl_in_reward") is True:
+            self.add(None, "trainer.algorithm.use_kl_loss=true and "
+                           "trainer.algorithm.use_kl_in_reward=true cannot both be on: the KL "
+                           "penalty to the reference model is applied either as a loss term or "
+                           "subtracted from the reward, not both. Fix: keep the KL loss "
+                           "(trainer.algorithm.use_kl_in_reward=false), or move it into the "
+                           "reward (trainer.algorithm.use_kl_loss=false).")
+
+    # 7. features not built yet ----------------------------------------------------------
+    def not_yet(self) -> None:
+        for key, allowed in support.SUPPORTED_VALUES.items():
+            v = self.val(key)
+            if v is _MISSING:
+                continue
+            entries = v if isinstance(v, list) else [v]
+            refused = [e for e in entries if not _in(e, allowed)]
+            if not refused:
+                continue
+            default = _base_default(key)
+            at_default = " (the default)" if v == default else ""
+            built = sorted(allowed, key=str)
+            if key == "trainer.logger":
+                fix = "trainer.logger=console (or [console,jsonl])"
+            else:
+                fix = f"{key}={_show(built[0])}" if len(built) == 1 else \
+                    f"set {key} to {_one_of(built)}"
+            self.add(key, f"{key}={_show(v)}{at_default} is not supported yet: "
+                          f"{support.not_yet_note(key)}. Fix: {fix}.")
+        for key, default in _base_leaves().items():
+            if key in support.SUPPORTED_VALUES:
+                continue
+            note = support.not_yet_note(key)
+            if note is None:
+                continue
+            v = self.val(key)
+            if v is _MISSING or _same(v, default):
+                continue
+            if key == "generator.engine_init_kwargs":
+                self.add(key, f"{key}={_show(v)} is not supported yet: {note}. Fix: remove the "
+                              f"+{key}.* overrides (leave {key}={{}}).")
+                continue
+            self.add(key, f"{key}={_show(v)} is not supported yet: {note}. Fix: leave it at its "
+                          f"default ({key}={_show(default)}).")
+
+    # extension keys ---------------------------------------------------------------------
+    def extensions(self) -> None:
+        prep = self.val("data.prepare")
+        if isinstance(prep, dict):
+            ds = prep.get("dataset", _MISSING)
+            if ds not in support.PREPARE_DATASETS:
+                self.add("data.prepare.dataset",
+                         f"data.prepare.dataset={_show(None if ds is _MISSING else ds)} is not a "
+                         f"dataset Ridgeline can prepare: it must be "
+                         f"{_one_of(sorted(support.PREPARE_DATASETS))}. Fix: e.g. "
+                         "+data.prepare.dataset=gsm8k, or data.prepare=null to prepare nothing.")
+            out = prep.get("output_dir", _MISSING)
+            if not isinstance(out, str) or not out:
+                self.add("data.prepare.output_dir",
+                         f"data.prepare.output_dir={_show(None if out is _MISSING else out)} "
+                         "must be a folder path: the prepared files are written there. "
+                         "Fix: e.g. +data.prepare.output_dir=$HOME/data/gsm8k.")
+        v = self.val("data.train_data")
+        if isinstance(v, list) and not v:
+            self.add("data.train_data", "data.train_data=[] lists no training files. Fix: e.g. "
+                                        "data.train_data=[$HOME/data/gsm8k/train.parquet].")
+        v = self.val("trainer.policy.model.path")
+        if isinstance(v, str) and not v.strip():
+            self.add("trainer.policy.model.path",
+                     "trainer.policy.model.path is empty. Fix: a hub id or a local folder, e.g. "
+                     "trainer.policy.model.path=Qwen/Qwen2.5-0.5B-Instruct.")
+
+    def run(self) -> list[str]:
+        self.structure()
+        self.types()
+        self.choices()
+        self.numbers()
+        self.batches()
+        self.kl()
+        self.not_yet()
+        self.extensions()
+        return self.problems
+
+
+def _scalar_ok(value: Any, default: Any) -> bool:
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, str):
+        # Hydra reads `run_name=2024` as an integer; a number is a fine name
+        return isinstance(value, (str, int, float))
+    return True
+
+
+def _placeholder(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true|false"
+    if isinstance(default, int):
+        return "integer"
+    if isinstance(default, float):
+        return "number"
+    if isinstance(default, list):
+        return "list"
+    if isinstance(default, dict):
+        return "map"
+    return "string"
+
+
+def _in(value: Any, allowed: set) -> bool:
+    # type-exact membership: True must not pass for 1
+    return any(value == a and type(value) is type(a) for a in allowed)
+
+
+def _same(value: Any, default: Any) -> bool:
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value is default
+    return value == default
+
+
+def _registries() -> tuple[Any, Any]:
+    """The advantage-estimator and policy-loss registries of ridgeline.algorithms."""
+    estimators = losses = None
+    try:
+        from ridgeline import algorithms
+    except ImportError:
+        algorithms = None
+    if algorithms is not None:
+        estimators = getattr(algorithms, "ADVANTAGE_ESTIMATORS", None)
+        losses = getattr(algorithms, "POLICY_LOSSES", None)
+    # while ridgeline.algorithms is incomplete, assume what is promised to be built
+    return (estimators if estimators is not None else _Fixed({"grpo"}),
+            losses if losses is not None else _Fixed({"regular", "dual_clip"}))
+
+
+class _Fixed:
+    def __init__(self, names: set[str]):
+        self._names = names
+
+    def names(self) -> list[str]:
+        return sorted(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+
+# --------------------------------------------------------------------------- API
+
+
+def config_problems(cfg: DictConfig) -> list[str]:
+    """Every problem of ``cfg``, one paragraph each (empty when it is fine)."""
+    return _Checker(cfg).run()
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise one :class:`ConfigError` listing every problem of ``cfg``; return if none."""
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,107 @@
+"""``prepare`` subcommand: write ready-to-train parquet files.
+
+The main ``ridgeline`` CLI wires this in with :func:`add_prepare_parser`
+and :func:`run_prepare`; ``python -m ridgeline.data.cli prepare ...`` works
+on its own through :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .prepare_arithmetic import PROMPT_STYLES, prepare_arithmetic
+from .prepare_gsm8k import HUB_ID, prepare_gsm8k
+from .schema import DatasetError
+
+__all__ = ["add_prepare_parser", "run_prepare", "main"]
+
+
+def add_prepare_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    """Add ``prepare {gsm8k,arithmetic}`` to an argparse subparsers object.
+
+    The chosen dataset is stored in ``args.prepare_dataset``; the parser also
+    sets ``args.func = run_prepare`` for CLIs that dispatch that way.
+    """
+    prepare = subparsers.add_parser(
+        "prepare",
+        help="write train/validation parquet files for a built-in dataset",
+        description="Write train.parquet and validation.parquet in the SkyRL row schema.",
+    )
+    prepare.set_defaults(func=run_prepare)
+    datasets = prepare.add_subparsers(dest="prepare_dataset", metavar="DATASET", required=True)
+
+    gsm8k = datasets.add_parser("gsm8k", help="GSM8K grade-school math (train + test as validation)")
+    gsm8k.add_argument("--output", required=True, type=Path, help="directory to write the parquet files into")
+    gsm8k.add_argument(
+        "--input",
+        type=Path,
+        default=None,
+        help=f"directory with train.jsonl and test.jsonl; if omitted, download {HUB_ID} from the Hugging Face Hub",
+    )
+
+    arith = datasets.add_parser("arithmetic", help="generated integer arithmetic with difficulty knobs")
+    arith.add_argument("--output", required=True, type=Path, help="directory to write the parquet files into")
+    arith.add_argument("--num-train", type=int, default=2000, help="training problems (default: 2000)")
+    arith.add_argument("--num-val", type=int, default=200, help="held-out validation problems (default: 200)")
+    arith.add_argument("--min-operand", type=int, default=1, help="smallest operand, inclusive (default: 1)")
+    arith.add_argument("--max-operand", type=int, default=30, help="largest operand, inclusive (default: 30)")
+    arith.add_argument("--ops", default="+", help="operators to use, from '+-*' (default: '+')")
+    arith.add_argument("--num-operands", type=int, default=2, help="operands per problem (default: 2)")
+    arith.add_argument("--seed", type=int, default=0, help="generation seed (default: 0)")
+    arith.add_argument(
+        "--prompt-style",
+        choices=sorted(PROMPT_STYLES),
+        default="direct",
+        help="'direct': answer with just the number; 'hash': answer after '####' (default: direct)",
+    )
+    return prepare
+
+
+def _count_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(path).num_rows
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """Run the chosen ``prepare`` command; print files and row counts. Returns an exit code."""
+    try:
+        if args.prepare_dataset == "gsm8k":
+            written = prepare_gsm8k(args.output, input_dir=args.input)
+        elif args.prepare_dataset == "arithmetic":
+            written = prepare_arithmetic(
+                args.output,
+                num_train=args.num_train,
+                num_val=args.num_val,
+                min_operand=args.min_operand,
+                max_operand=args.max_operand,
+                ops=args.ops,
+                num_operands=args.num_operands,
+                seed=args.seed,
+                prompt_style=args.prompt_style,
+            )
+        else:
+            print(f"error: unknown dataset {args.prepare_dataset!r}", file=sys.stderr)
+            return 2
+    except (DatasetError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for split, path in written.items():
+        print(f"{split}: {path} ({_count_rows(path)} rows)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry point: ``python -m ridgeline.data.cli prepare ...``."""
+    parser = argparse.ArgumentParser(prog="python -m ridgeline.data.cli", description="Ridgeline data tools.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_prepare_parser(subparsers)
+    args = parser.parse_args(argv)
+    return run_prepare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

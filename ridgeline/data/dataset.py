@@ -1,0 +1,246 @@
+"""Prompt datasets: load, validate, filter and batch SkyRL-format rows.
+
+Everything is read and validated up front: a bad row should stop a run
+before any GPU time is spent, with a message naming file/row/column.
+Batching uses a torch-free RNG keyed on (seed, epoch) so a resumed run can
+regenerate exactly the order it was in and skip the batches already done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .schema import DatasetError, PromptRow, validate_row
+
+__all__ = ["PromptDataset", "read_rows", "write_parquet", "SUPPORTED_SUFFIXES"]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SUFFIXES = (".parquet", ".jsonl")
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise DatasetError(f"{path}: could not read parquet file: {exc}", file=str(path)) from exc
+    # pandas.DataFrame.to_parquet may store the index as an extra column; it is not data.
+    index_columns = [name for name in table.column_names if name.startswith("__index_level_")]
+    if index_columns:
+        table = table.drop_columns(index_columns)
+    return table.to_pylist()
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with path.open("r", encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue  # tolerate blank lines, e.g. a trailing newline
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                index = len(rows)
+                raise DatasetError(
+                    f"{path} row {index} (line {line_number}): invalid JSON: {exc.msg} at column {exc.colno}",
+                    file=str(path),
+                    index=index,
+                    problems=[(None, f"invalid JSON: {exc.msg}")],
+                ) from exc
+    return rows
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Raw (unvalidated) rows of one .parquet or .jsonl file."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"dataset file not found: {path} (resolved to {path.resolve()})", file=str(path))
+    if path.is_dir():
+        raise DatasetError(
+            f"dataset path is a directory, expected a file: {path} "
+            f"(list the files, e.g. {path / 'train.parquet'})",
+            file=str(path),
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    if suffix == ".jsonl":
+        return _read_jsonl(path)
+    raise DatasetError(
+        f"{path}: unsupported file type {suffix or '(none)'!r}; expected one of {', '.join(SUPPORTED_SUFFIXES)}",
+        file=str(path),
+    )
+
+
+def _prompt_length(tokenizer: Any, prompt: list[dict[str, str]]) -> int:
+    """Token count of the chat-templated prompt, as generation will see it."""
+    encoded = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    # transformers >= 5 returns a BatchEncoding by default, older versions a list of ids.
+    if hasattr(encoded, "keys") and "input_ids" in encoded:
+        encoded = encoded["input_ids"]
+    if encoded and isinstance(encoded[0], (list, tuple)):
+        encoded = encoded[0]
+    return len(encoded)
+
+
+def _epoch_rng(seed: int, epoch: int) -> random.Random:
+    """Independent stream per (seed, epoch); hashing avoids seed+epoch collisions
+    such as (seed=1, epoch=0) == (seed=0, epoch=1)."""
+    digest = hashlib.sha256(f"ridgeline-batches:{int(seed)}:{int(epoch)}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+class PromptDataset(Sequence[PromptRow]):
+    """Validated prompt rows from one or more .parquet / .jsonl files.
+
+    Args:
+        files: paths (a single path is accepted too); rows keep file order.
+        default_env_class: env for rows whose ``env_class`` is missing/None.
+        max_prompt_tokens: with ``tokenizer``, drop rows whose chat-templated
+            prompt (with generation prompt) is longer; the count is in
+            ``num_dropped_too_long`` and logged as a warning.
+        tokenizer: a Hugging Face tokenizer with a chat template.
+
+    Raises:
+        DatasetError: a file is missing/unreadable, a row is invalid (all
+            problems of the first bad row are reported), or no rows remain.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[str | Path] | str | Path,
+        *,
+        default_env_class: str = "gsm8k",
+        max_prompt_tokens: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        if isinstance(files, (str, Path)):
+            files = [files]
+        self.files: list[str] = [str(f) for f in files]
+        if not self.files:
+            raise DatasetError("no dataset files given")
+        self.default_env_class = default_env_class
+        self.max_prompt_tokens = max_prompt_tokens
+        self.num_dropped_too_long = 0
+
+        rows: list[PromptRow] = []
+        for file in self.files:
+            for index, raw in enumerate(read_rows(file)):
+                rows.append(validate_row(raw, file=file, index=index, default_env_class=default_env_class))
+        if not rows:
+            raise DatasetError(f"dataset has no rows: {', '.join(self.files)}")
+
+        if max_prompt_tokens is not None and tokenizer is not None:
+            kept = [row for row in rows if _prompt_length(tokenizer, row.prompt) <= max_prompt_tokens]
+            self.num_dropped_too_long = len(rows) - len(kept)
+            if self.num_dropped_too_long:
+                logger.warning(
+                    "dropped %d of %d prompts longer than max_prompt_tokens=%d (files: %s)",
+                    self.num_dropped_too_long,
+                    len(rows),
+                    max_prompt_tokens,
+                    ", ".join(self.files),
+                )
+            if not kept:
+                raise DatasetError(
+                    f"all {len(rows)} prompts are longer than max_prompt_tokens={max_prompt_tokens} "
+                    f"(files: {', '.join(self.files)}); raise the limit"
+                )
+            rows = kept
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: int) -> PromptRow:  # type: ignore[override]
+        return self._rows[index]
+
+    def __iter__(self) -> Iterator[PromptRow]:
+        return iter(self._rows)
+
+    def __repr__(self) -> str:
+        return f"PromptDataset(files={self.files!r}, rows={len(self)})"
+
+    def data_sources(self) -> list[str]:
+        """Distinct ``data_source`` values, in order of first appearance."""
+        return list(dict.fromkeys(row.data_source for row in self._rows))
+
+    def num_batches(self, batch_size: int, *, drop_last: bool = True) -> int:
+        """How many batches one epoch of :meth:`batches` yields."""
+        _check_batch_size(batch_size)
+        full, rest = divmod(len(self._rows), batch_size)
+        return full if drop_last or not rest else full + 1
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int,
+        epoch: int,
+        drop_last: bool = True,
+        skip_batches: int = 0,
+    ) -> Iterator[list[PromptRow]]:
+        """Shuffled batches for one epoch; the order depends only on (seed, epoch, len).
+
+        ``skip_batches`` resumes mid-epoch by skipping the first batches of
+        that same order. With ``drop_last`` a trailing partial batch is
+        dropped; a batch size larger than the dataset is then an error
+        (the epoch would be empty). Arguments are checked when called, not
+        on first iteration.
+        """
+        _check_batch_size(batch_size)
+        if drop_last and batch_size > len(self._rows):
+            raise ValueError(
+                f"batch_size={batch_size} is larger than the dataset ({len(self._rows)} rows) "
+                "and drop_last=True, so an epoch would have no batches"
+            )
+        if skip_batches < 0:
+            raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
+        order = list(range(len(self._rows)))
+        _epoch_rng(seed, epoch).shuffle(order)
+        return self._chunks(order, batch_size, drop_last, skip_batches)
+
+    def eval_batches(self, batch_size: int) -> Iterator[list[PromptRow]]:
+        """Batches in file order, keeping the final partial batch."""
+        _check_batch_size(batch_size)
+        return self._chunks(range(len(self._rows)), batch_size, False, 0)
+
+    def _chunks(
+        self, order: Sequence[int], batch_size: int, drop_last: bool, skip_batches: int
+    ) -> Iterator[list[PromptRow]]:
+        for start in range(skip_batches * batch_size, len(order), batch_size):
+            indices = order[start : start + batch_size]
+            if drop_last and len(indices) < batch_size:
+                return
+            yield [self._rows[i] for i in indices]
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], path: str | Path, schema: Any) -> Path:
+    """Write rows to ``path`` with an explicit Arrow schema, atomically.
+
+    Written to a temporary sibling and renamed, so an interrupted prepare
+    never leaves a truncated file that looks valid.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return path

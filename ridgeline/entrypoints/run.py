@@ -1,0 +1,38 @@
+"""Run a training job from a validated config: the one function both entry points call."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from omegaconf import DictConfig
+
+log = logging.getLogger("ridgeline")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run_training(cfg: DictConfig) -> dict:
+    from ridgeline.config import unbuilt_defaults
+    from ridgeline.trainer.trainer import Trainer
+
+    setup_logging()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for note in unbuilt_defaults(cfg):
+        log.warning("not acted on yet: %s", note)
+    trainer = Trainer.from_config(cfg)
+    summary = trainer.train()
+    before, after = summary["eval_before"], summary["eval_after"]
+    if before and after:
+        print(f"held-out pass@1 (greedy): {before['eval/all/pass_at_1']:.3f} -> {after['eval/all/pass_at_1']:.3f}")
+    elif after:
+        print(f"held-out pass@1 (greedy): {after['eval/all/pass_at_1']:.3f}")
+    print(f"{summary['steps']} steps in {summary['wall_seconds']:.0f} s; final model: {summary['final_model']}; "
+          f"reward plot: {summary['plot']}")
+    return summary

@@ -1,0 +1,113 @@
+"""Environment interface: how a rollout turns model text into reward.
+
+The shape follows the SkyRL-gym convention so users can port environments
+with little change: an env is built per rollout from the dataset row
+(``extras``) plus per-env config (``settings``), may rewrite the prompt in
+``init``, and is stepped with the model's response text until ``done``.
+Multi-turn envs return new chat messages as ``observations``; single-turn
+envs (the common rule-based-reward case) use :class:`SingleTurnEnv`.
+
+This module imports only the standard library so that envs can be loaded in
+lightweight worker processes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["Env", "SingleTurnEnv", "StepOutput", "Message"]
+
+Message = dict[str, str]
+"""A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
+
+
+@dataclass
+class StepOutput:
+    """Result of one env step.
+
+    observations: chat messages to append before the next model turn (empty
+        when ``done``).
+    reward: scalar reward for this step.
+    done: whether the episode has ended.
+    metadata: free-form diagnostics (e.g. the parsed answer) for logging.
+    """
+
+    observations: list[Message]
+    reward: float
+    done: bool
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(ABC):
+    """Base class for environments.
+
+    Args:
+        extras: the dataset row's columns other than ``prompt`` and
+            ``env_class`` (``data_source``, ``reward_spec``, ``extra_info``,
+            and any custom columns). Ground truth lives here.
+        **settings: per-env configuration (``environment.skyrl_gym.<name>``).
+
+    Subclasses that take no configuration can set ``accepted_settings = ()``
+    (or a tuple of names) so a typo in the config fails loudly instead of
+    being ignored; the default ``None`` accepts anything.
+    """
+
+    accepted_settings: ClassVar[tuple[str, ...] | None] = None
+
+    def __init__(self, extras: dict[str, Any] | None = None, **settings: Any) -> None:
+        if self.accepted_settings is not None:
+            unknown = sorted(set(settings) - set(self.accepted_settings))
+            if unknown:
+                accepted = ", ".join(self.accepted_settings) or "none"
+                raise TypeError(
+                    f"{type(self).__name__} got unknown settings {unknown}; accepted settings: {accepted}"
+                )
+        self.extras: dict[str, Any] = dict(extras or {})
+        self.settings: dict[str, Any] = dict(settings)
+
+    def init(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
+        """Called once before generation; may rewrite the prompt.
+
+        Returns the (possibly modified) prompt messages and metadata. The
+        default leaves the prompt unchanged.
+        """
+        return prompt, {}
+
+    @abstractmethod
+    def step(self, action: str) -> StepOutput:
+        """Consume the model's response text and return the next step."""
+
+    def close(self) -> None:
+        """Release resources (subprocesses, sandboxes). Default: nothing."""
+
+
+class SingleTurnEnv(Env):
+    """One response, one reward: the rule-based-reward case.
+
+    Subclasses implement :meth:`score`, and optionally :meth:`parse` to
+    expose what was read from the response (reported as
+    ``metadata["parsed"]``, which makes reward bugs visible in logs).
+    ``step`` ends the episode immediately with no observations.
+    """
+
+    @abstractmethod
+    def score(self, action: str) -> float:
+        """Reward for a response. Must not raise on arbitrary text."""
+
+    def parse(self, action: str) -> Any:
+        """What the env read from the response (for metadata). Default: None."""
+        return None
+
+    def step(self, action: str) -> StepOutput:
+        if not isinstance(action, str):
+            action = "" if action is None else str(action)
+        reward = float(self.score(action))
+        metadata: dict[str, Any] = {"parsed": self.parse(action)}
+        metadata.update(self.step_metadata())
+        return StepOutput(observations=[], reward=reward, done=True, metadata=metadata)
+
+    def step_metadata(self) -> dict[str, Any]:
+        """Extra metadata added to every step (e.g. the ground truth)."""
+        return {}

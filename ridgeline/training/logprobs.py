@@ -1,0 +1,62 @@
+"""Per-token logprobs and entropy of the response part of `[prompt | response]` rows."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+
+def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                      response_width: int, temperature: float = 1.0, with_entropy: bool = False,
+                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(token_t | prefix) for the last `response_width` tokens of each row, under
+    softmax(logits / temperature) — the same distribution the engine sampled from.
+
+    Position ids come from the attention mask so left padding does not shift positions; only the
+    logits of response positions are materialised (the vocabulary is large, the response short).
+
+    share_prompts: GRPO rows come in groups with the same prompt. The distinct prompts run once,
+    their keys/values are fanned out to every row of the group, and only the response tokens run
+    per row; gradients flow back through the fan-out, so the result (values and gradients) is that
+    of the plain forward, with prompt compute divided by the group size."""
+    width = sequences.shape[1]
+    prompt_width = width - response_width
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    prompts = torch.cat([sequences[:, :prompt_width], attention_mask[:, :prompt_width]], dim=-1)
+    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    if not share_prompts or prompt_width == 0 or unique.shape[0] == sequences.shape[0]:
+        out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions,
+                    use_cache=False, logits_to_keep=response_width + 1)
+        logits = out.logits[:, :-1]
+    else:
+        logits = _shared_prompt_logits(model, unique[:, :prompt_width], unique[:, prompt_width:], inverse,
+                                       sequences[:, prompt_width:], attention_mask, positions[:, prompt_width:])
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    targets = sequences[:, -response_width:]
+    log_z = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - log_z
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = log_z - (probs * logits).sum(-1)
+    return logprobs, entropy
+
+
+def _shared_prompt_logits(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                          inverse: torch.Tensor, response_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          response_positions: torch.Tensor) -> torch.Tensor:
+    """Logits [B, R, V] predicting each response token: the prompt's last position (run once per
+    distinct prompt), then the response positions 0..R-2 attending to the fanned-out prompt cache."""
+    prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions,
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.reorder_cache(inverse)  # index_select per layer: differentiable
+    first = out.logits[inverse]   # [B, 1, V]
+    if response_ids.shape[1] == 1:
+        return first
+    rest = model(input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                 position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).logits
+    return torch.cat([first, rest], dim=1)

@@ -1,0 +1,335 @@
+"""Hand-computed checks of ridgeline.algorithms; the arithmetic sits next to each expected value."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+import torch
+
+from ridgeline.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_REDUCTIONS,
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    Registry,
+    compute_grpo_advantages,
+    kl_penalty,
+    masked_mean,
+    register_advantage_estimator,
+    resolve_kl_estimator,
+)
+
+SQRT3 = math.sqrt(3.0)
+
+
+def close(actual: torch.Tensor, expected: list | float, atol: float = 1e-6) -> None:
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype), rtol=0.0, atol=atol)
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_builtins_are_registered() -> None:
+    assert ADVANTAGE_ESTIMATORS.names() == ["grpo"]
+    assert POLICY_LOSSES.names() == ["dual_clip", "regular"]
+    assert KL_ESTIMATORS.names() == ["abs", "k1", "k2", "k3"]
+    assert LOSS_REDUCTIONS.names() == ["seq_mean_token_sum_norm", "sequence_mean", "token_mean"]
+    assert "grpo" in ADVANTAGE_ESTIMATORS and "gae" not in ADVANTAGE_ESTIMATORS
+    assert ADVANTAGE_ESTIMATORS.get("grpo") is compute_grpo_advantages
+
+
+def test_registry_unknown_name_lists_available() -> None:
+    reg: Registry = Registry("widget")
+    reg.register("beta")(lambda: 2)
+    reg.register("alpha")(lambda: 1)
+    for exc_type in (KeyError, ValueError):
+        with pytest.raises(exc_type) as info:
+            reg.get("gamma")
+        assert str(info.value) == "unknown widget 'gamma'; available: alpha, beta"
+    with pytest.raises(KeyError, match="available: dual_clip, regular"):
+        POLICY_LOSSES.get("ppo")
+
+
+def test_registry_rejects_duplicate_names() -> None:
+    reg: Registry = Registry("widget")
+
+    @reg.register("a")
+    def first() -> int:
+        return 1
+
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a")
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage_estimator("grpo")
+    assert reg.get("a") is first  # the decorator returns the function unchanged
+
+
+# ----------------------------------------------------------------------------- GRPO
+
+
+def _grpo_batch() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    # Groups interleaved: a = [1, 0, 1, 0], b = [1, 1, 1, 0]. Responses have 1..3 tokens
+    # out of T = 3; rewards sit on the last real token except row 2, whose 1 is split
+    # 0.5 + 0.5 over two tokens to check the row sum.
+    rewards = torch.tensor(
+        [
+            [0.0, 0.0, 1.0],  # a  score 1
+            [0.0, 1.0, 0.0],  # b  score 1
+            [0.5, 0.5, 0.0],  # b  score 1
+            [0.0, 0.0, 0.0],  # a  score 0
+            [1.0, 0.0, 0.0],  # a  score 1
+            [0.0, 0.0, 0.0],  # b  score 0
+            [0.0, 0.0, 0.0],  # a  score 0
+            [1.0, 0.0, 0.0],  # b  score 1
+        ]
+    )
+    lengths = [3, 2, 2, 3, 1, 3, 2, 1]
+    mask = (torch.arange(3).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+    uids = ["a", "b", "b", "a", "a", "b", "a", "b"]
+    return rewards, mask, uids
+
+
+def _broadcast(per_row: list[float], mask: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(per_row).unsqueeze(-1) * mask
+
+
+def test_grpo_normalised_by_std() -> None:
+    rewards, mask, uids = _grpo_batch()
+    adv, ret = compute_grpo_advantages(rewards, mask, uids, epsilon=0.0)
+    # a: mean 0.5, unbiased var = 4 * 0.5^2 / 3 = 1/3, std = 1/sqrt(3) -> A = +-0.5 * sqrt(3) = +-0.8660254
+    # b: mean 0.75, var = (3 * 0.25^2 + 0.75^2) / 3 = 0.75 / 3 = 0.25, std = 0.5 -> A = 0.5 or -1.5
+    h = 0.5 * SQRT3
+    expected = _broadcast([h, 0.5, 0.5, -h, h, -1.5, -h, 0.5], mask)
+    close(adv, expected.tolist())
+    assert adv.dtype == torch.float32
+    assert torch.equal(ret, adv) and ret.data_ptr() != adv.data_ptr()
+    assert torch.all(adv[mask == 0] == 0)  # padding carries no advantage
+
+
+def test_grpo_default_epsilon() -> None:
+    rewards, mask, uids = _grpo_batch()
+    adv, _ = compute_grpo_advantages(rewards, mask, uids)
+    # a: 0.5 / (0.57735027 + 1e-6) = 0.86602390;  b: 0.25 / 0.500001 = 0.49999900, -0.75 / 0.500001 = -1.49999700
+    close(adv[:, 0], [0.8660239, 0.499999, 0.499999, -0.8660239, 0.8660239, -1.499997, -0.8660239, 0.499999])
+
+
+def test_dr_grpo_no_std_normalisation() -> None:
+    rewards, mask, uids = _grpo_batch()
+    adv, _ = compute_grpo_advantages(rewards, mask, uids, norm_by_std=False)
+    # a: score - 0.5 = +-0.5;  b: score - 0.75 = 0.25 or -0.75
+    close(adv, _broadcast([0.5, 0.25, 0.25, -0.5, 0.5, -0.75, -0.5, 0.25], mask).tolist())
+
+
+def test_grpo_singleton_and_constant_groups() -> None:
+    rewards = torch.tensor([[0.7, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    uids = ["solo", "same", "same"]
+    adv, _ = compute_grpo_advantages(rewards, mask, uids)
+    # solo: mean 0, std 1 -> 0.7 / (1 + 1e-6) = 0.6999993;  same: std 0 -> 0 / 1e-6 = 0
+    close(adv, [[0.6999993, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    adv, _ = compute_grpo_advantages(rewards, mask, uids, norm_by_std=False)
+    close(adv, [[0.7, 0.0], [0.0, 0.0], [0.0, 0.0]])  # solo: 0.7 - 0
+
+
+def test_grpo_generic_call_ignores_foreign_kwargs() -> None:
+    rewards, mask, uids = _grpo_batch()
+    fn = ADVANTAGE_ESTIMATORS.get("grpo")
+    adv, _ = fn(rewards, mask, uids, gamma=1.0, lambd=0.95, values=None, epsilon=0.0)
+    close(adv[0], [0.5 * SQRT3] * 3)
+    with pytest.raises(ValueError, match="uids"):
+        compute_grpo_advantages(rewards, mask, uids[:-1])
+
+
+def test_grpo_has_no_grad_and_upcasts() -> None:
+    rewards = torch.tensor([[1.0], [0.0]], dtype=torch.bfloat16, requires_grad=True)
+    adv, _ = compute_grpo_advantages(rewards, torch.ones(2, 1), ["u", "u"], epsilon=0.0)
+    # mean 0.5, std = sqrt(2 * 0.25 / 1) = 0.70710678 -> +-0.5 / 0.70710678 = +-0.70710678
+    close(adv, [[0.70710678], [-0.70710678]])
+    assert adv.dtype == torch.float32 and not adv.requires_grad
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+
+def _ppo(name: str, ratios: list[float], advantages: list[float], config: PolicyLossConfig, mask=None):
+    log_probs = torch.tensor([ratios]).log().requires_grad_(True)
+    old = torch.zeros_like(log_probs)
+    adv = torch.tensor([advantages])
+    mask = torch.ones_like(adv) if mask is None else torch.tensor([mask])
+    # "sum" reduction so each token's loss can be read off the total
+    per_token: dict[str, torch.Tensor] = {}
+
+    def capture(values: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        per_token["v"] = values
+        return (values * m).sum()
+
+    loss, metrics = POLICY_LOSSES.get(name)(log_probs, old, adv, mask, config=config, reduction=capture)
+    return loss, metrics, per_token["v"], log_probs
+
+
+def test_ppo_clip_symmetric() -> None:
+    ratios = [1.1, 1.5, 0.5, 1.1, 1.5, 0.5]
+    advs = [1.0, 1.0, 1.0, -1.0, -1.0, -1.0]
+    _, metrics, per_token, log_probs = _ppo("regular", ratios, advs, PolicyLossConfig())
+    # A=+1: r=1.1 inside -> -1.1;  r=1.5 above -> max(-1.5, -1.2) = -1.2 (clipped);  r=0.5 -> max(-0.5, -0.8) = -0.5
+    # A=-1: r=1.1 -> 1.1 (tie, not clipped);  r=1.5 -> max(1.5, 1.2) = 1.5;  r=0.5 below -> max(0.5, 0.8) = 0.8 (clipped)
+    close(per_token, [[-1.1, -1.2, -0.5, 1.1, 1.5, 0.8]])
+    assert metrics["clip_frac"] == pytest.approx(2 / 6)  # tokens 1 and 5
+    # ppo_kl = mean(old - new) = -mean(log r) = -(2 ln 1.1 + 2 ln 1.5 + 2 ln 0.5) / 6 = -ln(0.825) / 3 = 0.0641212
+    assert metrics["ppo_kl"] == pytest.approx(-math.log(1.1 * 1.5 * 0.5) / 3, abs=1e-6)
+    # d l / d log_prob = -A r on unclipped tokens, 0 on clipped ones
+    per_token.sum().backward()
+    close(log_probs.grad, [[-1.1, 0.0, -0.5, 1.1, 1.5, 0.0]])
+
+
+def test_ppo_clip_higher_asymmetric() -> None:
+    config = PolicyLossConfig(eps_clip_low=0.2, eps_clip_high=0.28)
+    _, metrics, per_token, _ = _ppo("regular", [1.25, 1.3, 0.75, 0.85], [1.0, 1.0, -1.0, -1.0], config)
+    # A=+1 range [0.8, 1.28]: r=1.25 -> -1.25 (would be -1.2 with eps 0.2);  r=1.3 -> max(-1.3, -1.28) = -1.28 (clipped)
+    # A=-1: r=0.75 -> max(0.75, 0.8) = 0.8 (clipped);  r=0.85 -> 0.85
+    close(per_token, [[-1.25, -1.28, 0.8, 0.85]])
+    assert metrics["clip_frac"] == pytest.approx(0.5)  # 2 of 4
+
+
+def test_ppo_metrics_respect_mask_and_reduction() -> None:
+    # The last token is padding with a clipped ratio; it must not count in clip_frac or ppo_kl.
+    loss, metrics, _, _ = _ppo("regular", [1.5, 1.0, 3.0], [1.0, 2.0, 1.0], PolicyLossConfig(), mask=[1.0, 1.0, 0.0])
+    # per token: max(-1.5, -1.2) = -1.2 (clipped), -2 * 1 = -2 -> masked sum -3.2
+    assert loss.item() == pytest.approx(-3.2)
+    assert metrics["clip_frac"] == pytest.approx(0.5)  # 1 of the 2 real tokens
+    assert metrics["ppo_kl"] == pytest.approx(-math.log(1.5) / 2)  # -(ln 1.5 + 0) / 2 = -0.2027326
+    assert isinstance(metrics["clip_frac"], float) and isinstance(metrics["ppo_kl"], float)
+
+
+def test_ppo_uses_given_reduction() -> None:
+    log_probs = torch.tensor([[math.log(1.1), 0.0], [0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0], [3.0, 3.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    fn = POLICY_LOSSES.get("regular")
+    token_mean = LOSS_REDUCTIONS.get("token_mean")
+    loss, _ = fn(log_probs, torch.zeros(2, 2), adv, mask, config=PolicyLossConfig(), reduction=token_mean)
+    # per token [[-1.1, -1], [-3, -3(pad)]] -> (-1.1 - 1 - 3) / 3 = -1.7
+    assert loss.item() == pytest.approx(-1.7)
+
+
+def test_dual_clip() -> None:
+    config = PolicyLossConfig(clip_ratio_c=3.0)
+    _, metrics, per_token, log_probs = _ppo("dual_clip", [5.0, 2.0, 5.0, 0.5], [-1.0, -1.0, 1.0, -2.0], config)
+    # A=-1, r=5: regular max(5, 1.2) = 5, bound -A c = 3 -> 3
+    # A=-1, r=2: regular 2 < 3 -> 2
+    # A=+1, r=5: no bound for positive A -> max(-5, -1.2) = -1.2
+    # A=-2, r=0.5: regular max(1.0, 1.6) = 1.6 < 6 -> 1.6
+    close(per_token, [[3.0, 2.0, -1.2, 1.6]])
+    assert metrics["dual_clip_frac"] == pytest.approx(0.25)  # token 0 only
+    assert metrics["clip_frac"] == pytest.approx(0.5)  # tokens 2 and 3 (the regular clip)
+    per_token.sum().backward()
+    close(log_probs.grad, [[0.0, 2.0, 0.0, 0.0]])  # only r=2 passes gradient: -A r = 2
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        _ppo("dual_clip", [1.0], [1.0], PolicyLossConfig(clip_ratio_c=1.0))
+
+
+def test_ppo_survives_garbage_on_padding() -> None:
+    # A -1e4 log-prob gap on a padding token would make exp() overflow without the clamp.
+    log_probs = torch.tensor([[0.0, 1e4]], requires_grad=True)
+    loss, _ = POLICY_LOSSES.get("regular")(
+        log_probs, torch.zeros(1, 2), torch.tensor([[-1.0, -1.0]]), torch.tensor([[1.0, 0.0]]),
+        config=PolicyLossConfig(), reduction=LOSS_REDUCTIONS.get("token_mean"),
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(1.0)  # -(-1) * 1 on the real token
+    assert torch.isfinite(log_probs.grad).all()
+
+
+# ----------------------------------------------------------------------------- KL
+
+
+def test_kl_estimators() -> None:
+    log_probs = torch.tensor([[-1.0, -2.0, -0.5]])
+    ref = torch.tensor([[-2.0, -1.0, -0.5]])
+    # log_ratio = [1, -1, 0]
+    close(kl_penalty(log_probs, ref, "k1"), [[1.0, -1.0, 0.0]])
+    close(kl_penalty(log_probs, ref, "abs"), [[1.0, 1.0, 0.0]])
+    close(kl_penalty(log_probs, ref, "k2"), [[0.5, 0.5, 0.0]])  # 0.5 * 1^2
+    # k3 = exp(-x) - 1 + x: x=1 -> e^-1 = 0.36787944;  x=-1 -> e - 2 = 0.71828183;  x=0 -> 0
+    close(kl_penalty(log_probs, ref), [[math.exp(-1.0), math.e - 2.0, 0.0]])
+
+
+def test_k3_clamps() -> None:
+    log_probs = torch.tensor([[30.0, -30.0, 0.0]])
+    ref = torch.tensor([[0.0, 0.0, -2.5]])
+    # x=30 -> clamp 20 -> e^-20 - 1 + 20 = 19.0000 -> clamp 10
+    # x=-30 -> clamp -20 -> e^20 - 21 = 4.85e8 -> clamp 10
+    # x=2.5 -> e^-2.5 + 1.5 = 0.08208500 + 1.5 = 1.582085 (no clamp)
+    close(kl_penalty(log_probs, ref, "k3"), [[10.0, 10.0, 1.582085]])
+
+
+def test_kl_upcasts_bf16() -> None:
+    out = kl_penalty(torch.zeros(1, 2, dtype=torch.bfloat16), torch.zeros(1, 2, dtype=torch.bfloat16), "k3")
+    assert out.dtype == torch.float32
+
+
+def test_resolve_kl_estimator() -> None:
+    assert resolve_kl_estimator("k2", use_kl_estimator_k3=True, use_abs_kl=True) == "k2"
+    assert resolve_kl_estimator(None, use_kl_estimator_k3=True, use_abs_kl=True) == "abs"
+    assert resolve_kl_estimator(None, use_kl_estimator_k3=True, use_abs_kl=False) == "k3"
+    assert resolve_kl_estimator(None, use_kl_estimator_k3=False, use_abs_kl=False) == "k1"
+    with pytest.raises(ValueError, match="available: abs, k1, k2, k3"):
+        resolve_kl_estimator("k4", use_kl_estimator_k3=False, use_abs_kl=False)
+
+
+# ----------------------------------------------------------------------------- reductions
+
+VALUES = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+
+
+def test_token_mean() -> None:
+    fn = LOSS_REDUCTIONS.get("token_mean")
+    assert fn(VALUES, MASK).item() == pytest.approx(4.2)  # (1 + 2 + 5 + 6 + 7) / 5 = 21 / 5
+    assert fn(VALUES, MASK, num_tokens=10).item() == pytest.approx(2.1)  # 21 / 10
+    assert fn(VALUES, MASK.bool()).item() == pytest.approx(4.2)
+    assert fn(VALUES, torch.zeros_like(MASK)).item() == 0.0  # 0 / clamp(0, min=1)
+
+
+def test_sequence_mean() -> None:
+    fn = LOSS_REDUCTIONS.get("sequence_mean")
+    assert fn(VALUES, MASK).item() == pytest.approx(3.75)  # ((1+2)/2 + (5+6+7)/3) / 2 = (1.5 + 6) / 2
+    assert fn(VALUES, MASK, num_sequences=5).item() == pytest.approx(1.5)  # 7.5 / 5
+    empty_row = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert fn(VALUES, empty_row).item() == pytest.approx(0.75)  # (1.5 + 0) / 2
+
+
+def test_seq_mean_token_sum_norm() -> None:
+    fn = LOSS_REDUCTIONS.get("seq_mean_token_sum_norm")
+    assert fn(VALUES, MASK).item() == pytest.approx(2.625)  # (3/4 + 18/4) / 2 = (0.75 + 4.5) / 2
+    assert fn(VALUES, MASK, num_sequences=7).item() == pytest.approx(0.75)  # 5.25 / 7
+
+
+def test_masked_mean() -> None:
+    assert masked_mean(VALUES, MASK).item() == pytest.approx(4.2)  # 21 / 5
+    close(masked_mean(VALUES, MASK, dim=-1), [1.5, 6.0])  # 3/2, 18/3
+    close(masked_mean(VALUES, MASK, dim=0), [3.0, 4.0, 7.0, 0.0])  # 6/2, 8/2, 7/1, empty column -> 0
+
+
+@pytest.mark.parametrize("name", ["token_mean", "sequence_mean", "seq_mean_token_sum_norm"])
+def test_micro_batches_sum_to_full_batch(name: str) -> None:
+    values = torch.tensor(
+        [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [-1.0, 0.5, 2.0, 9.0], [4.0, 4.0, 4.0, 4.0]]
+    )
+    mask = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
+    fn = LOSS_REDUCTIONS.get(name)
+    full = fn(values, mask)
+    # global normalisers: 1 + 4 + 1 + 3 = 9 tokens, 4 sequences
+    reduce = partial(fn, num_tokens=mask.sum().item(), num_sequences=values.shape[0])
+    split = reduce(values[:2], mask[:2]) + reduce(values[2:], mask[2:])
+    assert split.item() == pytest.approx(full.item(), abs=1e-6)
+    if name == "token_mean":
+        # masked row sums: 1, 26, -1, 12 -> full = 38 / 9 = 4.2222222
+        assert full.item() == pytest.approx(38 / 9)
+        # local normalisers averaged over the 2 micro-batches weight tokens unequally:
+        # (27 / 5 + 11 / 4) / 2 = (5.4 + 2.75) / 2 = 4.075 != 4.2222
+        naive = (fn(values[:2], mask[:2]) + fn(values[2:], mask[2:])) / 2
+        assert naive.item() == pytest.approx(4.075)

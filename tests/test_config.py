@@ -1,0 +1,512 @@
+"""Config loading and validation: defaults, presets, overrides, and the error messages."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from ridgeline.config import (
+    CONFIG_DIR,
+    ConfigError,
+    base_config,
+    default_backend,
+    load_config,
+    unbuilt_defaults,
+    validate_config,
+)
+from ridgeline.config import support
+
+# overrides that make the base config runnable on the current build
+RUNNABLE = ["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console"]
+
+HOME = os.environ.get("HOME", "")
+
+# Every key promised by CONFIG_REFERENCE.md with its default ("$HOME" is expanded).
+REFERENCE_DEFAULTS: list[tuple[str, object]] = [
+    # data
+    ("data.train_data", ["$HOME/data/gsm8k/train.parquet"]),
+    ("data.val_data", ["$HOME/data/gsm8k/validation.parquet"]),
+    # trainer (general)
+    ("trainer.strategy", "fsdp2"),
+    ("trainer.epochs", 1),
+    ("trainer.update_epochs_per_batch", 1),
+    ("trainer.train_batch_size", 1024),
+    ("trainer.policy_mini_batch_size", 256),
+    ("trainer.critic_mini_batch_size", 256),
+    ("trainer.micro_train_batch_size_per_gpu", 1),
+    ("trainer.micro_forward_batch_size_per_gpu", 1),
+    ("trainer.update_ref_every_epoch", False),
+    ("trainer.num_warmup_steps", 0),
+    ("trainer.use_sample_packing", True),
+    ("trainer.max_prompt_length", 512),
+    ("trainer.gradient_checkpointing", True),
+    ("trainer.seed", 42),
+    ("trainer.eval_batch_size", 1024),
+    ("trainer.eval_before_train", True),
+    ("trainer.eval_interval", 5),
+    ("trainer.resume_mode", "latest"),
+    ("trainer.resume_path", None),
+    ("trainer.ckpt_path", "$HOME/ckpts/"),
+    ("trainer.max_ckpts_to_keep", -1),
+    ("trainer.ckpt_interval", 10),
+    ("trainer.hf_save_interval", -1),
+    ("trainer.export_path", "$HOME/exports/"),
+    ("trainer.project_name", "skyrl"),
+    ("trainer.run_name", "test_run"),
+    ("trainer.logger", "wandb"),
+    ("trainer.dump_data_batch", False),
+    ("trainer.dump_eval_results", True),
+    # trainer.placement
+    ("trainer.placement.colocate_all", True),
+    ("trainer.placement.colocate_policy_ref", True),
+    ("trainer.placement.colocate_critic_reward", False),
+    ("trainer.placement.policy_num_nodes", 1),
+    ("trainer.placement.policy_num_gpus_per_node", 4),
+    ("trainer.placement.critic_num_nodes", 1),
+    ("trainer.placement.critic_num_gpus_per_node", 4),
+    ("trainer.placement.ref_num_nodes", 1),
+    ("trainer.placement.ref_num_gpus_per_node", 4),
+    ("trainer.placement.reward_num_nodes", 1),
+    ("trainer.placement.reward_num_gpus_per_node", 4),
+    # trainer.policy
+    ("trainer.policy.model.path", "Qwen/Qwen2.5-1.5B-Instruct"),
+    ("trainer.policy.optimizer_config.lr", 1.0e-6),
+    ("trainer.policy.optimizer_config.adam_betas", [0.9, 0.999]),
+    ("trainer.policy.optimizer_config.weight_decay", 1e-2),
+    ("trainer.policy.optimizer_config.max_grad_norm", 1.0),
+    ("trainer.policy.optimizer_config.offload_after_step", True),
+    ("trainer.policy.fsdp_config.cpu_offload", False),
+    ("trainer.policy.fsdp_config.reshard_after_forward", True),
+    ("trainer.policy.fsdp_config.fsdp_size", -1),
+    ("trainer.policy.sequence_parallel_size", 1),
+    ("trainer.policy.use_torch_compile", False),
+    ("trainer.policy.record_memory", False),
+    # trainer.critic
+    ("trainer.critic.model.path", None),
+    ("trainer.critic.optimizer_config.lr", 5.0e-6),
+    ("trainer.critic.optimizer_config.adam_betas", [0.9, 0.999]),
+    ("trainer.critic.optimizer_config.weight_decay", 1e-2),
+    ("trainer.critic.optimizer_config.max_grad_norm", 1.0),
+    ("trainer.critic.optimizer_config.offload_after_step", True),
+    ("trainer.critic.fsdp_config.cpu_offload", False),
+    ("trainer.critic.fsdp_config.reshard_after_forward", True),
+    ("trainer.critic.fsdp_config.fsdp_size", -1),
+    ("trainer.critic.sequence_parallel_size", 1),
+    # trainer.ref
+    ("trainer.ref.fsdp_config.cpu_offload", True),
+    ("trainer.ref.fsdp_config.reshard_after_forward", True),
+    ("trainer.ref.fsdp_config.fsdp_size", -1),
+    ("trainer.ref.sequence_parallel_size", 1),
+    # trainer.algorithm
+    ("trainer.algorithm.advantage_estimator", "grpo"),
+    ("trainer.algorithm.grpo_norm_by_std", True),
+    ("trainer.algorithm.use_kl_estimator_k3", True),
+    ("trainer.algorithm.use_abs_kl", False),
+    ("trainer.algorithm.kl_estimator_type", None),
+    ("trainer.algorithm.use_kl_in_reward", False),
+    ("trainer.algorithm.use_kl_loss", True),
+    ("trainer.algorithm.kl_loss_coef", 0.001),
+    ("trainer.algorithm.kl_ctrl.type", "fixed"),
+    ("trainer.algorithm.kl_ctrl.kl_target", 0.1),
+    ("trainer.algorithm.kl_ctrl.horizon", 10000),
+    ("trainer.algorithm.use_entropy_loss", False),
+    ("trainer.algorithm.entropy_loss_coef", 0.01),
+    ("trainer.algorithm.advantage_batch_normalize", False),
+    ("trainer.algorithm.value_head_prefix", "value_head"),
+    ("trainer.algorithm.ppo_loss_type", "regular"),
+    ("trainer.algorithm.policy_loss_type", None),
+    ("trainer.algorithm.loss_reduction", "token_mean"),
+    ("trainer.algorithm.lambd", 1.0),
+    ("trainer.algorithm.gamma", 1.0),
+    ("trainer.algorithm.eps_clip_low", 0.2),
+    ("trainer.algorithm.eps_clip_high", 0.2),
+    ("trainer.algorithm.clip_ratio_c", 3.0),
+    ("trainer.algorithm.value_clip", 0.2),
+    ("trainer.algorithm.normalize_reward", True),
+    ("trainer.algorithm.dynamic_sampling.type", None),
+    ("trainer.algorithm.dynamic_sampling.max_sample_batches", 30),
+    ("trainer.algorithm.dynamic_sampling.min_replace_ratio", 0.3),
+    ("trainer.algorithm.use_tis", False),
+    ("trainer.algorithm.tis_imp_ratio_cap", -1.0),
+    # generator
+    ("generator.model_dtype", "bfloat16"),
+    ("generator.run_engines_locally", True),
+    ("generator.num_inference_engines", 1),
+    ("generator.weight_sync_backend", "nccl"),
+    ("generator.weight_sync_timeout", 60),
+    ("generator.inference_engine_tensor_parallel_size", 4),
+    ("generator.n_samples_per_prompt", 5),
+    ("generator.async_engine", True),
+    ("generator.batched", True),
+    ("generator.max_input_length", 512),  # ${trainer.max_prompt_length}
+    ("generator.enable_prefix_caching", True),
+    ("generator.enable_chunked_prefill", True),
+    ("generator.max_num_batched_tokens", 8192),
+    ("generator.enforce_eager", False),
+    ("generator.gpu_memory_utilization", 0.8),
+    ("generator.max_num_seqs", 1024),
+    ("generator.remote_inference_engine_urls", ["127.0.0.1:8001"]),
+    ("generator.max_turns", 1),
+    ("generator.override_existing_update_group", "auto"),
+    ("generator.engine_init_kwargs", {}),
+    ("generator.sampling_params.max_generate_length", 1024),
+    ("generator.sampling_params.temperature", 1.0),
+    ("generator.sampling_params.top_p", 1.0),
+    ("generator.sampling_params.min_p", 0.0),
+    ("generator.sampling_params.top_k", -1),
+    ("generator.use_conversation_multi_turn", False),
+    ("generator.eval_sampling_params.max_generate_length", 1024),  # follows sampling_params
+    ("generator.eval_sampling_params.temperature", 1.0),
+    ("generator.eval_sampling_params.top_p", 1.0),
+    ("generator.eval_sampling_params.min_p", 0.0),
+    ("generator.eval_sampling_params.top_k", -1),
+    ("generator.eval_n_samples_per_prompt", 1),
+    ("generator.zero_reward_on_non_stop", False),
+    ("generator.apply_overlong_filtering", False),
+    # environment
+    ("environment.env_class", "gsm8k"),
+    ("environment.skyrl_gym", {}),
+]
+
+# Ridgeline extensions and their defaults
+EXTENSION_DEFAULTS: list[tuple[str, object]] = [
+    ("data.prepare", None),
+    ("trainer.policy.model.gguf_file", None),
+    ("trainer.run_dir", "$HOME/exports//test_run"),
+    ("trainer.mixed_precision", "auto"),
+]
+
+
+def _expand(value):
+    if isinstance(value, str):
+        return value.replace("$HOME", HOME)
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    return value
+
+
+def _plain(value):
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _error(overrides: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    return info.value
+
+
+@pytest.fixture(scope="module")
+def runnable_cfg():
+    return load_config(RUNNABLE)
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def test_base_config_loads_with_runnable_overrides(runnable_cfg):
+    assert runnable_cfg.trainer.strategy == "single"
+    assert runnable_cfg.generator.backend == "hf"
+    assert runnable_cfg.trainer.logger == "console"
+    assert "hydra" not in runnable_cfg and "defaults" not in runnable_cfg
+
+
+@pytest.mark.parametrize("key,default", REFERENCE_DEFAULTS + EXTENSION_DEFAULTS)
+def test_every_reference_key_has_its_default(runnable_cfg, key, default):
+    overridden = {o.split("=")[0] for o in RUNNABLE}
+    source = base_config() if key in overridden else runnable_cfg
+    value = _plain(OmegaConf.select(source, key, default="<absent>"))
+    assert value == _expand(default), key
+    assert type(value) is type(_expand(default)) or isinstance(value, float) and default == value
+
+
+def test_base_yaml_holds_no_key_outside_reference_and_extensions():
+    from ridgeline.config.validate import _base_leaves
+
+    promised = {k for k, _ in REFERENCE_DEFAULTS + EXTENSION_DEFAULTS} | {"generator.backend"}
+    assert set(_base_leaves()) == promised
+
+
+def test_backend_default_is_resolver():
+    node = base_config().generator._get_node("backend")._value()
+    assert node == "${ridgeline.default_backend:}"
+    import torch
+
+    expected = "vllm" if torch.cuda.is_available() else "hf"
+    assert default_backend() == expected
+    cfg = OmegaConf.create({"b": "${ridgeline.default_backend:}"})
+    assert cfg.b == expected
+
+
+def test_env_interpolation_resolves(runnable_cfg):
+    assert runnable_cfg.trainer.ckpt_path == f"{HOME}/ckpts/"
+    assert runnable_cfg.data.train_data[0].startswith(HOME + "/")
+
+
+def test_missing_env_var_names_the_key(monkeypatch):
+    monkeypatch.delenv("HOME", raising=False)
+    err = _error(RUNNABLE)
+    assert "trainer.ckpt_path" in str(err)
+    assert "HOME" in str(err)
+
+
+def test_interpolations_follow_overrides():
+    cfg = load_config(RUNNABLE + ["trainer.max_prompt_length=100",
+                                  "generator.sampling_params.max_generate_length=64",
+                                  "trainer.run_name=abc"])
+    assert cfg.generator.max_input_length == 100
+    assert cfg.generator.eval_sampling_params.max_generate_length == 64
+    assert cfg.trainer.run_dir.endswith("/abc")
+
+
+def test_numeric_name_becomes_string():
+    cfg = load_config(RUNNABLE + ["trainer.run_name=2024"])
+    assert cfg.trainer.run_name == "2024"
+
+
+def test_presets_and_free_form_maps():
+    cfg = load_config(["+experiment=example_gsm8k"])
+    assert cfg.trainer.strategy == "single" and cfg.generator.backend == "hf"
+    assert cfg.data.prepare.dataset == "gsm8k"
+    assert cfg.data.prepare.output_dir == f"{HOME}/data/gsm8k"
+    cfg = load_config(RUNNABLE + ["+environment.skyrl_gym.text2sql.db_path=/tmp/db"])
+    assert cfg.environment.skyrl_gym.text2sql.db_path == "/tmp/db"
+
+
+def test_every_preset_loads():
+    names = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+    assert "example_gsm8k" in names
+    for name in names:
+        load_config([f"+experiment={name}"])
+
+
+def test_unknown_preset_lists_presets():
+    err = _error(RUNNABLE + ["+experiment=example_gsm"])
+    assert "+experiment=example_gsm8k" in str(err)
+
+
+def test_validate_config_accepts_loaded_config(runnable_cfg):
+    validate_config(runnable_cfg)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_unknown_key_suggests_closest():
+    err = _error(RUNNABLE + ["+trainer.algorithm.advantage_estimater=grpo"])
+    assert "trainer.algorithm.advantage_estimater" in str(err)
+    assert "trainer.algorithm.advantage_estimator" in str(err)
+
+
+def test_unknown_key_without_plus_is_ours_not_hydras():
+    err = _error(RUNNABLE + ["trainer.algorithm.advantage_estimatr=grpo"])
+    assert "did you mean trainer.algorithm.advantage_estimator" in str(err)
+    err = _error(RUNNABLE + ["trainer.n_samples_per_prompt=4"])
+    assert "generator.n_samples_per_prompt" in str(err)
+
+
+def test_free_form_key_without_plus_asks_for_plus():
+    err = _error(RUNNABLE + ["generator.engine_init_kwargs.attention_backend=fa3"])
+    assert "+generator.engine_init_kwargs.attention_backend=fa3" in str(err)
+
+
+def test_wrong_type():
+    err = _error(RUNNABLE + ["trainer.train_batch_size=abc"])
+    assert "trainer.train_batch_size=abc" in str(err)
+    assert "integer" in str(err)
+    err = _error(RUNNABLE + ["trainer.eval_before_train=1"])
+    assert "trainer.eval_before_train" in str(err) and "boolean" in str(err)
+
+
+def test_int_accepted_for_float_and_logger_list():
+    cfg = load_config(RUNNABLE + ["trainer.policy.optimizer_config.lr=1",
+                                  "trainer.logger=[console,jsonl]"])
+    assert cfg.trainer.policy.optimizer_config.lr == 1
+
+
+def test_bad_choice_suggests():
+    err = _error(RUNNABLE + ["trainer.algorithm.loss_reduction=token_men"])
+    assert "trainer.algorithm.loss_reduction=token_men" in str(err)
+    assert "token_mean" in str(err)
+
+
+def test_mini_batch_must_divide_train_batch():
+    err = _error(RUNNABLE + ["trainer.train_batch_size=8", "trainer.policy_mini_batch_size=3"])
+    msg = str(err)
+    assert "trainer.policy_mini_batch_size=3" in msg and "trainer.train_batch_size=8" in msg
+    assert "1, 2, 4 or 8" in msg
+
+
+def test_micro_batch_must_divide_per_rank_mini_batch():
+    err = _error(RUNNABLE + ["trainer.train_batch_size=8", "trainer.policy_mini_batch_size=4",
+                             "generator.n_samples_per_prompt=5",
+                             "trainer.micro_train_batch_size_per_gpu=3"])
+    msg = str(err)
+    assert "trainer.micro_train_batch_size_per_gpu=3" in msg and "20" in msg
+
+
+def test_data_parallel_split_uses_placement_for_sharded_strategies():
+    err = _error(RUNNABLE + ["trainer.strategy=fsdp2", "trainer.train_batch_size=8",
+                             "trainer.policy_mini_batch_size=1", "generator.n_samples_per_prompt=2"])
+    msg = str(err)
+    assert "2 samples per optimizer step" in msg and "4 data-parallel ranks" in msg
+
+
+def test_mini_batch_larger_than_train_batch():
+    err = _error(RUNNABLE + ["trainer.train_batch_size=4", "trainer.policy_mini_batch_size=8"])
+    assert "larger than trainer.train_batch_size=4" in str(err)
+
+
+def test_kl_loss_and_kl_in_reward_exclusive():
+    err = _error(RUNNABLE + ["trainer.algorithm.use_kl_in_reward=true"])
+    assert any("use_kl_loss=true and trainer.algorithm.use_kl_in_reward=true" in p
+               for p in err.problems)
+
+
+def test_numbers_out_of_range():
+    err = _error(RUNNABLE + ["generator.sampling_params.top_p=0", "trainer.epochs=0",
+                             "generator.sampling_params.top_k=0",
+                             "trainer.algorithm.eps_clip_low=1.0",
+                             "trainer.policy.optimizer_config.lr=0"])
+    msg = str(err)
+    for key in ("generator.sampling_params.top_p", "trainer.epochs",
+                "generator.sampling_params.top_k", "trainer.algorithm.eps_clip_low",
+                "trainer.policy.optimizer_config.lr"):
+        assert key in msg
+    assert len(err.problems) == 5
+
+
+# --------------------------------------------------------------------------- not built yet
+
+
+def test_defaults_of_unbuilt_choices_are_refused():
+    err = _error([])
+    msg = str(err)
+    assert "trainer.strategy=fsdp2 (the default) is not supported yet" in msg
+    assert "Fix: trainer.strategy=single" in msg
+    assert "trainer.logger=console" in msg
+
+
+def test_changing_resume_mode_is_refused():
+    err = _error(RUNNABLE + ["trainer.resume_mode=from_path"])
+    assert "trainer.resume_mode=from_path is not supported yet" in str(err)
+    # turning resume off is what the build does anyway
+    load_config(RUNNABLE + ["trainer.resume_mode=none"])
+
+
+def test_max_turns_is_refused():
+    err = _error(RUNNABLE + ["generator.max_turns=2"])
+    assert "generator.max_turns=2 is not supported yet" in str(err)
+
+
+def test_changed_not_yet_key_is_refused_and_default_accepted():
+    err = _error(RUNNABLE + ["trainer.placement.colocate_all=false", "trainer.dump_data_batch=true",
+                             "+generator.engine_init_kwargs.attention_backend=flashinfer"])
+    msg = str(err)
+    assert "trainer.placement.colocate_all=false is not supported yet" in msg
+    assert "trainer.dump_data_batch=true is not supported yet" in msg
+    assert "generator.engine_init_kwargs" in msg
+    load_config(RUNNABLE + ["trainer.placement.colocate_all=true",
+                            "generator.inference_engine_tensor_parallel_size=1"])
+
+
+def test_hints_accept_any_value():
+    load_config(RUNNABLE + ["generator.gpu_memory_utilization=0.5", "generator.async_engine=false",
+                            "trainer.gradient_checkpointing=false"])
+
+
+def test_unregistered_estimator_is_not_supported_yet(monkeypatch):
+    import ridgeline.algorithms as algorithms
+
+    class Stub:
+        def names(self):
+            return ["grpo"]
+
+        def __contains__(self, name):
+            return name == "grpo"
+
+    monkeypatch.setattr(algorithms, "ADVANTAGE_ESTIMATORS", Stub(), raising=False)
+    err = _error(RUNNABLE + ["trainer.algorithm.advantage_estimator=rloo"])
+    msg = str(err)
+    assert "trainer.algorithm.advantage_estimator=rloo is not supported yet" in msg
+    assert "grpo" in msg
+    err = _error(RUNNABLE + ["trainer.algorithm.advantage_estimator=grop"])
+    assert "not a registered advantage estimator" in str(err) and "grpo" in str(err)
+
+
+def test_registered_names_come_from_the_registry(monkeypatch):
+    import ridgeline.algorithms as algorithms
+
+    class Stub:
+        def names(self):
+            return ["grpo", "my_estimator"]
+
+        def __contains__(self, name):
+            return name in self.names()
+
+    monkeypatch.setattr(algorithms, "ADVANTAGE_ESTIMATORS", Stub(), raising=False)
+    load_config(RUNNABLE + ["trainer.algorithm.advantage_estimator=my_estimator"])
+
+
+def test_policy_loss_names_checked():
+    err = _error(RUNNABLE + ["trainer.algorithm.policy_loss_type=regularr"])
+    assert "trainer.algorithm.policy_loss_type=regularr" in str(err)
+
+
+def test_unbuilt_defaults_lists_ignored_defaults(runnable_cfg):
+    lines = unbuilt_defaults(runnable_cfg)
+    assert any(line.startswith("trainer.ckpt_interval=10") for line in lines)
+    assert any(line.startswith("trainer.resume_mode=latest") for line in lines)
+    cfg = load_config(RUNNABLE + ["trainer.resume_mode=none"])
+    assert not any(line.startswith("trainer.resume_mode") for line in unbuilt_defaults(cfg))
+
+
+def test_support_tables_name_real_keys():
+    from ridgeline.config.validate import _base_leaves
+
+    leaves = set(_base_leaves())
+    for key in list(support.NOT_YET) + list(support.SUPPORTED_VALUES) + list(support.HINTS) \
+            + list(support.DEFAULTS_NOT_ACTED_ON):
+        if key.endswith(".*"):
+            assert any(k.startswith(key[:-1]) for k in leaves), key
+        else:
+            assert key in leaves, key
+    for key in support.SUPPORTED_VALUES:
+        assert support.not_yet_note(key), key
+
+
+# --------------------------------------------------------------------------- all at once
+
+
+def test_all_problems_reported_at_once():
+    err = _error(RUNNABLE + ["trainer.train_batch_size=abc", "generator.max_turns=2",
+                             "+trainer.algorithm.advantage_estimater=grpo",
+                             "trainer.algorithm.kl_estimator_type=k4"])
+    msg = str(err)
+    for key in ("trainer.train_batch_size", "generator.max_turns",
+                "trainer.algorithm.advantage_estimater", "trainer.algorithm.kl_estimator_type"):
+        assert key in msg
+    assert len(err.problems) == 4
+    assert msg.startswith("Invalid Ridgeline config (4 problems)")
+
+
+def test_bad_syntax_and_bad_value_reported_together():
+    err = _error(RUNNABLE + ["trainer.epochs", "generator.n_samples_per_prompt=0"])
+    assert "'trainer.epochs' cannot be parsed" in str(err)
+    assert "generator.n_samples_per_prompt=0" in str(err)
+
+
+def test_preset_without_plus():
+    err = _error(RUNNABLE + ["experiment=example_gsm8k"])
+    assert "+experiment=example_gsm8k" in str(err)
+
+
+def test_load_inside_running_hydra_app(tmp_path):
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(tmp_path)):
+        cfg = load_config(RUNNABLE)
+        assert cfg.trainer.strategy == "single"
+        assert GlobalHydra.instance().is_initialized()
