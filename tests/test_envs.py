@@ -331,3 +331,22 @@ def test_load_env_module_dotted_and_errors(tmp_path, monkeypatch) -> None:
         load_env_module(str(tmp_path / "missing_envs.py"))
     with pytest.raises(ImportError, match="no_such_module_xyz"):
         load_env_module("no_such_module_xyz.envs")
+
+
+# --- format_score (AnswerMatchEnv) -------------------------------------------------------------
+@pytest.mark.parametrize("env_name,right,wrong,none", [
+    ("gsm8k", "#### 7", "#### 8", "seven"),
+    ("arithmetic", "3 + 4 = 7", "3 + 4 = 8", "no idea"),
+])
+def test_format_score_rewards_a_parsed_but_wrong_answer(env_name, right, wrong, none):
+    extras = {"reward_spec": {"method": "rule", "ground_truth": "7"}}
+    env = make(env_name, extras=extras, format_score=0.25)
+    assert env.step(right).reward == 1.0
+    assert env.step(wrong).reward == 0.25
+    assert env.step(none).reward == 0.0
+    assert make(env_name, extras=extras).step(wrong).reward == 0.0  # default 0
+
+
+def test_unknown_env_setting_is_refused():
+    with pytest.raises(TypeError, match="format_score"):
+        make("gsm8k", extras={"reward_spec": {"ground_truth": "1"}}, formatscore=0.1)

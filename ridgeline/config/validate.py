@@ -183,22 +183,18 @@ def _divisor_text(n: int) -> str:
     return _one_of(divs)
 
 
+# (type, how a message names a value of it, the placeholder a fix shows); bool before int, as
+# bool is an int subclass.
+_TYPE_WORDS: tuple[tuple[type, str, str], ...] = (
+    (bool, "a boolean", "true|false"), (int, "an integer", "integer"), (float, "a number", "number"),
+    (str, "a string", "string"), (list, "a list", "list"), (dict, "a map", "map"),
+)
+
+
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a map"
-    return type(value).__name__
+    return next((name for kind, name, _ in _TYPE_WORDS if isinstance(value, kind)), type(value).__name__)
 
 
 # --------------------------------------------------------------------------- resolution
@@ -676,17 +672,7 @@ def _scalar_ok(value: Any, default: Any) -> bool:
 
 
 def _placeholder(default: Any) -> str:
-    if isinstance(default, bool):
-        return "true|false"
-    if isinstance(default, int):
-        return "integer"
-    if isinstance(default, float):
-        return "number"
-    if isinstance(default, list):
-        return "list"
-    if isinstance(default, dict):
-        return "map"
-    return "string"
+    return next((hint for kind, _, hint in _TYPE_WORDS if isinstance(default, kind)), "string")
 
 
 def _in(value: Any, allowed: set) -> bool:

@@ -21,15 +21,19 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ridgeline.inference.sampling import sample_next
 from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams
+from ridgeline.models.forward import forward_last_logits
 
 
 class HFEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
-                 dtype: torch.dtype = torch.float32, max_num_seqs: int = 1024):
+                 dtype: torch.dtype = torch.float32, max_num_seqs: int = 1024,
+                 attn_implementation: str | None = None):
         self.model = copy.deepcopy(model).to(dtype=dtype).eval()
         self.model.requires_grad_(False)
         self.dtype = dtype
         self.device = next(self.model.parameters()).device
+        if attn_implementation is not None:
+            self.model.set_attn_implementation(attn_implementation)
         self.max_num_seqs = max_num_seqs
         self.pad_id = tokenizer.pad_token_id
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -92,8 +96,8 @@ class HFEngine:
             attention[u, width - len(p):] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         use_cache=True, logits_to_keep=1)
+        out = forward_last_logits(self.model, 1, input_ids=input_ids, attention_mask=attention,
+                                  position_ids=positions, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
 
         # fan each prompt's cache out to its samples
@@ -121,8 +125,8 @@ class HFEngine:
                 cache.batch_select_indices(keep)
                 tokens, attention, next_pos, live = tokens[keep], attention[keep], next_pos[keep], live[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos[:, None],
-                             past_key_values=cache, use_cache=True)
+            out = forward_last_logits(self.model, 1, input_ids=tokens[:, None], attention_mask=attention,
+                                      position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
         seconds = time.perf_counter() - t0

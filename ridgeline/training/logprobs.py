@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from ridgeline.models.forward import forward_last_logits
+
 
 def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
                       response_width: int, temperature: float = 1.0, with_entropy: bool = False,
@@ -25,8 +27,8 @@ def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention
     prompts = torch.cat([sequences[:, :prompt_width], attention_mask[:, :prompt_width]], dim=-1)
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
     if not share_prompts or prompt_width == 0 or unique.shape[0] == sequences.shape[0]:
-        out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions,
-                    use_cache=False, logits_to_keep=response_width + 1)
+        out = forward_last_logits(model, response_width + 1, input_ids=sequences, attention_mask=attention_mask,
+                                  position_ids=positions, use_cache=False)
         logits = out.logits[:, :-1]
     else:
         logits = _shared_prompt_logits(model, unique[:, :prompt_width], unique[:, prompt_width:], inverse,
@@ -50,13 +52,14 @@ def _shared_prompt_logits(model: PreTrainedModel, prompt_ids: torch.Tensor, prom
     """Logits [B, R, V] predicting each response token: the prompt's last position (run once per
     distinct prompt), then the response positions 0..R-2 attending to the fanned-out prompt cache."""
     prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions,
-                use_cache=True, logits_to_keep=1)
+    out = forward_last_logits(model, 1, input_ids=prompt_ids, attention_mask=prompt_mask,
+                              position_ids=prompt_positions, use_cache=True)
     cache = out.past_key_values
     cache.reorder_cache(inverse)  # index_select per layer: differentiable
     first = out.logits[inverse]   # [B, 1, V]
     if response_ids.shape[1] == 1:
         return first
-    rest = model(input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                 position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).logits
+    rest = forward_last_logits(model, response_ids.shape[1] - 1, input_ids=response_ids[:, :-1],
+                               attention_mask=attention_mask[:, :-1], position_ids=response_positions[:, :-1],
+                               past_key_values=cache, use_cache=True).logits
     return torch.cat([first, rest], dim=1)

@@ -1,0 +1,29 @@
+"""A causal-LM forward that returns logits only for the last `keep` positions, fast.
+
+transformers' own `logits_to_keep` slices the hidden states as a non-contiguous view; on CPU,
+`F.linear` on such a 3-D view falls back to a batched matmul that first expands the output
+embedding to one copy per row (576 x 49152 per row for SmolLM2: a 3.6 GB copy for 64 rows, 10 s of
+a 17 s generate call). Making the slice contiguous keeps it a single matmul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor          # [B, keep, V]
+    past_key_values: Any = None
+
+
+def forward_last_logits(model: PreTrainedModel, keep: int, **inputs: Any) -> ForwardOutput:
+    """`model(**inputs)` restricted to the logits of the last `keep` positions."""
+    out = model.get_decoder()(**inputs)
+    hidden = out.last_hidden_state[:, -keep:].contiguous()
+    logits = model.get_output_embeddings()(hidden)
+    return ForwardOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))

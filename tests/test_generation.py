@@ -1,0 +1,73 @@
+"""The single-turn generator: token-in/token-out, rewards, and what a broken environment costs."""
+
+import logging
+
+import pytest
+
+from ridgeline.envs import SingleTurnEnv, register
+from ridgeline.generation.generator import SingleTurnGenerator
+from ridgeline.generation.types import GeneratorInput, TrajectoryID
+from ridgeline.inference.hf_engine import HFEngine
+from ridgeline.inference.types import SamplingParams
+
+
+class Explodes(SingleTurnEnv):
+    def score(self, action: str) -> float:
+        raise RuntimeError("reward server down")
+
+
+class ReturnsNaN(SingleTurnEnv):
+    def score(self, action: str) -> float:
+        return float("nan")
+
+
+register("test_explodes", Explodes, overwrite=True)
+register("test_nan", ReturnsNaN, overwrite=True)
+
+ROW = {"reward_spec": {"method": "rule", "ground_truth": "7"}, "data_source": "t"}
+
+
+def _input(env_classes, max_tokens=3):
+    n = len(env_classes)
+    return GeneratorInput(prompts=[[{"role": "user", "content": "What is 3 + 4?"}]] * n, env_classes=env_classes,
+                          env_extras=[ROW] * n, trajectory_ids=[TrajectoryID("u", i) for i in range(n)],
+                          sampling_params=SamplingParams(max_generate_length=max_tokens))
+
+
+def test_outputs_are_token_in_token_out_and_in_input_order(tiny_model, tiny_tokenizer):
+    gen = SingleTurnGenerator(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer,
+                              env_settings={"arithmetic": {"format_score": 0.5}})
+    out = gen.generate(_input(["arithmetic"] * 4), seed=0)
+    assert len(out.response_ids) == len(out.rewards) == len(out.rollout_logprobs) == 4
+    for ids, text, lps, mask in zip(out.response_ids, out.responses, out.rollout_logprobs, out.loss_masks):
+        assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == text
+        assert len(lps) == len(ids) == len(mask)
+    assert out.prompt_token_ids[0] == gen.encode_prompt([{"role": "user", "content": "What is 3 + 4?"}])
+    assert set(out.rewards) <= {0.0, 0.5, 1.0}
+
+
+def test_a_raising_or_nan_environment_costs_only_its_trajectory(tiny_model, tiny_tokenizer, caplog):
+    gen = SingleTurnGenerator(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer)
+    with caplog.at_level(logging.ERROR):
+        out = gen.generate(_input(["test_explodes", "test_nan", "test_explodes", "arithmetic"]), seed=0)
+    assert out.rewards[:3] == [0.0, 0.0, 0.0]
+    assert out.metrics["generate/env_errors"] == 3.0
+    # logged once per environment class, with the traceback
+    logged = [r for r in caplog.records if "raised" in r.getMessage()]
+    assert len(logged) == 2 and "reward server down" in caplog.text
+
+
+def test_zero_reward_on_non_stop(tiny_model, tiny_tokenizer):
+    settings = {"arithmetic": {"format_score": 1.0, "correct_score": 1.0}}
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    plain = SingleTurnGenerator(engine, tiny_tokenizer, env_settings=settings)
+    strict = SingleTurnGenerator(engine, tiny_tokenizer, env_settings=settings, zero_reward_on_non_stop=True)
+    inp = _input(["arithmetic"] * 8, max_tokens=2)
+    loose_out, strict_out = plain.generate(inp, seed=5), strict.generate(inp, seed=5)
+    assert loose_out.response_ids == strict_out.response_ids
+    for reason, loose, tight in zip(strict_out.stop_reasons, loose_out.rewards, strict_out.rewards):
+        assert tight == (loose if reason == "stop" else 0.0)
+    assert strict_out.metrics["generate/zeroed_non_stop"] == sum(
+        r != "stop" and x != 0 for r, x in zip(strict_out.stop_reasons, loose_out.rewards))
+    if not any(r != "stop" and x != 0 for r, x in zip(strict_out.stop_reasons, loose_out.rewards)):
+        pytest.fail("test input produced no truncated rewarded response; pick another seed")
