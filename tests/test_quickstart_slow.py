@@ -1,5 +1,5 @@
 """The quickstart as a test: SmolLM2-135M must gain at least 25 points of held-out accuracy.
-Slow (~8 minutes): `make test-slow`, not part of the default suite."""
+Slow (~6 minutes): `make test-slow`, not part of the default suite."""
 
 import importlib.util
 

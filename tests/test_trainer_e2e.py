@@ -89,3 +89,26 @@ def test_main_base_entrypoint_runs_the_same_app(tmp_path):
     assert "held-out pass@1" in proc.stdout
     assert (tmp_path / "tiny" / "final_model" / "config.json").exists()
     assert not (tmp_path / "outputs").exists()
+
+
+def test_overlong_filtering_drops_truncated_responses_from_the_loss(tmp_path):
+    from ridgeline.trainer.trainer import Trainer
+    cfg = load_config(tiny_overrides(tmp_path, "data.prepare.num_train=16", "trainer.eval_before_train=false",
+                                     "generator.apply_overlong_filtering=true"))
+    trainer = Trainer.from_config(cfg)
+    seen = {}
+    train = trainer.policy.train
+
+    def keep_batch(batch):
+        seen["batch"] = batch
+        return train(batch)
+
+    trainer.policy.train = keep_batch
+    rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
+    metrics = trainer.train_step(rows)
+    batch = seen["batch"]
+    lengths = batch.response_mask.sum(-1).long()
+    last = batch.sequences[:, -batch.response_width:].gather(1, (lengths - 1)[:, None]).squeeze(1)
+    stopped = last == trainer.tokenizer.eos_token_id
+    assert 0 < metrics["generate/truncated_frac"] < 1
+    assert torch.equal(batch.loss_mask.sum(-1) > 0, stopped)
