@@ -8,8 +8,6 @@ answer (strict), so a hash-style prompt behaves like GSM8K.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .answer_match import AnswerMatchEnv
 from .registry import register
 from .rewards import extract_hash_answer, extract_last_number

@@ -7,8 +7,6 @@ prose earns nothing (see ``extract_hash_answer``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from .answer_match import AnswerMatchEnv
 from .registry import register
 from .rewards import extract_hash_answer

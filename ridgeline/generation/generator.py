@@ -34,7 +34,8 @@ class SingleTurnGenerator:
 
     def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        # transformers 5 returns a BatchEncoding here, 4.x a plain list of ids
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def generate(self, inp: GeneratorInput, seed: int | None = None) -> GeneratorOutput:
         t0 = time.perf_counter()

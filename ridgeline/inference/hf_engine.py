@@ -12,7 +12,6 @@ token per step for every live row; rows that finished are dropped from the batch
 from __future__ import annotations
 
 import copy
-import time
 from collections import defaultdict
 from typing import Iterable
 
@@ -85,7 +84,6 @@ class HFEngine:
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, stop: torch.Tensor,
                         generator: torch.Generator) -> list[EngineOutput]:
-        t0 = time.perf_counter()
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         width = max(len(p) for p in unique)
@@ -129,6 +127,5 @@ class HFEngine:
                                       position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
-        seconds = time.perf_counter() - t0
-        return [EngineOutput(response_ids=r, logprobs=lp, stop_reason=s, metrics={"batch_seconds": seconds})
+        return [EngineOutput(response_ids=r, logprobs=lp, stop_reason=s)
                 for r, lp, s in zip(responses, logprobs, reasons)]

@@ -32,7 +32,7 @@ from ridgeline.models.loading import DTYPES, ModelSpec, load_model, load_tokeniz
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.trackers import Tracker, build_trackers
 from ridgeline.trainer.evaluation import PASS_THRESHOLD, EvalAccumulator
-from ridgeline.training.batch import TrainingBatch, build_training_batch
+from ridgeline.training.batch import build_training_batch
 from ridgeline.training.optim import build_optimizer, build_scheduler
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
 
@@ -78,10 +78,6 @@ def prepare_data_if_missing(data_cfg: DictConfig) -> None:
         return
     log.info("data.prepare: writing the %s dataset into %s", name, spec.get("output_dir"))
     PREPARERS[name](**spec)
-
-
-def sampling_params(cfg: DictConfig) -> SamplingParams:
-    return SamplingParams.from_config(cfg)
 
 
 def seed_everything(seed: int) -> None:
@@ -235,7 +231,7 @@ class Trainer:
         timer = StepTimer({})
         with timer.phase("step"):
             with timer.phase("generate"):
-                inp = self._generator_input(rows, n, sampling_params(cfg.generator.sampling_params), "train")
+                inp = self._generator_input(rows, n, SamplingParams.from_config(cfg.generator.sampling_params), "train")
                 out = self.generator.generate(inp, seed=t.seed * 1_000_003 + self.global_step)
             batch = build_training_batch(out.prompt_token_ids, out.response_ids, out.loss_masks, out.rewards,
                                          [tid.uid for tid in inp.trajectory_ids], out.rollout_logprobs,
@@ -273,7 +269,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        params = sampling_params(cfg.generator.eval_sampling_params)
+        params = SamplingParams.from_config(cfg.generator.eval_sampling_params)
         n = cfg.generator.eval_n_samples_per_prompt
         acc = EvalAccumulator()
         for rows in self.val_data.eval_batches(cfg.trainer.eval_batch_size):
