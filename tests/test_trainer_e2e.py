@@ -59,7 +59,9 @@ def test_final_model_loads_with_transformers_and_eval_is_dumped(tiny_run):
 
 def test_weights_reach_the_engine_after_a_step(tiny_run, tmp_path):
     from ridgeline.trainer.trainer import Trainer
-    cfg = load_config(tiny_overrides(tmp_path, "data.prepare.num_train=16", "trainer.eval_before_train=false"))
+    # gradient checkpointing is the base config's default (the presets turn it off for speed)
+    cfg = load_config(tiny_overrides(tmp_path, "data.prepare.num_train=16", "trainer.eval_before_train=false",
+                                     "trainer.gradient_checkpointing=true"))
     trainer = Trainer.from_config(cfg)
     before = {k: v.clone() for k, v in trainer.engine.model.named_parameters()}
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))

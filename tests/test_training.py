@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ridgeline.algorithms import PolicyLossConfig
+from ridgeline.models.forward import enable_activation_checkpointing
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.logprobs import response_logprobs
 from ridgeline.training.optim import build_optimizer, build_scheduler
@@ -91,3 +92,14 @@ def test_warmup_schedule_is_linear_then_constant(tiny_model):
         opt.step()
         sched.step()
     assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_gradient_checkpointing_falls_back_to_the_plain_forward(tiny_model, tiny_tokenizer):
+    sequences, attention, width = _grouped_batch(len(tiny_tokenizer))
+    tiny_model.train()
+    plain, _ = response_logprobs(tiny_model, sequences, attention, width, share_prompts=False)
+    enable_activation_checkpointing(tiny_model)
+    checkpointed, _ = response_logprobs(tiny_model, sequences, attention, width)  # share_prompts=True
+    checkpointed.sum().backward()
+    mask = attention[:, -width:].bool()
+    assert torch.allclose(checkpointed[mask], plain[mask].detach(), atol=1e-5)

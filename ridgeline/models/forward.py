@@ -27,3 +27,18 @@ def forward_last_logits(model: PreTrainedModel, keep: int, **inputs: Any) -> For
     hidden = out.last_hidden_state[:, -keep:].contiguous()
     logits = model.get_output_embeddings()(hidden)
     return ForwardOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """transformers 5 renamed gradient checkpointing to activation checkpointing; 4.x has only
+    the old name."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def activation_checkpointing_on(model: PreTrainedModel) -> bool:
+    flag = getattr(model, "is_activation_checkpointing", None)
+    return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))

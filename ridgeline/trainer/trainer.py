@@ -28,6 +28,7 @@ from ridgeline.generation.generator import SingleTurnGenerator
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.types import SamplingParams
+from ridgeline.models.forward import enable_activation_checkpointing
 from ridgeline.models.loading import DTYPES, ModelSpec, load_model, load_tokenizer
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.trackers import Tracker, build_trackers
@@ -138,7 +139,7 @@ class Trainer:
 
         model = load_model(spec, torch.float32, tokenizer)
         if t.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         model.config.use_cache = False
         autocast = training_autocast_dtype(t.mixed_precision)
         n = g.n_samples_per_prompt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ridgeline.models.forward import forward_last_logits
+from ridgeline.models.forward import activation_checkpointing_on, forward_last_logits
 
 
 def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
@@ -20,13 +20,15 @@ def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention
     share_prompts: GRPO rows come in groups with the same prompt. The distinct prompts run once,
     their keys/values are fanned out to every row of the group, and only the response tokens run
     per row; gradients flow back through the fan-out, so the result (values and gradients) is that
-    of the plain forward, with prompt compute divided by the group size."""
+    of the plain forward, with prompt compute divided by the group size. Under gradient
+    checkpointing transformers runs without a KV cache, so the plain forward is used."""
     width = sequences.shape[1]
     prompt_width = width - response_width
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     prompts = torch.cat([sequences[:, :prompt_width], attention_mask[:, :prompt_width]], dim=-1)
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    if not share_prompts or prompt_width == 0 or unique.shape[0] == sequences.shape[0]:
+    checkpointing = model.training and activation_checkpointing_on(model)
+    if not share_prompts or checkpointing or prompt_width == 0 or unique.shape[0] == sequences.shape[0]:
         out = forward_last_logits(model, response_width + 1, input_ids=sequences, attention_mask=attention_mask,
                                   position_ids=positions, use_cache=False)
         logits = out.logits[:, :-1]
