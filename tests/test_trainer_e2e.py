@@ -61,12 +61,16 @@ def test_weights_reach_the_engine_after_a_step(tiny_run, tmp_path):
     from ridgeline.trainer.trainer import Trainer
     # gradient checkpointing is the base config's default (the presets turn it off for speed)
     cfg = load_config(tiny_overrides(tmp_path, "data.prepare.num_train=16", "trainer.eval_before_train=false",
-                                     "trainer.gradient_checkpointing=true"))
+                                     "trainer.gradient_checkpointing=true", "trainer.policy_mini_batch_size=8"))
     trainer = Trainer.from_config(cfg)
     before = {k: v.clone() for k, v in trainer.engine.model.named_parameters()}
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
     trainer.global_step = 1
-    trainer.train_step(rows)
+    metrics = trainer.train_step(rows)
+    # two mini-batches: two optimizer steps, so the old-policy logprobs come from their own pass
+    assert metrics["policy/optimizer_steps"] == 2.0
+    # ... and the second mini-batch sees a policy that moved: ratio != 1 (exactly 0 without that pass)
+    assert metrics["policy/policy_kl"] != 0.0
     policy = dict(trainer.policy.model.named_parameters())
     changed = [k for k, v in trainer.engine.model.named_parameters() if not torch.equal(v, before[k])]
     assert changed, "no engine weight changed after an optimizer step"
