@@ -16,10 +16,14 @@ from ridgeline.algorithms import (
     PolicyLossConfig,
     Registry,
     compute_grpo_advantages,
+    compute_reinforce_plus_plus_advantages,
+    compute_rloo_advantages,
+    count_singleton_groups,
     kl_penalty,
     masked_mean,
     register_advantage_estimator,
     resolve_kl_estimator,
+    whiten_advantages,
 )
 
 SQRT3 = math.sqrt(3.0)
@@ -33,12 +37,14 @@ def close(actual: torch.Tensor, expected: list | float, atol: float = 1e-6) -> N
 
 
 def test_builtins_are_registered() -> None:
-    assert ADVANTAGE_ESTIMATORS.names() == ["grpo"]
+    assert ADVANTAGE_ESTIMATORS.names() == ["grpo", "reinforce++", "rloo"]
     assert POLICY_LOSSES.names() == ["dual_clip", "regular"]
     assert KL_ESTIMATORS.names() == ["abs", "k1", "k2", "k3"]
     assert LOSS_REDUCTIONS.names() == ["seq_mean_token_sum_norm", "sequence_mean", "token_mean"]
     assert "grpo" in ADVANTAGE_ESTIMATORS and "gae" not in ADVANTAGE_ESTIMATORS
     assert ADVANTAGE_ESTIMATORS.get("grpo") is compute_grpo_advantages
+    assert ADVANTAGE_ESTIMATORS.get("rloo") is compute_rloo_advantages
+    assert ADVANTAGE_ESTIMATORS.get("reinforce++") is compute_reinforce_plus_plus_advantages
 
 
 def test_registry_unknown_name_lists_available() -> None:
@@ -98,7 +104,7 @@ def _broadcast(per_row: list[float], mask: torch.Tensor) -> torch.Tensor:
 
 def test_grpo_normalised_by_std() -> None:
     rewards, mask, uids = _grpo_batch()
-    adv, ret = compute_grpo_advantages(rewards, mask, uids, epsilon=0.0)
+    adv, ret = compute_grpo_advantages(token_level_rewards=rewards, response_mask=mask, index=uids, epsilon=0.0)
     # a: mean 0.5, unbiased var = 4 * 0.5^2 / 3 = 1/3, std = 1/sqrt(3) -> A = +-0.5 * sqrt(3) = +-0.8660254
     # b: mean 0.75, var = (3 * 0.25^2 + 0.75^2) / 3 = 0.75 / 3 = 0.25, std = 0.5 -> A = 0.5 or -1.5
     h = 0.5 * SQRT3
@@ -111,14 +117,16 @@ def test_grpo_normalised_by_std() -> None:
 
 def test_grpo_default_epsilon() -> None:
     rewards, mask, uids = _grpo_batch()
-    adv, _ = compute_grpo_advantages(rewards, mask, uids)
+    adv, _ = compute_grpo_advantages(token_level_rewards=rewards, response_mask=mask, index=uids)
     # a: 0.5 / (0.57735027 + 1e-6) = 0.86602390;  b: 0.25 / 0.500001 = 0.49999900, -0.75 / 0.500001 = -1.49999700
     close(adv[:, 0], [0.8660239, 0.499999, 0.499999, -0.8660239, 0.8660239, -1.499997, -0.8660239, 0.499999])
 
 
 def test_dr_grpo_no_std_normalisation() -> None:
     rewards, mask, uids = _grpo_batch()
-    adv, _ = compute_grpo_advantages(rewards, mask, uids, norm_by_std=False)
+    adv, _ = compute_grpo_advantages(
+        token_level_rewards=rewards, response_mask=mask, index=uids, grpo_norm_by_std=False
+    )
     # a: score - 0.5 = +-0.5;  b: score - 0.75 = 0.25 or -0.75
     close(adv, _broadcast([0.5, 0.25, 0.25, -0.5, 0.5, -0.75, -0.5, 0.25], mask).tolist())
 
@@ -127,28 +135,179 @@ def test_grpo_singleton_and_constant_groups() -> None:
     rewards = torch.tensor([[0.7, 0.0], [1.0, 0.0], [1.0, 0.0]])
     mask = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
     uids = ["solo", "same", "same"]
-    adv, _ = compute_grpo_advantages(rewards, mask, uids)
-    # solo: mean 0, std 1 -> 0.7 / (1 + 1e-6) = 0.6999993;  same: std 0 -> 0 / 1e-6 = 0
-    close(adv, [[0.6999993, 0.0], [0.0, 0.0], [0.0, 0.0]])
-    adv, _ = compute_grpo_advantages(rewards, mask, uids, norm_by_std=False)
-    close(adv, [[0.7, 0.0], [0.0, 0.0], [0.0, 0.0]])  # solo: 0.7 - 0
+    # solo: a group of one has nothing to compare against -> 0 (it used to keep its raw score 0.7)
+    # same: std 0 -> 0 / (0 + 1e-6) = 0
+    for norm in (True, False):
+        adv, ret = compute_grpo_advantages(
+            token_level_rewards=rewards, response_mask=mask, index=uids, grpo_norm_by_std=norm
+        )
+        close(adv, [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+        close(ret, [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    assert count_singleton_groups(uids) == 1
+
+
+def test_grpo_index_length_checked() -> None:
+    rewards, mask, uids = _grpo_batch()
+    with pytest.raises(ValueError, match="index"):
+        compute_grpo_advantages(token_level_rewards=rewards, response_mask=mask, index=uids[:-1])
+
+
+def test_grpo_has_no_grad_and_upcasts() -> None:
+    rewards = torch.tensor([[1.0], [0.0]], dtype=torch.bfloat16, requires_grad=True)
+    adv, _ = compute_grpo_advantages(
+        token_level_rewards=rewards, response_mask=torch.ones(2, 1), index=["u", "u"], epsilon=0.0
+    )
+    # mean 0.5, std = sqrt(2 * 0.25 / 1) = 0.70710678 -> +-0.5 / 0.70710678 = +-0.70710678
+    close(adv, [[0.70710678], [-0.70710678]])
+    assert adv.dtype == torch.float32 and not adv.requires_grad
+
+
+def test_count_singleton_groups() -> None:
+    assert count_singleton_groups(["a", "b", "a", "c"]) == 2  # b and c occur once
+    assert count_singleton_groups(["a", "a"]) == 0
+    assert count_singleton_groups([]) == 0
+    assert count_singleton_groups(torch.tensor([7, 7, 3])) == 1  # tensor ids compare by value
+
+
+# ----------------------------------------------------------------------------- RLOO
+
+
+def _rloo_batch() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    # a = [1, 0, 1, 0] (n = 4) and b = [1, 1, 0] (n = 3) interleaved, plus a singleton s.
+    # Rewards on the last real token of T = 3; lengths vary so padding is checked too.
+    rewards = torch.tensor(
+        [
+            [0.0, 0.0, 1.0],  # a  score 1
+            [0.0, 1.0, 0.0],  # b  score 1
+            [0.0, 0.0, 0.0],  # a  score 0
+            [1.0, 0.0, 0.0],  # b  score 1
+            [0.0, 0.7, 0.0],  # s  score 0.7
+            [0.0, 1.0, 0.0],  # a  score 1
+            [0.0, 0.0, 0.0],  # b  score 0
+            [0.0, 0.0, 0.0],  # a  score 0
+        ]
+    )
+    lengths = [3, 2, 1, 1, 2, 2, 3, 2]
+    mask = (torch.arange(3).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+    return rewards, mask, ["a", "b", "a", "b", "s", "a", "b", "a"]
+
+
+def test_rloo() -> None:
+    rewards, mask, index = _rloo_batch()
+    adv, ret = compute_rloo_advantages(token_level_rewards=rewards, response_mask=mask, index=index)
+    # a, r = 1: others [0, 1, 0] mean 1/3 -> 1 - 1/3 = 2/3;  r = 0: others [1, 1, 0] mean 2/3 -> -2/3
+    #   (same as (r - 0.5) * 4 / 3 = +-0.5 * 4/3 = +-2/3)
+    # b, r = 1: others [1, 0] mean 1/2 -> 1/2;  r = 0: others [1, 1] mean 1 -> -1
+    #   (same as (r - 2/3) * 3 / 2 = 1/2 or -1)
+    # s: a group of one -> 0
+    t = 2.0 / 3.0
+    expected = _broadcast([t, 0.5, -t, 0.5, 0.0, t, -1.0, -t], mask)
+    close(adv, expected.tolist())
+    assert torch.all(adv[mask == 0] == 0)  # padding carries no advantage
+    assert torch.equal(ret, adv) and ret.data_ptr() != adv.data_ptr()
+    assert adv.dtype == torch.float32 and count_singleton_groups(index) == 1
+
+
+def test_rloo_no_grad_and_upcasts() -> None:
+    rewards = torch.tensor([[2.0], [0.0]], dtype=torch.bfloat16, requires_grad=True)
+    adv, _ = compute_rloo_advantages(token_level_rewards=rewards, response_mask=torch.ones(2, 1), index=[0, 0])
+    close(adv, [[2.0], [-2.0]])  # n = 2: 2 - 0 = 2, 0 - 2 = -2
+    assert adv.dtype == torch.float32 and not adv.requires_grad
+
+
+# ----------------------------------------------------------------------------- REINFORCE++
+
+
+def _rpp_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    # row 0: 3 tokens, reward 1 on t = 2;  row 1: 2 tokens, reward 2 on t = 1.
+    # The 5.0 on row 1's padding must count as 0 and must not flow back into its response.
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    return rewards, mask
+
+
+def test_reinforce_pp_gamma_one() -> None:
+    rewards, mask = _rpp_batch()
+    adv, ret = compute_reinforce_plus_plus_advantages(
+        token_level_rewards=rewards, response_mask=mask, index=["x", "y"], gamma=1.0, epsilon=0.0
+    )
+    # G row 0 = [1, 1, 1, 0], row 1 = [2, 2, 0, 0]
+    close(ret, [[1.0, 1.0, 1.0, 0.0], [2.0, 2.0, 0.0, 0.0]])
+    # masked G = 1, 1, 1, 2, 2: n = 5, mean = 7 / 5 = 1.4
+    # deviations -0.4 (x3), 0.6 (x2): sum sq = 3 * 0.16 + 2 * 0.36 = 1.2, unbiased var = 1.2 / 4 = 0.3
+    # std = sqrt(0.3) = 0.5477226 -> A = -0.4 / 0.5477226 = -0.7302967, 0.6 / 0.5477226 = 1.0954451
+    lo, hi = -0.4 / math.sqrt(0.3), 0.6 / math.sqrt(0.3)
+    close(adv, [[lo, lo, lo, 0.0], [hi, hi, 0.0, 0.0]])
+    assert adv.dtype == torch.float32 and ret.dtype == torch.float32
+
+
+def test_reinforce_pp_gamma_half() -> None:
+    rewards, mask = _rpp_batch()
+    adv, ret = compute_reinforce_plus_plus_advantages(
+        token_level_rewards=rewards, response_mask=mask, index=["x", "y"], gamma=0.5, epsilon=0.0
+    )
+    # row 0: G_2 = 1, G_1 = 0.5 * 1 = 0.5, G_0 = 0.5 * 0.5 = 0.25;  row 1: G_1 = 2, G_0 = 0.5 * 2 = 1
+    close(ret, [[0.25, 0.5, 1.0, 0.0], [1.0, 2.0, 0.0, 0.0]])
+    # masked G = 0.25, 0.5, 1, 1, 2: sum 4.75, mean 0.95
+    # deviations -0.7, -0.45, 0.05, 0.05, 1.05: sum sq = 0.49 + 0.2025 + 0.0025 + 0.0025 + 1.1025 = 1.8
+    # unbiased var = 1.8 / 4 = 0.45, std = sqrt(0.45) = 0.6708204
+    # A = -0.7 / 0.6708204 = -1.0434984, -0.45 / s = -0.6708204, 0.05 / s = 0.0745356, 1.05 / s = 1.5652476
+    s = math.sqrt(0.45)
+    close(adv, [[-0.7 / s, -0.45 / s, 0.05 / s, 0.0], [0.05 / s, 1.05 / s, 0.0, 0.0]])
+
+
+def test_reinforce_pp_default_epsilon_and_masked_gap() -> None:
+    rewards, mask = _rpp_batch()
+    adv, _ = compute_reinforce_plus_plus_advantages(token_level_rewards=rewards, response_mask=mask)
+    # gamma defaults to 1 and epsilon to 1e-6: -0.4 / (0.5477226 + 1e-6) = -0.7302954
+    close(adv[0, 0], -0.4 / (math.sqrt(0.3) + 1e-6))
+    # A masked-out token inside the row resets the return: the reward after the gap does not reach t = 0, 1.
+    _, ret = compute_reinforce_plus_plus_advantages(
+        token_level_rewards=torch.tensor([[0.0, 0.0, 0.0, 1.0]]), response_mask=torch.tensor([[1.0, 1.0, 0.0, 1.0]])
+    )
+    close(ret, [[0.0, 0.0, 0.0, 1.0]])
+
+
+# ----------------------------------------------------------------------------- shared estimator contract
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce++"])
+def test_estimators_ignore_foreign_kwargs(name: str) -> None:
+    rewards, mask, uids = _grpo_batch()
+    fn = ADVANTAGE_ESTIMATORS.get(name)
+    kwargs = dict(token_level_rewards=rewards, response_mask=mask, index=uids)
+    plain = fn(**kwargs)
+    noisy = fn(**kwargs, values=torch.zeros_like(rewards), lambd=0.95, grpo_norm_by_std=True, some_future_option="x")
+    close(noisy[0], plain[0].tolist())
+    close(noisy[1], plain[1].tolist())
+    assert torch.all(plain[0][mask == 0] == 0) and torch.all(plain[1][mask == 0] == 0)
+    with pytest.raises(TypeError):
+        fn(rewards, mask, uids)  # keyword-only: the old positional call fails loudly
 
 
 def test_grpo_generic_call_ignores_foreign_kwargs() -> None:
     rewards, mask, uids = _grpo_batch()
     fn = ADVANTAGE_ESTIMATORS.get("grpo")
-    adv, _ = fn(rewards, mask, uids, gamma=1.0, lambd=0.95, values=None, epsilon=0.0)
+    adv, _ = fn(
+        token_level_rewards=rewards, response_mask=mask, index=uids, gamma=1.0, lambd=0.95, values=None, epsilon=0.0
+    )
     close(adv[0], [0.5 * SQRT3] * 3)
-    with pytest.raises(ValueError, match="uids"):
-        compute_grpo_advantages(rewards, mask, uids[:-1])
 
 
-def test_grpo_has_no_grad_and_upcasts() -> None:
-    rewards = torch.tensor([[1.0], [0.0]], dtype=torch.bfloat16, requires_grad=True)
-    adv, _ = compute_grpo_advantages(rewards, torch.ones(2, 1), ["u", "u"], epsilon=0.0)
-    # mean 0.5, std = sqrt(2 * 0.25 / 1) = 0.70710678 -> +-0.5 / 0.70710678 = +-0.70710678
-    close(adv, [[0.70710678], [-0.70710678]])
-    assert adv.dtype == torch.float32 and not adv.requires_grad
+def test_whiten_advantages() -> None:
+    adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, -50.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    out = whiten_advantages(adv, mask, epsilon=0.0)
+    # masked values 1, 2, 3, 4 (padding 100, -50 ignored): mean 2.5
+    # deviations -1.5, -0.5, 0.5, 1.5: sum sq = 2.25 + 0.25 + 0.25 + 2.25 = 5, unbiased var = 5 / 3
+    # std = sqrt(5/3) = 1.2909944 -> -1.1618950, -0.3872983, 0.3872983, 1.1618950; padding -> 0
+    s = math.sqrt(5.0 / 3.0)
+    close(out, [[-1.5 / s, -0.5 / s, 0.5 / s], [1.5 / s, 0.0, 0.0]])
+    # default epsilon 1e-6: 1.5 / (1.2909944 + 1e-6) = 1.1618941
+    close(whiten_advantages(adv, mask)[1, 0], 1.5 / (s + 1e-6))
+    # one masked token: std 0 -> (x - x) / (0 + 1e-6) = 0, no NaN
+    close(whiten_advantages(torch.tensor([[3.0, 9.0]]), torch.tensor([[1.0, 0.0]])), [[0.0, 0.0]])
+    assert out.dtype == torch.float32
 
 
 # ----------------------------------------------------------------------------- policy loss

@@ -118,3 +118,30 @@ def test_overlong_filtering_drops_truncated_responses_from_the_loss(tmp_path):
     stopped = last == trainer.tokenizer.eos_token_id
     assert 0 < metrics["generate/truncated_frac"] < 1
     assert torch.equal(batch.loss_mask.sum(-1) > 0, stopped)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["trainer.algorithm.advantage_estimator=rloo"],
+    ["trainer.algorithm.advantage_estimator=reinforce++", "trainer.algorithm.gamma=0.9"],
+    ["trainer.algorithm.advantage_batch_normalize=true"],
+])
+def test_other_estimators_run_a_real_step(tmp_path, overrides):
+    from ridgeline.trainer.trainer import Trainer
+    cfg = load_config(tiny_overrides(tmp_path, "data.prepare.num_train=16", "trainer.eval_before_train=false",
+                                     *overrides))
+    trainer = Trainer.from_config(cfg)
+    rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
+    trainer.global_step = 1
+    metrics = trainer.train_step(rows)
+    assert metrics["policy/grad_norm"] > 0 and metrics["advantages/singleton_groups"] == 0.0
+
+
+def test_single_sample_groups_are_counted(tmp_path):
+    from ridgeline.trainer.trainer import Trainer
+    cfg = load_config(tiny_overrides(tmp_path, "data.prepare.num_train=16", "trainer.eval_before_train=false",
+                                     "generator.n_samples_per_prompt=1", "trainer.micro_train_batch_size_per_gpu=16",
+                                     "trainer.micro_forward_batch_size_per_gpu=16"))
+    trainer = Trainer.from_config(cfg)
+    rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
+    trainer.global_step = 1
+    assert trainer.train_step(rows)["advantages/singleton_groups"] == 16.0

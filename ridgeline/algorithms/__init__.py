@@ -24,7 +24,13 @@ from ridgeline.algorithms.reductions import (
     sequence_mean,
     token_mean,
 )
-from ridgeline.algorithms.advantages import compute_grpo_advantages
+from ridgeline.algorithms.advantages import (
+    compute_grpo_advantages,
+    compute_reinforce_plus_plus_advantages,
+    compute_rloo_advantages,
+    count_singleton_groups,
+    whiten_advantages,
+)
 from ridgeline.algorithms.kl import kl_penalty, resolve_kl_estimator
 from ridgeline.algorithms.policy_loss import (
     PolicyLossConfig,
@@ -41,6 +47,9 @@ __all__ = [
     "Registry",
     "UnknownNameError",
     "compute_grpo_advantages",
+    "compute_reinforce_plus_plus_advantages",
+    "compute_rloo_advantages",
+    "count_singleton_groups",
     "dual_clip_loss",
     "kl_penalty",
     "masked_mean",
@@ -53,4 +62,5 @@ __all__ = [
     "seq_mean_token_sum_norm",
     "sequence_mean",
     "token_mean",
+    "whiten_advantages",
 ]

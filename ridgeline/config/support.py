@@ -72,11 +72,7 @@ NOT_YET: dict[str, str] = {
     "trainer.algorithm.use_kl_in_reward": "KL in the reward arrives with issue 3; use "
     "trainer.algorithm.use_kl_loss=true",
     "trainer.algorithm.kl_ctrl.*": "KL controllers (for use_kl_in_reward) arrive with issue 3",
-    "trainer.algorithm.advantage_batch_normalize": "batch-normalized advantages arrive with "
-    "issue 3",
     "trainer.algorithm.dynamic_sampling.*": "dynamic sampling arrives with issue 3",
-    "trainer.algorithm.use_tis": "truncated importance sampling arrives with issue 3",
-    "trainer.algorithm.tis_imp_ratio_cap": "truncated importance sampling arrives with issue 3",
     # generator / engines
     "generator.num_inference_engines": "several inference engines arrive with issue 6",
     "generator.inference_engine_tensor_parallel_size": "tensor-parallel engines arrive with "

@@ -581,6 +581,15 @@ class _Checker:
                            "(trainer.algorithm.use_kl_in_reward=false), or move it into the "
                            "reward (trainer.algorithm.use_kl_loss=false).")
 
+    def tis(self) -> None:
+        cap = self.val("trainer.algorithm.tis_imp_ratio_cap")
+        if self.val("trainer.algorithm.use_tis") is True and isinstance(cap, (int, float)) and cap <= 0:
+            self.add("trainer.algorithm.tis_imp_ratio_cap",
+                     f"trainer.algorithm.use_tis=true needs a positive trainer.algorithm.tis_imp_ratio_cap "
+                     f"(got {cap}): it caps the importance weight exp(old - rollout logprob) of each "
+                     "token. Fix: trainer.algorithm.tis_imp_ratio_cap=2.0 (a common choice), or "
+                     "use_tis=false.")
+
     # 7. features not built yet ----------------------------------------------------------
     def not_yet(self) -> None:
         for key, allowed in support.SUPPORTED_VALUES.items():
@@ -651,6 +660,7 @@ class _Checker:
         self.numbers()
         self.batches()
         self.kl()
+        self.tis()
         self.not_yet()
         self.extensions()
         return self.problems

@@ -14,7 +14,7 @@ CONSOLE_KEYS = [
     ("reward/avg_raw_reward", "reward"), ("reward/accuracy", "acc"), ("eval/all/pass_at_1", "eval@1"),
     ("generate/avg_num_tokens", "len"), ("policy/policy_loss", "loss"), ("policy/kl_loss", "kl"),
     ("policy/policy_entropy", "ent"), ("policy/ppo_clip_ratio", "clip"), ("policy/grad_norm", "gnorm"),
-    ("policy/policy_lr", "lr"), ("timing/generate", "t_gen"), ("timing/logprobs", "t_lp"),
+    ("policy/policy_lr", "lr"), ("rollout/logprob_abs_diff_mean", "lp_diff"), ("timing/generate", "t_gen"), ("timing/logprobs", "t_lp"),
     ("timing/policy_train", "t_train"), ("timing/sync_weights", "t_sync"), ("timing/step", "t_step"),
     ("throughput/tokens_per_second", "tok/s"),
 ]

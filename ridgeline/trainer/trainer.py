@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, PolicyLossConfig, resolve_kl_estimator
+from ridgeline.algorithms import (ADVANTAGE_ESTIMATORS, PolicyLossConfig, count_singleton_groups,
+                                  resolve_kl_estimator, whiten_advantages)
 from ridgeline.data import PromptDataset, PromptRow, prepare_arithmetic, prepare_gsm8k
 from ridgeline.generation.generator import SingleTurnGenerator
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
@@ -157,6 +158,7 @@ class Trainer:
             use_kl_loss=alg.use_kl_loss, kl_loss_coef=alg.kl_loss_coef, kl_estimator=kl_estimator,
             use_entropy_loss=alg.use_entropy_loss, entropy_loss_coef=alg.entropy_loss_coef,
             max_grad_norm=t.policy.optimizer_config.max_grad_norm, autocast_dtype=autocast,
+            tis_cap=alg.tis_imp_ratio_cap if alg.use_tis else None,
         )
         opt_cfg = t.policy.optimizer_config
         optimizer = build_optimizer(model, opt_cfg.lr, tuple(opt_cfg.adam_betas), opt_cfg.weight_decay)
@@ -251,13 +253,20 @@ class Trainer:
             with timer.phase("advantages"):
                 estimator = ADVANTAGE_ESTIMATORS.get(alg.advantage_estimator)
                 batch.advantages, batch.returns = estimator(
-                    batch.rewards, batch.response_mask, batch.uids, norm_by_std=alg.grpo_norm_by_std,
-                    gamma=alg.gamma, lambd=alg.lambd)
+                    token_level_rewards=batch.rewards, response_mask=batch.response_mask, index=batch.uids,
+                    grpo_norm_by_std=alg.grpo_norm_by_std, gamma=alg.gamma, lambd=alg.lambd)
+                if alg.advantage_batch_normalize:
+                    batch.advantages = whiten_advantages(batch.advantages, batch.response_mask)
+                singletons = count_singleton_groups(batch.uids)
+                if singletons:
+                    log.warning("%d prompt groups hold a single sample: their advantage is 0 "
+                                "(generator.n_samples_per_prompt=1?)", singletons)
             with timer.phase("policy_train"):
                 metrics = self.policy.train(batch)
             with timer.phase("sync_weights"):
                 self.engine.update_weights(self.policy.named_weights())
         metrics.update(rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, batch.uids, n))
+        metrics["advantages/singleton_groups"] = float(singletons)
         metrics.update(out.metrics)
         metrics.update({f"timing/{k}": v for k, v in timer.seconds.items()})
         trained_tokens = float(batch.attention_mask.sum())

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from ridgeline.algorithms import (LOSS_REDUCTIONS, POLICY_LOSSES, PolicyLossConfig, kl_penalty,
                                   masked_mean)
+from ridgeline.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
 from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.logprobs import response_logprobs
 
@@ -67,6 +68,7 @@ class PolicyTrainConfig:
     entropy_loss_coef: float = 0.0
     max_grad_norm: float = 1.0
     autocast_dtype: torch.dtype | None = None
+    tis_cap: float | None = None    # use_tis: truncated importance weights against rollout logprobs
 
 
 class RefWorker:
@@ -106,9 +108,9 @@ class PolicyWorker:
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
-        for _ in range(c.update_epochs):
+        for epoch in range(c.update_epochs):
             for mini in batch.chunks(c.mini_batch_size):
-                grad_norms.append(self._optimizer_step(mini, sums))
+                grad_norms.append(self._optimizer_step(mini, sums, first_epoch=epoch == 0))
         total_tokens = max(1.0, float(batch.loss_mask.sum()) * c.update_epochs)
         steps = max(1, len(grad_norms))
         metrics = {
@@ -124,9 +126,14 @@ class PolicyWorker:
         }
         if c.use_kl_loss:
             metrics["policy/kl_loss"] = sums["kl_loss"] / steps
+        if sums["mismatch_tokens"]:
+            metrics["rollout/logprob_abs_diff_mean"] = sums["mismatch_sum"] / sums["mismatch_tokens"]
+            metrics["rollout/logprob_abs_diff_max"] = sums["mismatch_max"]
+        if c.tis_cap is not None:
+            metrics["policy/tis_weight_mean"] = sums["tis_weight_tokens"] / total_tokens
         return metrics
 
-    def _optimizer_step(self, mini: TrainingBatch, sums: dict[str, float]) -> float:
+    def _optimizer_step(self, mini: TrainingBatch, sums: dict[str, float], first_epoch: bool) -> float:
         c = self.config
         reduce = partial(self.reduce, num_tokens=float(mini.loss_mask.sum().clamp(min=1)),
                          num_sequences=float(mini.batch_size))
@@ -139,7 +146,20 @@ class PolicyWorker:
             # No separate old-policy pass when the batch takes a single optimizer step (the trainer
             # decides): then pi_old == pi_theta at this point and its logprobs are our own, detached.
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-            pg_loss, pg_metrics = self.policy_loss_fn(logprobs, old, micro.advantages, mask,
+            advantages = micro.advantages
+            if micro.rollout_logprobs is not None:
+                if first_epoch:  # how far the engine's numbers are from the trainer's pi_old
+                    total, worst, count = logprob_mismatch(old, micro.rollout_logprobs, micro.response_mask)
+                    sums["mismatch_sum"] += total
+                    sums["mismatch_tokens"] += count
+                    sums["mismatch_max"] = max(sums["mismatch_max"], worst)
+                if c.tis_cap is not None:
+                    # Scaling A_t by w_t > 0 scales the token's clipped PPO term by w_t (the
+                    # surrogate is positively homogeneous in A), i.e. it weights the token's loss.
+                    weights = truncated_importance_weights(old, micro.rollout_logprobs, c.tis_cap)
+                    advantages = advantages * weights
+                    sums["tis_weight_tokens"] += float((weights * mask).sum())
+            pg_loss, pg_metrics = self.policy_loss_fn(logprobs, old, advantages, mask,
                                                       config=c.loss_config, reduction=reduce)
             loss = pg_loss
             if c.use_kl_loss:
