@@ -63,7 +63,7 @@ def _worker(model, micro: int, mini: int, reduction: str) -> PolicyWorker:
     return PolicyWorker(model, cfg, opt, build_scheduler(opt, 0))
 
 
-@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean"])
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "seq_mean_token_sum_norm"])
 def test_micro_batch_accumulation_gives_the_full_mini_batch_gradient(tiny_model, tiny_tokenizer, reduction):
     sequences, attention, width = _grouped_batch(len(tiny_tokenizer))
     rows = sequences.shape[0]

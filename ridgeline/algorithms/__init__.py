@@ -20,6 +20,7 @@ from ridgeline.algorithms.registry import (
 # Importing the modules below runs their @register decorators.
 from ridgeline.algorithms.reductions import (
     masked_mean,
+    reduce_loss,
     seq_mean_token_sum_norm,
     sequence_mean,
     token_mean,
@@ -39,6 +40,7 @@ from ridgeline.algorithms.policy_loss import (
 )
 
 __all__ = [
+    "reduce_loss",
     "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSS_REDUCTIONS",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ridgeline.algorithms.registry import register_loss_reduction
+from ridgeline.algorithms.registry import LOSS_REDUCTIONS, register_loss_reduction
 
 
 def _safe_denominator(count: Tensor) -> Tensor:
@@ -102,3 +102,10 @@ def seq_mean_token_sum_norm(
     per_row = (values * mask).sum(-1) / max(width, 1)
     default = torch.tensor(float(values.shape[0]), dtype=values.dtype, device=values.device)
     return per_row.sum() / _as_count(num_sequences, default, values)
+
+
+def reduce_loss(values: Tensor, mask: Tensor, mode: str = "token_mean", *, num_tokens: float | None = None,
+                num_sequences: float | None = None) -> Tensor:
+    """Reduce a per-token loss [B, T] with the registered reduction `mode` (`token_mean`,
+    `sequence_mean`, `seq_mean_token_sum_norm`, or one a user registered)."""
+    return LOSS_REDUCTIONS.get(mode)(values, mask, num_tokens=num_tokens, num_sequences=num_sequences)

@@ -6,6 +6,7 @@ an estimator or a loss is one decorated function, with no trainer change.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -49,12 +50,27 @@ class Registry(Generic[F]):
         return decorator
 
     def get(self, name: str) -> F:
+        """The function registered as `name`, or, for `"my_pkg.my_module:my_function"`, that
+        function imported from the user's module (config values can name one directly)."""
+        if isinstance(name, str) and name not in self._fns and ":" in name:
+            return self.import_path(name)
         try:
             return self._fns[name]
         except (KeyError, TypeError):
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or '(none)'}"
             ) from None
+
+    def import_path(self, path: str) -> F:
+        """Import `module:attribute`; errors say what failed (ImportError / AttributeError /
+        TypeError), so a config check can quote them."""
+        module_name, _, attr = path.partition(":")
+        if not module_name or not attr:
+            raise ValueError(f"{self.kind} path {path!r} must look like 'my_pkg.my_module:my_function'")
+        fn = getattr(importlib.import_module(module_name), attr)
+        if not callable(fn):
+            raise TypeError(f"{self.kind} path {path!r} names a {type(fn).__name__}, not a function")
+        return fn
 
     def names(self) -> list[str]:
         return sorted(self._fns)

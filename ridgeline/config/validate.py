@@ -419,6 +419,15 @@ class _Checker:
                     what: str, attr: str) -> None:
         if name in registry:
             return
+        if ":" in name and hasattr(registry, "import_path"):
+            try:
+                registry.import_path(name)
+                return
+            except Exception as exc:  # the user's module: any failure is a config problem
+                self.add(key, f"{key}={name} could not be imported ({type(exc).__name__}: {exc}). "
+                              f"Fix: name a function as 'my_pkg.my_module:my_function' on the Python "
+                              "path (PYTHONPATH or an installed package).")
+                return
         built = sorted(registry.names())
         fix = f"Fix: {key}={built[0]}" if built else "Fix: register one"
         if name in known:
