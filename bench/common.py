@@ -11,6 +11,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from ridgeline.data import encode_chat_prompt  # noqa: E402
 from ridgeline.models.loading import ModelSpec, load_model, load_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
@@ -25,8 +26,7 @@ def load_smollm2():
 def sum_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     texts = [f"What is {rng.randint(1, 30)} + {rng.randint(1, 30)}? Answer with just the number." for _ in range(count)]
-    return [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                               tokenize=True)["input_ids"]) for t in texts]
+    return [encode_chat_prompt(tokenizer, [{"role": "user", "content": t}]) for t in texts]
 
 
 def median_seconds(fn, repeats: int, warmup: int = 1) -> float:

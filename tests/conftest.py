@@ -25,6 +25,5 @@ def tiny_model(tiny_tokenizer):
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
-    enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        tokenize=True)
-    return list(enc["input_ids"])
+    from ridgeline.data import encode_chat_prompt
+    return encode_chat_prompt(tokenizer, [{"role": "user", "content": text}])

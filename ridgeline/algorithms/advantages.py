@@ -85,6 +85,13 @@ def whiten_advantages(advantages: Tensor, response_mask: Tensor, epsilon: float 
         return (x - mean) / (std + epsilon) * mask
 
 
+def _per_token(per_row: Tensor, singleton: Tensor, response_mask: Tensor) -> Tensor:
+    """A group-relative scalar per row -> [B, T]: 0 for groups of one (no baseline to compare
+    against), broadcast over the response tokens, zero outside the mask."""
+    per_row = torch.where(singleton, torch.zeros_like(per_row), per_row)
+    return per_row.unsqueeze(-1) * response_mask.float()
+
+
 @register_advantage_estimator("grpo")
 def compute_grpo_advantages(
     *,
@@ -112,8 +119,7 @@ def compute_grpo_advantages(
         _, mean, std, singleton = _group_stats(scores, index)
         centred = scores - mean
         per_row = centred / (std + epsilon) if grpo_norm_by_std else centred
-        per_row = torch.where(singleton, torch.zeros_like(per_row), per_row)
-        advantages = per_row.unsqueeze(-1) * response_mask.float()
+        advantages = _per_token(per_row, singleton, response_mask)
     return advantages, advantages.clone()
 
 
@@ -140,8 +146,7 @@ def compute_rloo_advantages(
         scores = token_level_rewards.float().sum(-1)
         counts, mean, _, singleton = _group_stats(scores, index)
         per_row = (scores - mean) * counts / (counts - 1).clamp(min=1)
-        per_row = torch.where(singleton, torch.zeros_like(per_row), per_row)
-        advantages = per_row.unsqueeze(-1) * response_mask.float()
+        advantages = _per_token(per_row, singleton, response_mask)
     return advantages, advantages.clone()
 
 

@@ -80,15 +80,16 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     )
 
 
-def _prompt_length(tokenizer: Any, prompt: list[dict[str, str]]) -> int:
-    """Token count of the chat-templated prompt, as generation will see it."""
+def encode_chat_prompt(tokenizer: Any, prompt: list[dict[str, str]]) -> list[int]:
+    """Token ids of the chat-templated prompt with the assistant turn opened: exactly what the
+    generator sends to the engine, so length checks here agree with generation."""
     encoded = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
     # transformers >= 5 returns a BatchEncoding by default, older versions a list of ids.
     if hasattr(encoded, "keys") and "input_ids" in encoded:
         encoded = encoded["input_ids"]
     if encoded and isinstance(encoded[0], (list, tuple)):
         encoded = encoded[0]
-    return len(encoded)
+    return list(encoded)
 
 
 def _epoch_rng(seed: int, epoch: int) -> random.Random:
@@ -139,7 +140,7 @@ class PromptDataset(Sequence[PromptRow]):
             raise DatasetError(f"dataset has no rows: {', '.join(self.files)}")
 
         if max_prompt_tokens is not None and tokenizer is not None:
-            kept = [row for row in rows if _prompt_length(tokenizer, row.prompt) <= max_prompt_tokens]
+            kept = [row for row in rows if len(encode_chat_prompt(tokenizer, row.prompt)) <= max_prompt_tokens]
             self.num_dropped_too_long = len(rows) - len(kept)
             if self.num_dropped_too_long:
                 logger.warning(

@@ -16,6 +16,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ridgeline import envs
+from ridgeline.data import encode_chat_prompt
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput
 from ridgeline.inference.types import EngineRequest, InferenceEngine
 
@@ -33,9 +34,7 @@ class SingleTurnGenerator:
         self._logged_env_errors: set[str] = set()
 
     def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        # transformers 5 returns a BatchEncoding here, 4.x a plain list of ids
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return encode_chat_prompt(self.tokenizer, messages)
 
     def generate(self, inp: GeneratorInput, seed: int | None = None) -> GeneratorOutput:
         t0 = time.perf_counter()
