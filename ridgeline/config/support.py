@@ -39,20 +39,15 @@ __all__ = [
 ]
 
 _MULTI = "multi-process training (issue 6)"
-_MULTI_LATER = "multi-process training arrives with issue 6"
 
 # dotted key (or prefix.*) -> what to use today / which issue brings it
 NOT_YET: dict[str, str] = {
     # strategies, engines, trackers: only some values built
-    "trainer.strategy": "only 'single' is built; fsdp2 and fsdp arrive with issue 6, deepspeed "
-    "and megatron are not planned",
+    "trainer.strategy": "single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors, on CPU "
+    "workers so far) are built; deepspeed and megatron are not planned",
     "generator.backend": "only the embedded 'hf' engine is built; vllm, sglang and remote "
     "engines arrive with issue 7",
     # placement and sharding
-    "trainer.placement.*": "placement of workers on several devices arrives with " + _MULTI,
-    "trainer.policy.fsdp_config.*": "FSDP settings arrive with " + _MULTI,
-    "trainer.ref.fsdp_config.*": "FSDP settings arrive with " + _MULTI,
-    "trainer.critic.fsdp_config.*": "FSDP settings arrive with " + _MULTI,
     "trainer.critic.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
     "trainer.policy.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
     "trainer.ref.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
@@ -60,12 +55,9 @@ NOT_YET: dict[str, str] = {
     "trainer.policy.record_memory": "CUDA memory snapshots arrive with the GPU work of issue 6",
     # dumps
     # generator / engines
-    "generator.num_inference_engines": "several inference engines arrive with issue 6",
     "generator.inference_engine_tensor_parallel_size": "tensor-parallel engines arrive with "
     "issue 7; the hf engine runs on one device",
     "generator.remote_inference_engine_urls": "remote engines arrive with issue 7",
-    "generator.weight_sync_backend": "cross-process weight sync arrives with issue 6",
-    "generator.weight_sync_timeout": "cross-process weight sync arrives with issue 6",
     "generator.override_existing_update_group": "cross-process weight sync arrives with issue 6",
     "generator.engine_init_kwargs": "engine keyword arguments are passed to vllm/sglang engines "
     "(issue 7); the hf engine takes none, so this map must stay empty",
@@ -74,7 +66,7 @@ NOT_YET: dict[str, str] = {
 
 # keys where only some values are built (checked even at the base default)
 SUPPORTED_VALUES: dict[str, set[Any]] = {
-    "trainer.strategy": {"single"},
+    "trainer.strategy": {"single", "fsdp2", "fsdp"},
     "generator.backend": {"hf"},
     "generator.inference_engine_tensor_parallel_size": {1, 4},  # 4 = base default, not acted on
     "generator.run_engines_locally": {True},
@@ -101,20 +93,8 @@ HINTS: dict[str, str] = {
 
 # defaults of NOT_YET keys that ask for something this build does not do
 DEFAULTS_NOT_ACTED_ON: dict[str, str] = {
-    "trainer.placement.policy_num_gpus_per_node": "strategy single trains in one process on one "
-    "device; " + _MULTI_LATER,
-    "trainer.placement.ref_num_gpus_per_node": "the reference model lives in the training "
-    "process; " + _MULTI_LATER,
-    "trainer.placement.critic_num_gpus_per_node": "the critic (if any) trains in the training "
-    "process; " + _MULTI_LATER,
-    "trainer.placement.reward_num_gpus_per_node": "rewards are computed in the training process; "
-    + _MULTI_LATER,
-    "trainer.ref.fsdp_config.cpu_offload": "the reference model stays on the training "
-    "device; " + _MULTI_LATER,
     "generator.inference_engine_tensor_parallel_size": "the hf engine runs on one device; tensor "
     "parallelism arrives with issue 7",
-    "generator.weight_sync_backend": "weights reach the embedded engine in-process, "
-    "so no transport is used; cross-process weight sync arrives with issue 6",
 }
 
 # names SkyRL users may bring; refused with "not supported yet" until registered

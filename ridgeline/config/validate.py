@@ -601,6 +601,45 @@ class _Checker:
                      "gradient accumulation needs whole micro-batches. Fix: choose a micro-batch "
                      f"size that divides {per_rank} ({_divisor_text(per_rank)}).")
 
+    # placement of multi-process runs ---------------------------------------------------
+    def placement(self) -> None:
+        strategy = self.val("trainer.strategy")
+        if strategy not in ("fsdp2", "fsdp"):
+            return
+        from ridgeline.distributed.placement import PlacementConfigError, plan_placement
+        critic = self.val("trainer.critic.model.path")
+        if critic is not None and critic is not _MISSING:
+            self.add("trainer.critic.model.path",
+                     f"trainer.strategy={strategy} with a critic (trainer.critic.model.path={critic}) is not "
+                     "built yet: the Ray workers hold the policy, the reference and the engines. Fix: "
+                     "trainer.strategy=single for PPO with a critic, or a critic-free estimator (grpo, rloo, "
+                     "reinforce++) with trainer.critic.model.path=null.")
+            return
+        a = "trainer.algorithm"
+        use_ref = self.val(f"{a}.use_kl_loss") is True or self.val(f"{a}.use_kl_in_reward") is True
+        try:
+            plan = plan_placement(self.val("trainer.placement"), num_engines=self.num("generator.num_inference_engines"),
+                                  engine_tp=1, use_ref=use_ref, use_critic=False, device="CPU")
+        except PlacementConfigError as exc:
+            self.add("trainer.placement", str(exc))
+            return
+        except Exception:  # noqa: BLE001 - a wrong type was reported by types()
+            return
+        for role, ranks in plan.ranks.items():
+            key = f"trainer.{role}.fsdp_config.fsdp_size"
+            size = self.num(key)
+            if isinstance(size, int) and size > 0 and ranks % size:
+                self.add(key, f"{key}={size} must divide the {ranks} {role} ranks (hybrid sharding: shard "
+                              f"groups of {size} ranks, replicated). Fix: {key}=-1 (shard over all ranks), or a "
+                              f"divisor of {ranks} ({_divisor_text(ranks)}).")
+        tbs, n = self.num("trainer.policy_mini_batch_size"), self.num("generator.n_samples_per_prompt")
+        ref_ranks = plan.ranks.get("ref")
+        if ref_ranks and isinstance(tbs, int) and isinstance(n, int) and (tbs * n) % ref_ranks:
+            self.add("trainer.placement.ref_num_gpus_per_node",
+                     f"the reference's {ref_ranks} ranks cannot split a mini-batch of trainer.policy_mini_batch_size"
+                     f"={tbs} x generator.n_samples_per_prompt={n} = {tbs * n} samples evenly. Fix: give the "
+                     "reference the policy's placement (trainer.placement.ref_* = policy_*).")
+
     # 6. exclusive switches --------------------------------------------------------------
     def kl(self) -> None:
         if self.val("trainer.algorithm.use_kl_loss") is True and \
@@ -823,6 +862,7 @@ class _Checker:
         self.kl()
         self.tis()
         self.algorithm_features()
+        self.placement()
         self.not_yet()
         self.extensions()
         return self.problems

@@ -38,7 +38,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
 
 from ridgeline.models.forward import activation_checkpointing_on
 from ridgeline.training.batch import TrainingBatch
-from ridgeline.training.worker import PolicyWorker
+from ridgeline.training.worker import PolicyWorker, RefWorker
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -82,13 +82,14 @@ def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None, fsdp_size: 
       ridgeline's forward (`forward_last_logits`) calls `model.get_decoder()` and the output
       embedding rather than `model.forward`, so the root's all-gather is hooked onto
       `get_decoder` (`register_fsdp_forward_method`) and must stay gathered until the head ran.
-    - `cpu_offload`: keep sharded parameters, gradients and optimizer state on the CPU.
+    - `cpu_offload`: keep sharded parameters, gradients and optimizer state on the CPU (GPU
+      ranks; a no-op on CPU ranks).
     - `mixed_precision`: an FSDP2 MixedPrecisionPolicy (e.g. bf16 params, fp32 reduce).
     - Gradients are SUMMED across ranks (divide factor 1): losses must be normalised by global
       counts (`global_normalizers`, as `FSDPPolicyWorker` does)."""
     mesh = mesh if mesh is not None else build_mesh(fsdp_size)
     kwargs: dict[str, Any] = {"mesh": mesh}
-    if cpu_offload:
+    if cpu_offload and _device_type() == "cuda":  # on CPU ranks everything already lives on the CPU
         kwargs["offload_policy"] = CPUOffloadPolicy()
     if mixed_precision is not None:
         kwargs["mp_policy"] = mixed_precision
@@ -266,3 +267,12 @@ def reduce_policy_metrics(metrics: dict[str, float], local_tokens: float,
         out["rollout/logprob_abs_diff_mean"] = mismatch_sum / mismatch_tokens
         out["rollout/logprob_abs_diff_max"] = next(m)
     return out
+
+
+class FSDPRefWorker(RefWorker):
+    """`RefWorker` on one rank of a sharded reference model: the same forward-only logprobs, after
+    checking that every rank will run the same decoder forwards (see `FSDPPolicyWorker`)."""
+
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        check_uniform_forwards([forward_passes(self.model, m) for m in batch.chunks(self.micro)])
+        return super().compute_logprobs(batch)

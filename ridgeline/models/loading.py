@@ -12,12 +12,14 @@ Accepted paths:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -95,6 +97,22 @@ def model_folder(spec: ModelSpec) -> str:
     return folder
 
 
+def cpu_has_fast_bf16() -> bool:
+    """AMX (or at least AVX512-BF16) makes bf16 matmuls several times faster than fp32 on CPU."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported()) or bool(torch.cpu._is_avx512_bf16_supported())
+    except AttributeError:
+        return False
+
+
+def engine_dtype(model_dtype: str) -> torch.dtype:
+    dtype = DTYPES[model_dtype]
+    if dtype != torch.float32 and not torch.cuda.is_available() and not cpu_has_fast_bf16():
+        log.info("generator.model_dtype=%s but this CPU has no fast bf16/fp16; the engine runs float32", model_dtype)
+        return torch.float32
+    return dtype
+
+
 def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     if spec.path.startswith("tiny://"):
         return build_char_tokenizer()
@@ -132,3 +150,34 @@ def load_safetensors_into(model: torch.nn.Module, files: list[Path]) -> None:
     untied = [name for name in missing if own[name].data_ptr() not in given]
     if unexpected or untied:
         raise ValueError(f"missing {untied[:5]}, unexpected {unexpected[:5]}")
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No "Writing model shards" progress bar for every checkpoint."""
+    from transformers.utils import logging as hf_logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def save_hf_model(model: torch.nn.Module, tokenizer, folder: Path,
+                  state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """A Hugging Face folder `from_pretrained` loads: weights, config (use_cache on, whatever the
+    trainer set for training), generation config, tokenizer. `state_dict`: the weights to write
+    instead of the model's own (the gathered full weights of a sharded model)."""
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    if config is not None:
+        config.use_cache = True
+    try:
+        with quiet_transformers():
+            model.save_pretrained(folder, state_dict=state_dict)
+    finally:
+        if config is not None:
+            config.use_cache = use_cache
+    tokenizer.save_pretrained(folder)

@@ -1,13 +1,12 @@
-"""Small builders the trainer and `ridgeline eval` share: devices and dtypes, data preparation,
-environments, the critic, the generator, and generator inputs."""
+"""Small builders the trainer and `ridgeline eval` share: data preparation, environments, the
+critic, the generator, and generator inputs. The policy and reference workers' builders live in
+`ridgeline.training.build` (the Ray ranks build them too) and are re-exported here."""
 
 from __future__ import annotations
 
 import logging
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,10 +18,17 @@ from ridgeline.generation.env_steps import EnvRunner
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
-from ridgeline.models.loading import DTYPES, ModelSpec
+from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, engine_dtype
 from ridgeline.models.value_model import load_value_model
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.build import (build_policy_worker, build_ref_worker, needs_ref, policy_spec,
+                                     policy_train_config, seed_everything, training_autocast_dtype)
+
+__all__ = ["PREPARERS", "build_critic", "build_generator", "build_policy_worker", "build_ref_worker",
+           "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
+           "policy_spec", "policy_train_config", "prepare_data_if_missing", "seed_everything",
+           "training_autocast_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -31,31 +37,6 @@ PREPARERS = {"arithmetic": prepare_arithmetic, "code": prepare_code, "gsm8k": pr
 
 
 # ------------------------------------------------------------------------------------- builders
-def cpu_has_fast_bf16() -> bool:
-    """AMX (or at least AVX512-BF16) makes bf16 matmuls several times faster than fp32 on CPU."""
-    try:
-        return bool(torch.cpu._is_amx_tile_supported()) or bool(torch.cpu._is_avx512_bf16_supported())
-    except AttributeError:
-        return False
-
-
-def training_autocast_dtype(mixed_precision: str) -> torch.dtype | None:
-    if mixed_precision == "fp32":
-        return None
-    if mixed_precision == "bf16":
-        return torch.bfloat16
-    fast = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_fast_bf16()
-    return torch.bfloat16 if fast else None
-
-
-def engine_dtype(model_dtype: str) -> torch.dtype:
-    dtype = DTYPES[model_dtype]
-    if dtype != torch.float32 and not torch.cuda.is_available() and not cpu_has_fast_bf16():
-        log.info("generator.model_dtype=%s but this CPU has no fast bf16/fp16; the engine runs float32", model_dtype)
-        return torch.float32
-    return dtype
-
-
 def prepare_data_if_missing(data_cfg: DictConfig) -> None:
     """`data.prepare` (Ridgeline extension): write the dataset files first when they are missing."""
     if data_cfg.get("prepare") is None:
@@ -67,12 +48,6 @@ def prepare_data_if_missing(data_cfg: DictConfig) -> None:
         return
     log.info("data.prepare: writing the %s dataset into %s", name, spec.get("output_dir"))
     PREPARERS[name](**spec)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def load_environments(env_cfg: DictConfig) -> str | None:

@@ -43,8 +43,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
-from ridgeline.models.loading import load_safetensors_into
+from ridgeline.models.loading import load_safetensors_into, quiet_transformers, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE
+from ridgeline.training.optim import restore_optimizer
 
 if TYPE_CHECKING:
     from ridgeline.data import PromptDataset
@@ -292,33 +293,19 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No "Writing model shards" progress bar for every checkpoint."""
-    from transformers.utils import logging as hf_logging
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
+def _sharded(worker) -> bool:
+    """Workers of `trainer.strategy=fsdp2` (ridgeline.distributed.ray_workers) hold no model in
+    this process: their ranks gather and write (or read) full weights and optimizer states
+    themselves, through `save_hf` / `load_hf` / `save_optimizer` / `load_optimizer`."""
+    return hasattr(worker, "save_hf")
 
 
-def save_hf_model(model: torch.nn.Module, tokenizer, folder: Path) -> None:
-    """A Hugging Face folder `from_pretrained` loads: weights, config (use_cache on, whatever the
-    trainer set for training), generation config, tokenizer."""
-    config = getattr(model, "config", None)
-    use_cache = getattr(config, "use_cache", None)
-    if config is not None:
-        config.use_cache = True
-    try:
-        with _quiet_transformers():
-            model.save_pretrained(folder)
-    finally:
-        if config is not None:
-            config.use_cache = use_cache
-    tokenizer.save_pretrained(folder)
+def save_policy(trainer: "Trainer", folder: Path) -> None:
+    """The policy as a Hugging Face folder (with the tokenizer)."""
+    if _sharded(trainer.policy):
+        trainer.policy.save_hf(folder)
+    else:
+        save_hf_model(trainer.policy.model, trainer.tokenizer, folder)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -377,16 +364,22 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
 def write_checkpoint_contents(trainer: "Trainer", folder: Path) -> None:
     """Everything but the COMPLETE marker, into `folder`."""
     _save_torch(_rng_state(), folder / "rng_state.pt")  # first: nothing below may move an RNG first
-    save_hf_model(trainer.policy.model, trainer.tokenizer, folder / "policy")
-    _save_torch(_optim_state(trainer.policy), folder / "policy_optim.pt")
+    save_policy(trainer, folder / "policy")
+    if _sharded(trainer.policy):
+        trainer.policy.save_optimizer(folder / "policy_optim.pt")
+    else:
+        _save_torch(_optim_state(trainer.policy), folder / "policy_optim.pt")
     if trainer.critic is not None:
-        with _quiet_transformers():
+        with quiet_transformers():
             trainer.critic.model.save_pretrained(folder / "critic")
         trainer.tokenizer.save_pretrained(folder / "critic")
         _save_torch(_optim_state(trainer.critic), folder / "critic_optim.pt")
     if trainer.ref is not None and trainer.ref_updated:
-        with _quiet_transformers():
-            trainer.ref.model.save_pretrained(folder / "ref")
+        if _sharded(trainer.ref):
+            trainer.ref.save_hf(folder / "ref")
+        else:
+            with quiet_transformers():
+                trainer.ref.model.save_pretrained(folder / "ref")
     _write_json(trainer_state(trainer), folder / "trainer_state.json")
     _write_json(trainer.fingerprint, folder / "fingerprint.json")
     OmegaConf.save(trainer.cfg, folder / "config.yaml", resolve=True)
@@ -481,22 +474,14 @@ def _load_weights(model: torch.nn.Module, folder: Path, skip: tuple[str, ...] = 
 
 
 def _load_optim(worker, path: Path) -> None:
-    """The optimizer's moments and step counts and the schedule's position come from the
-    checkpoint; its hyperparameters (lr, betas, weight decay, warmup) from this run's config, so
-    a changed learning rate takes effect. Unchanged, the values are exactly the saved ones."""
+    """Moments, step counts and schedule position from the checkpoint; hyperparameters from this
+    run's config (`restore_optimizer`)."""
     saved = torch.load(path, map_location="cpu", weights_only=True)
-    opt, sched = worker.optimizer, worker.scheduler
-    fresh = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in opt.param_groups]
-    base_lrs = list(sched.base_lrs)
-    opt.load_state_dict(saved["optimizer"])
-    sched.load_state_dict(saved["scheduler"])
-    sched.base_lrs = base_lrs
-    lrs = [base * fn(sched.last_epoch) for fn, base in zip(sched.lr_lambdas, base_lrs)]
-    for group, hyper, base, lr in zip(opt.param_groups, fresh, base_lrs, lrs):
-        group.update(hyper)
-        group["initial_lr"] = base
-        group["lr"] = lr
-    sched._last_lr = list(lrs)
+
+    def load() -> None:
+        worker.optimizer.load_state_dict(saved["optimizer"])
+        worker.scheduler.load_state_dict(saved["scheduler"])
+    restore_optimizer(worker.optimizer, worker.scheduler, load)
 
 
 def load_checkpoint(trainer: "Trainer", folder: Path) -> None:
@@ -505,8 +490,12 @@ def load_checkpoint(trainer: "Trainer", folder: Path) -> None:
     state = json.loads((folder / "trainer_state.json").read_text())
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{folder}: checkpoint format {state.get('format')} is not {FORMAT}")
-    _load_weights(trainer.policy.model, folder / "policy")
-    _load_optim(trainer.policy, folder / "policy_optim.pt")
+    if _sharded(trainer.policy):
+        trainer.policy.load_hf(folder / "policy")
+        trainer.policy.load_optimizer(folder / "policy_optim.pt")
+    else:
+        _load_weights(trainer.policy.model, folder / "policy")
+        _load_optim(trainer.policy, folder / "policy_optim.pt")
     trainer.policy.skipped_steps = state["policy_skipped_steps"]
     if trainer.critic is not None:
         if not (folder / "critic").is_dir():
@@ -519,7 +508,10 @@ def load_checkpoint(trainer: "Trainer", folder: Path) -> None:
         trainer.critic.skipped_steps = state["critic_skipped_steps"] or 0
     if state["ref_updated"]:
         if trainer.ref is not None:
-            _load_weights(trainer.ref.model, folder / "ref")
+            if _sharded(trainer.ref):
+                trainer.ref.load_hf(folder / "ref")
+            else:
+                _load_weights(trainer.ref.model, folder / "ref")
         trainer.ref_updated = True
     s = trainer.state
     if s.kl_controller is not None and state["kl_controller"] is not None:
@@ -534,7 +526,7 @@ def load_checkpoint(trainer: "Trainer", folder: Path) -> None:
     trainer.data_position = (epoch, batch)
     trainer.run_id = state["run_id"]
     trainer.last_checkpoint = folder
-    trainer.engine.update_weights(trainer.policy.named_weights())
+    trainer.weight_sync.sync(trainer.global_step)
     _set_rng_state(torch.load(folder / "rng_state.pt", map_location="cpu", weights_only=True))
     log.info("resumed from %s: step %d, next batch %d of epoch %d, run id %s", folder, trainer.global_step,
              batch, epoch, trainer.run_id)
@@ -560,9 +552,9 @@ def export_models(trainer: "Trainer", out: Path) -> Path:
     tmp = out.with_name(f".tmp_{out.name}_{secrets.token_hex(4)}")
     try:
         tmp.mkdir(parents=True)
-        save_hf_model(trainer.policy.model, trainer.tokenizer, tmp / "policy")
+        save_policy(trainer, tmp / "policy")
         if trainer.critic is not None:
-            with _quiet_transformers():
+            with quiet_transformers():
                 trainer.critic.model.save_pretrained(tmp / "critic")
             trainer.tokenizer.save_pretrained(tmp / "critic")
         _fsync_tree(tmp)

@@ -24,8 +24,7 @@ from typing import Any, Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ridgeline.algorithms import (ADVANTAGE_ESTIMATORS, count_singleton_groups, resolve_kl_estimator,
-                                  whiten_advantages)
+from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, count_singleton_groups, whiten_advantages
 from ridgeline.algorithms.kl_control import KLController, build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_punishment
 from ridgeline.data import PromptDataset, PromptRow
@@ -33,23 +32,21 @@ from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, add_to_final, total_reward
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.types import SamplingParams
-from ridgeline.models.forward import enable_activation_checkpointing
-from ridgeline.models.loading import ModelSpec, load_model, load_tokenizer
+from ridgeline.models.loading import load_tokenizer
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import dump_training_batch
 from ridgeline.tracking.report import write_report
 from ridgeline.tracking.samples import write_samples
 from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_trackers
 from ridgeline.trainer import checkpoint
-from ridgeline.trainer.builders import (build_critic, build_generator, engine_dtype, generator_input,
-                                        load_environments, prepare_data_if_missing, seed_everything,
-                                        training_autocast_dtype)
+from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
+                                        engine_dtype, generator_input, load_environments, policy_spec,
+                                        prepare_data_if_missing, seed_everything, training_autocast_dtype)
 from ridgeline.trainer.dynamic_sampling import Rollout, filter_rollout, first_groups, replace_rollout
 from ridgeline.trainer.evaluation import PASS_THRESHOLD, EvalAccumulator
-from ridgeline.training.batch import build_training_batch
+from ridgeline.training.batch import build_training_batch, data_parallel_rows
 from ridgeline.training.critic_worker import CriticWorker
-from ridgeline.training.optim import build_optimizer, build_scheduler
-from ridgeline.training.worker import NonFiniteLossError, PolicyTrainConfig, PolicyWorker, RefWorker
+from ridgeline.training.worker import NonFiniteLossError, PolicyWorker, RefWorker
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +59,18 @@ class StepTimer:
         t0 = time.perf_counter()
         yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+class InProcessWeightSync:
+    """`trainer.strategy=single`: the engine lives in this process and copies (casting to its
+    dtype) the policy's parameters in place; no transport, no probe needed."""
+
+    def __init__(self, policy: PolicyWorker, engine: HFEngine):
+        self.policy, self.engine = policy, engine
+
+    def sync(self, version: int) -> dict[str, float]:
+        self.engine.update_weights(self.policy.named_weights())
+        return {}
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -77,7 +86,11 @@ class Trainer:
     def __init__(self, cfg: DictConfig, tokenizer, policy: PolicyWorker, ref: RefWorker | None,
                  engine: HFEngine, generator: Generator, train_data: PromptDataset,
                  val_data: PromptDataset | None, trackers: list[Tracker], run_dir: Path,
-                 critic: CriticWorker | None = None, state: AlgorithmState | None = None):
+                 critic: CriticWorker | None = None, state: AlgorithmState | None = None,
+                 weight_sync: Any = None, shutdown: Any = None):
+        """`policy`, `ref`, `engine` are the one-process workers, or with trainer.strategy=fsdp2 the
+        Ray groups of ridgeline.distributed.ray_workers (same methods); `weight_sync.sync(step)`
+        brings the engine(s) the policy's weights; `shutdown()` (if any) stops the workers."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.policy = policy
@@ -90,6 +103,9 @@ class Trainer:
         self.trackers = trackers
         self.run_dir = run_dir
         self.state = state or AlgorithmState()
+        self.weight_sync = weight_sync or InProcessWeightSync(policy, engine)
+        self._shutdown = shutdown
+        self.data_parallel = getattr(policy, "world_size", 1)  # ranks sharing each mini-batch
         self.env_override: str | None = None  # environment.reward_fn: one env for every row
         self.global_step = 0
         self.history: list[dict[str, float]] = []
@@ -110,8 +126,7 @@ class Trainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
-        spec = ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
-        tokenizer = load_tokenizer(spec)
+        tokenizer = load_tokenizer(policy_spec(cfg))
         prepare_data_if_missing(cfg.data)
         default_env = cfg.environment.env_class
         train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
@@ -127,59 +142,49 @@ class Trainer:
         if resume_from is not None:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
 
-        model = load_model(spec, torch.float32, tokenizer)
-        if t.gradient_checkpointing:
-            enable_activation_checkpointing(model)
-        model.config.use_cache = False
         autocast = training_autocast_dtype(t.mixed_precision)
-        n = g.n_samples_per_prompt
-        kl_estimator = resolve_kl_estimator(alg.kl_estimator_type, alg.use_kl_estimator_k3, alg.use_abs_kl)
-        policy_cfg = PolicyTrainConfig(
-            mini_batch_size=t.policy_mini_batch_size * n,
-            micro_batch_size=t.micro_train_batch_size_per_gpu,
-            micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
-            update_epochs=t.update_epochs_per_batch,
-            temperature=g.sampling_params.temperature,
-            policy_loss=alg.policy_loss_type or alg.ppo_loss_type,
-            loss_reduction=alg.loss_reduction,
-            algorithm=alg,
-            use_kl_loss=alg.use_kl_loss, kl_loss_coef=alg.kl_loss_coef, kl_estimator=kl_estimator,
-            use_entropy_loss=alg.use_entropy_loss, entropy_loss_coef=alg.entropy_loss_coef,
-            max_grad_norm=t.policy.optimizer_config.max_grad_norm, autocast_dtype=autocast,
-            nonfinite_loss=t.nonfinite_loss,
-        )
-        opt_cfg = t.policy.optimizer_config
-        optimizer = build_optimizer(model, opt_cfg.lr, tuple(opt_cfg.adam_betas), opt_cfg.weight_decay)
-        policy = PolicyWorker(model, policy_cfg, optimizer, build_scheduler(optimizer, t.num_warmup_steps))
-        ref = None
-        if alg.use_kl_loss or alg.use_kl_in_reward:
-            # The reference only runs forward passes: keep it in the compute dtype.
-            ref_model = load_model(spec, autocast or torch.float32, tokenizer)
-            ref = RefWorker(ref_model, t.micro_forward_batch_size_per_gpu, g.sampling_params.temperature, autocast)
-        critic = build_critic(cfg, tokenizer, autocast)
-        state = AlgorithmState(
-            kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
-                                               alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
-            reward_std=RunningRewardStd() if critic is not None and alg.normalize_reward else None)
-        engine = HFEngine(model, tokenizer, dtype=engine_dtype(g.model_dtype), max_num_seqs=g.max_num_seqs)
-        env_override = load_environments(cfg.environment)
-        generator = build_generator(cfg, engine, tokenizer)
-        loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-        log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s", t.policy.model.path,
-                 sum(p.numel() for p in model.parameters()) / 1e6, autocast or torch.float32, engine.dtype,
-                 f", critic {t.critic.model.path}" if critic is not None else "")
-        checkpoint.prepare_metrics(run_dir, resume_from)  # before a tracker opens metrics.jsonl
-        run_id = checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id()
-        trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
-                                  config=OmegaConf.to_container(cfg, resolve=True), run_id=run_id,
-                                  resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
-        trainer = cls(cfg, tokenizer, policy, ref, engine, generator, train_data, val_data,
-                      trackers, run_dir, critic=critic, state=state)
-        trainer.env_override = env_override
-        trainer.run_id = run_id
-        trainer.fingerprint = fingerprint
-        if resume_from is not None:
-            checkpoint.load_checkpoint(trainer, resume_from)
+        if t.strategy == "single":
+            policy = build_policy_worker(cfg, tokenizer)
+            ref = build_ref_worker(cfg, tokenizer)
+            engine = HFEngine(policy.model, tokenizer, dtype=engine_dtype(g.model_dtype), max_num_seqs=g.max_num_seqs)
+            weight_sync = shutdown = None
+            parameters = sum(p.numel() for p in policy.model.parameters())
+            where = "one process"
+        else:
+            from ridgeline.distributed.ray_workers import build_ray_workers
+            workers = build_ray_workers(cfg)
+            policy, ref, engine = workers.policy, workers.ref, workers.engine
+            weight_sync, shutdown = workers.weight_sync, workers.shutdown
+            parameters = workers.parameters
+            where = f"{t.strategy} on Ray: {workers.plan.describe()}"
+        try:
+            critic = build_critic(cfg, tokenizer, autocast)
+            state = AlgorithmState(
+                kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
+                                                   alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
+                reward_std=RunningRewardStd() if critic is not None and alg.normalize_reward else None)
+            env_override = load_environments(cfg.environment)
+            generator = build_generator(cfg, engine, tokenizer)
+            loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+            log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s)", t.policy.model.path,
+                     parameters / 1e6, autocast or torch.float32, engine.dtype,
+                     f", critic {t.critic.model.path}" if critic is not None else "", where)
+            checkpoint.prepare_metrics(run_dir, resume_from)  # before a tracker opens metrics.jsonl
+            run_id = checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id()
+            trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
+                                      config=OmegaConf.to_container(cfg, resolve=True), run_id=run_id,
+                                      resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
+            trainer = cls(cfg, tokenizer, policy, ref, engine, generator, train_data, val_data,
+                          trackers, run_dir, critic=critic, state=state, weight_sync=weight_sync, shutdown=shutdown)
+            trainer.env_override = env_override
+            trainer.run_id = run_id
+            trainer.fingerprint = fingerprint
+            if resume_from is not None:
+                checkpoint.load_checkpoint(trainer, resume_from)
+        except BaseException:
+            if shutdown is not None:
+                shutdown()
+            raise
         return trainer
 
     # --------------------------------------------------------------------------------- loop
@@ -203,6 +208,19 @@ class Trainer:
         else:
             log.info("training %d steps (%d epochs x %d steps), run folder %s", self.total_steps, t.epochs,
                      self.steps_per_epoch, self.run_dir)
+        try:
+            return self._train()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the workers of other processes (Ray actors and their placement groups); idempotent."""
+        if self._shutdown is not None:
+            shutdown, self._shutdown = self._shutdown, None
+            shutdown()
+
+    def _train(self) -> dict[str, Any]:
+        t = self.cfg.trainer
         start = time.perf_counter()
         first_eval = last_eval = None
         if self.val_data is not None and t.eval_before_train and self.global_step == 0:
@@ -272,7 +290,10 @@ class Trainer:
 
     def update_ref(self) -> None:
         """`update_ref_every_epoch`: the reference becomes the current policy (cast to its dtype)."""
-        self.ref.model.load_state_dict(self.policy.model.state_dict())
+        if hasattr(self.ref, "load_from"):  # Ray ranks
+            self.ref.load_from(self.policy)
+        else:
+            self.ref.model.load_state_dict(self.policy.model.state_dict())
         self.ref_updated = True
         log.info("reference model set to the policy after epoch %d (update_ref_every_epoch)",
                  self.global_step // max(1, self.steps_per_epoch))
@@ -372,6 +393,14 @@ class Trainer:
             if cfg.generator.apply_overlong_filtering:
                 truncated = torch.tensor([r != "stop" for r in out.stop_reasons])
                 batch.loss_mask[truncated] = 0.0
+            keep = data_parallel_rows(batch.batch_size, t.policy_mini_batch_size * cfg.generator.n_samples_per_prompt,
+                                      self.data_parallel)
+            if keep < batch.batch_size:
+                # a short dynamic-sampling batch whose last mini-batch does not split over the ranks
+                log.warning("step %d: %d of %d samples left out so the last mini-batch splits evenly over %d "
+                            "ranks", self.global_step, batch.batch_size - keep, batch.batch_size, self.data_parallel)
+                metrics["fsdp/dropped_samples"] = float(batch.batch_size - keep)
+                batch = batch.select(slice(0, keep))
             with timer.phase("logprobs"):
                 # With one optimizer step per batch the policy has not moved when the loss is taken,
                 # so the old logprobs are the training forward's own (detached): one pass saved. The
@@ -412,7 +441,7 @@ class Trainer:
                     "(trainer.resume_mode=latest), or set trainer.nonfinite_loss=skip to drop such "
                     "optimizer steps") from err
             with timer.phase("sync_weights"):
-                self.engine.update_weights(self.policy.named_weights())
+                metrics.update(self.weight_sync.sync(self.global_step))
         metrics.update({f"timing/{k}": v for k, v in timer.seconds.items()})
         if t.dump_data_batch:  # outside the timer: a debugging aid, not part of the step
             dump_training_batch(batch, self.tokenizer, Path(t.export_path) / "dumped_data"
@@ -463,7 +492,7 @@ class Trainer:
 
     def save_final_model(self) -> Path:
         out = self.run_dir / "final_model"
-        checkpoint.save_hf_model(self.policy.model, self.tokenizer, out)
+        checkpoint.save_policy(self, out)
         if self.critic is not None:
             self.critic.model.save_pretrained(self.run_dir / "final_critic")
         return out

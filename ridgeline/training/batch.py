@@ -90,3 +90,29 @@ def build_training_batch(prompt_ids: list[list[int]], response_ids: list[list[in
     return TrainingBatch(sequences=sequences, attention_mask=attention, response_mask=response_mask,
                          loss_mask=loss_mask, rewards=token_rewards, uids=list(uids),
                          rollout_logprobs=logprobs, sampled_mask=loss_mask.clone())
+
+
+def data_parallel_rows(batch_size: int, mini_batch_size: int, world_size: int) -> int:
+    """How many leading rows of a batch `world_size` data-parallel ranks can train: every
+    mini-batch of `mini_batch_size` rows (the last may be shorter) must split into equal rank
+    shares. Validation makes full mini-batches divisible; only a short last mini-batch (a short
+    dynamic-sampling batch) can lose up to `world_size - 1` rows."""
+    full, rest = divmod(batch_size, mini_batch_size)
+    return full * mini_batch_size + rest - rest % world_size
+
+
+def rank_rows(batch_size: int, mini_batch_size: int, world_size: int) -> list[torch.Tensor]:
+    """Row indices of each rank: its contiguous 1/world_size share of every mini-batch, in order,
+    so rank r's k-th mini-batch of `mini_batch_size / world_size` rows is its share of the k-th
+    global one (what FSDP's global loss normalisers assume). `batch_size` must be
+    `data_parallel_rows(...)` of itself."""
+    if data_parallel_rows(batch_size, mini_batch_size, world_size) != batch_size:
+        raise ValueError(f"{batch_size} rows in mini-batches of {mini_batch_size} do not split over "
+                         f"{world_size} ranks")
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    for start in range(0, batch_size, mini_batch_size):
+        size = min(mini_batch_size, batch_size - start)
+        per = size // world_size
+        for r in range(world_size):
+            shares[r].extend(range(start + r * per, start + (r + 1) * per))
+    return [torch.tensor(s, dtype=torch.long) for s in shares]

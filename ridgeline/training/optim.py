@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -16,3 +18,21 @@ def build_scheduler(optimizer: torch.optim.Optimizer, num_warmup_steps: int) -> 
     def factor(step: int) -> float:
         return 1.0 if num_warmup_steps <= 0 else min(1.0, (step + 1) / num_warmup_steps)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                      load_states: Callable[[], None]) -> None:
+    """Resume an optimizer and its schedule: `load_states()` loads the saved moments, step counts
+    and schedule position (however the worker stores them: plain or sharded); the
+    hyperparameters (lr, betas, weight decay, warmup) are then put back from this run's config, so
+    a changed learning rate takes effect. Unchanged, the values are exactly the saved ones."""
+    fresh = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
+    base_lrs = list(scheduler.base_lrs)
+    load_states()
+    scheduler.base_lrs = base_lrs
+    lrs = [base * fn(scheduler.last_epoch) for fn, base in zip(scheduler.lr_lambdas, base_lrs)]
+    for group, hyper, base, lr in zip(optimizer.param_groups, fresh, base_lrs, lrs):
+        group.update(hyper)
+        group["initial_lr"] = base
+        group["lr"] = lr
+    scheduler._last_lr = list(lrs)

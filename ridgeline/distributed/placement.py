@@ -1,0 +1,141 @@
+"""Where every worker of a multi-process run goes: a pure plan from `trainer.placement.*` and
+`generator.num_inference_engines`, turned into Ray placement groups by `ridgeline.distributed.ray_runtime`.
+
+The keys are SkyRL's and mean the same thing:
+
+- `<role>_num_nodes x <role>_num_gpus_per_node` ranks for role policy, ref and critic (the
+  data-parallel FSDP ranks of that model). On a machine with no GPU the same keys count CPU
+  worker processes, one bundle of one CPU each.
+- `generator.num_inference_engines` engines of `inference_engine_tensor_parallel_size` devices
+  each (the embedded hf engine always uses one device: its tensor-parallel size is 1).
+- `colocate_all`: policy, ref, critic and the engines share ONE pool of bundles (each bundle =
+  one device holds a policy rank, a ref rank, a critic rank and an engine's shard, which take
+  turns: engines sleep while the trainer trains). It needs every role to have the policy's
+  number of ranks and `num_inference_engines x tensor_parallel_size` = the policy's ranks.
+- `colocate_policy_ref` (without colocate_all): policy and ref share a pool; ref must have the
+  policy's number of ranks. Engines get their own pool.
+- Otherwise every role gets its own pool.
+
+An actor alone on a bundle takes all of it (1 GPU, or 1 CPU); actors sharing a bundle each ask
+for `COLOCATED_SHARE` of it (Ray only needs the shares to fit, it does not meter them), so up to
+four roles fit on one device, as in SkyRL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+COLOCATED_SHARE = 0.2
+ROLES = ("policy", "ref", "critic")
+
+
+class PlacementConfigError(ValueError):
+    """The placement keys contradict each other; the message names the keys and the fix."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One placement group: `bundles` bundles of one device, shared by `roles`."""
+
+    name: str
+    roles: tuple[str, ...]
+    bundles: int
+    num_nodes: int
+
+    @property
+    def colocated(self) -> bool:
+        return len(self.roles) > 1
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    device: str                          # "GPU" or "CPU": what one bundle holds
+    ranks: dict[str, int]                # role -> data-parallel ranks (policy, and ref/critic when used)
+    num_engines: int
+    engine_devices: int                  # devices per engine (tensor-parallel size)
+    pools: tuple[Pool, ...] = field(default_factory=tuple)
+
+    def pool_of(self, role: str) -> Pool:
+        for pool in self.pools:
+            if role in pool.roles:
+                return pool
+        raise KeyError(role)
+
+    def actor_share(self, role: str) -> float:
+        """The fraction of one bundle's device an actor of `role` asks for."""
+        return COLOCATED_SHARE if self.pool_of(role).colocated else 1.0
+
+    @property
+    def total_bundles(self) -> int:
+        return sum(p.bundles for p in self.pools)
+
+    def describe(self) -> str:
+        unit = "GPU" if self.device == "GPU" else "CPU worker"
+        parts = [f"{p.name}: {p.bundles} x {unit} on {p.num_nodes} node(s) for {'+'.join(p.roles)}"
+                 for p in self.pools]
+        return "; ".join(parts)
+
+
+def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool, use_critic: bool,
+                   device: str) -> PlacementPlan:
+    """The pools of a run. `placement` is the `trainer.placement` section; `engine_tp` the devices
+    per engine (1 for the hf engine); `device` "GPU" or "CPU". Raises PlacementConfigError
+    naming the keys when colocation asks for counts that do not match."""
+    p = placement
+    wanted = {"policy": True, "ref": use_ref, "critic": use_critic}
+    nodes = {r: int(p[f"{r}_num_nodes"]) for r in ROLES if wanted[r]}
+    per_node = {r: int(p[f"{r}_num_gpus_per_node"]) for r in ROLES if wanted[r]}
+    for role in nodes:
+        if nodes[role] < 1 or per_node[role] < 1:
+            raise PlacementConfigError(
+                f"trainer.placement.{role}_num_nodes={nodes[role]} x {role}_num_gpus_per_node="
+                f"{per_node[role]}: each must be at least 1. Fix: e.g. trainer.placement.{role}_num_nodes=1 "
+                f"trainer.placement.{role}_num_gpus_per_node=2")
+    ranks = {r: nodes[r] * per_node[r] for r in nodes}
+    if num_engines < 1:
+        raise PlacementConfigError(f"generator.num_inference_engines={num_engines} must be at least 1")
+    engine_devices = num_engines * engine_tp
+    pools: list[Pool] = []
+    if p["colocate_all"]:
+        for role in ranks:
+            if ranks[role] != ranks["policy"]:
+                raise PlacementConfigError(
+                    f"trainer.placement.colocate_all=true puts every role on the policy's devices, but "
+                    f"{role} has {ranks[role]} ranks ({role}_num_nodes x {role}_num_gpus_per_node) and "
+                    f"policy {ranks['policy']}. Fix: give trainer.placement.{role}_* the policy's values, "
+                    "or trainer.placement.colocate_all=false")
+        if engine_devices != ranks["policy"]:
+            raise PlacementConfigError(
+                f"trainer.placement.colocate_all=true shares the policy's {ranks['policy']} devices with the "
+                f"engines, but generator.num_inference_engines={num_engines} x {engine_tp} device(s) per "
+                f"engine = {engine_devices}. Fix: generator.num_inference_engines="
+                f"{max(1, ranks['policy'] // engine_tp)}, or trainer.placement.colocate_all=false")
+        pools.append(Pool("colocated", tuple(ranks) + ("engine",), ranks["policy"], nodes["policy"]))
+    else:
+        if p["colocate_policy_ref"] and "ref" in ranks:
+            if ranks["ref"] != ranks["policy"]:
+                raise PlacementConfigError(
+                    f"trainer.placement.colocate_policy_ref=true puts the reference on the policy's devices, "
+                    f"but ref has {ranks['ref']} ranks and policy {ranks['policy']}. Fix: "
+                    f"trainer.placement.ref_num_nodes={nodes['policy']} trainer.placement.ref_num_gpus_per_node="
+                    f"{per_node['policy']}, or trainer.placement.colocate_policy_ref=false")
+            pools.append(Pool("policy_ref", ("policy", "ref"), ranks["policy"], nodes["policy"]))
+        else:
+            pools.append(Pool("policy", ("policy",), ranks["policy"], nodes["policy"]))
+            if "ref" in ranks:
+                pools.append(Pool("ref", ("ref",), ranks["ref"], nodes["ref"]))
+        if "critic" in ranks:
+            pools.append(Pool("critic", ("critic",), ranks["critic"], nodes["critic"]))
+        pools.append(Pool("engines", ("engine",), engine_devices, 1))
+    return PlacementPlan(device=device, ranks=ranks, num_engines=num_engines, engine_devices=engine_tp,
+                         pools=tuple(pools))
+
+
+def bundle_index(plan: PlacementPlan, role: str, index: int) -> int:
+    """The bundle of the `index`-th actor of `role` in its pool: ranks take bundles in order; an
+    engine takes the first bundle of its tensor-parallel block."""
+    pool = plan.pool_of(role)
+    slot = index * plan.engine_devices if role == "engine" else index
+    if slot >= pool.bundles:
+        raise ValueError(f"{role} {index} does not fit in pool {pool.name} of {pool.bundles} bundles")
+    return slot

@@ -1,0 +1,449 @@
+"""`trainer.strategy=fsdp2`: the policy and reference as groups of FSDP2 ranks, and the inference
+engines, each a Ray actor placed by `trainer.placement.*`; plus the driver-side objects the
+trainer loop uses in place of the one-process workers (same methods, so the loop is one code).
+
+    driver (Trainer)                       Ray actors
+    RayPolicyGroup.train(batch)   ──rows──▶ TrainingRank x N (policy)  ─┐ torch.distributed
+    RayRefGroup.compute_logprobs  ──rows──▶ TrainingRank x N (ref)      │ (gloo / nccl): FSDP2
+    RayEngineGroup.generate(reqs) ─reqs──▶ EngineRank x E (hf engine)  │
+    RayWeightSync.sync(step)      policy rank 0 ══weight-sync group══▶ every engine (+ probe)
+
+Batches travel through Ray's object store; each rank gets its share of every mini-batch
+(`rank_rows`), so the FSDP ranks together take exactly the single-process optimizer steps
+(ridgeline.distributed.fsdp). Weights travel over their own process group (weight_sync.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from ridgeline.distributed.launch import free_port
+from ridgeline.distributed.placement import PlacementPlan, bundle_index, plan_placement
+from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
+from ridgeline.distributed.weight_sync import (GroupSpec, SyncStats, WeightReceiver, WeightSender, check_probe,
+                                               probe_logprobs, probe_tolerance)
+from ridgeline.inference.types import EngineOutput, EngineRequest
+from ridgeline.models.loading import DTYPES, engine_dtype, load_model, load_tokenizer, save_hf_model
+from ridgeline.training.batch import TrainingBatch, rank_rows
+from ridgeline.training.build import (build_policy_worker, build_ref_worker, needs_ref, policy_spec,
+                                     policy_train_config, seed_everything)
+from ridgeline.training.optim import restore_optimizer
+from ridgeline.training.worker import PolicyTrainConfig
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------- actors
+class TrainingRank:
+    """One data-parallel rank of the policy or the reference model, run as a Ray actor. Methods
+    marked "collective" must be called on every rank of the group at once."""
+
+    def __init__(self, cfg: dict, role: str, rank: int, world_size: int):
+        self.cfg: DictConfig = OmegaConf.create(cfg)
+        self.role, self.rank, self.world_size = role, rank, world_size
+        self.worker: Any = None
+        self.sender: WeightSender | None = None
+
+    def master_address(self) -> tuple[str, int]:
+        """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
+        import ray
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, host: str, port: int) -> dict[str, float]:
+        """Collective: join the group, then build this rank's sharded model (and optimizer)."""
+        from ridgeline.distributed.fsdp import FSDPPolicyWorker, FSDPRefWorker, shard_model
+
+        t = self.cfg.trainer
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size,
+                                timeout=datetime.timedelta(seconds=float(t.placement.timeout_s)))
+        seed_everything(t.seed)
+        self.tokenizer = load_tokenizer(policy_spec(self.cfg))
+        fsdp = t[self.role].fsdp_config
+        shard = partial(shard_model, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
+                        cpu_offload=fsdp.cpu_offload)
+        if self.role == "policy":
+            self.worker = build_policy_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPPolicyWorker,
+                                              data_parallel=self.world_size)
+        else:
+            self.worker = build_ref_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPRefWorker)
+        return {"parameters": float(sum(p.numel() for p in self.worker.model.parameters()))}
+
+    # -- training --------------------------------------------------------------------------
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
+        return self.worker.compute_logprobs(batch)
+
+    def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
+        return self.worker.train(batch)
+
+    def skipped_steps(self) -> int:
+        return self.worker.skipped_steps
+
+    def set_skipped_steps(self, value: int) -> None:
+        self.worker.skipped_steps = value
+
+    # -- weights ---------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:  # collective; rank 0 gets the weights
+        from ridgeline.distributed.fsdp import full_state_dict
+        return full_state_dict(self.worker.model)
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # collective
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        model = self.worker.model
+        missing = set(model.state_dict()) - set(state)
+        if missing - _tied_names(model):
+            raise ValueError(f"weights for {self.role} lack {sorted(missing)[:5]}")
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+    def init_weight_sender(self, spec: GroupSpec) -> None:
+        self.sender = WeightSender(spec)
+
+    def send_weights(self, dtype: str, version: int) -> SyncStats | None:  # collective
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        names = dict(self.worker.model.named_parameters())  # tied weights once, as the engine names them
+        return self.sender.send(((k, v) for k, v in state.items() if k in names), DTYPES[dtype], version=version)
+
+    def probe(self) -> torch.Tensor:  # collective (a sharded forward)
+        return probe_logprobs(self.worker.model, self.tokenizer)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_hf(self, folder: str) -> None:  # collective; rank 0 writes
+        state = self.full_state_dict()
+        if self.rank == 0:
+            save_hf_model(self.worker.model, self.tokenizer, Path(folder), state_dict=state)
+
+    def load_hf(self, folder: str) -> None:  # collective; every rank reads the folder
+        from safetensors.torch import load_file
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted(Path(folder).glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        self.load_full_state_dict(state)
+
+    def save_optimizer(self, path: str) -> None:  # collective; rank 0 writes
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        w = self.worker
+        state = get_optimizer_state_dict(w.model, w.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            torch.save({"optimizer": state, "scheduler": w.scheduler.state_dict()}, path)
+
+    def load_optimizer(self, path: str) -> None:  # collective; every rank reads the file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        w = self.worker
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+
+        def load() -> None:
+            set_optimizer_state_dict(w.model, w.optimizer, saved["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+            w.scheduler.load_state_dict(saved["scheduler"])
+        restore_optimizer(w.optimizer, w.scheduler, load)
+
+    def shutdown(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """State-dict names a Hugging Face folder leaves out because they share another's tensor."""
+    config = getattr(model, "config", None)
+    return {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+
+
+class EngineRank:
+    """One embedded (hf) inference engine in its own process, run as a Ray actor."""
+
+    def __init__(self, cfg: dict, index: int):
+        from ridgeline.inference.hf_engine import HFEngine
+
+        cfg = OmegaConf.create(cfg)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        self.index = index
+        spec = policy_spec(cfg)
+        self.tokenizer = load_tokenizer(spec)
+        model = load_model(spec, torch.float32, self.tokenizer)
+        self.engine = HFEngine(model, self.tokenizer, dtype=engine_dtype(cfg.generator.model_dtype),
+                               max_num_seqs=cfg.generator.max_num_seqs)
+        self.receiver: WeightReceiver | None = None
+
+    def dtype(self) -> str:
+        return str(self.engine.dtype).removeprefix("torch.")
+
+    def generate(self, requests: list[EngineRequest], seed: int | None) -> list[EngineOutput]:
+        return self.engine.generate(requests, seed=seed)
+
+    def init_weight_receiver(self, spec: GroupSpec) -> None:
+        self.receiver = WeightReceiver(spec)
+
+    def receive_weights(self) -> int:
+        self.engine.update_weights(self.receiver.receive())
+        return self.receiver.version
+
+    def probe(self) -> torch.Tensor:
+        return probe_logprobs(self.engine.model, self.tokenizer)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.engine.model.state_dict().items()}
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def shutdown(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+
+
+# ------------------------------------------------------------------------------ driver side
+class _RankGroup:
+    """The actors of one FSDP group, called together."""
+
+    def __init__(self, ray, actors: list[Any]):
+        self.ray = ray
+        self.actors = actors
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every rank at once; the ranks' results."""
+        return self.ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def call_split(self, method: str, batch: TrainingBatch, mini_batch_size: int) -> tuple[list[torch.Tensor], list[Any]]:
+        rows = rank_rows(batch.batch_size, mini_batch_size, self.world_size)
+        refs = [getattr(a, method).remote(batch.select(r)) for a, r in zip(self.actors, rows)]
+        return rows, self.ray.get(refs)
+
+    def gather_rows(self, method: str, batch: TrainingBatch, mini_batch_size: int) -> torch.Tensor:
+        rows, parts = self.call_split(method, batch, mini_batch_size)
+        out = torch.zeros(batch.batch_size, batch.response_width)
+        for r, part in zip(rows, parts):
+            out[r] = part
+        return out
+
+
+class RayPolicyGroup(_RankGroup):
+    """The trainer's `policy` when it is N FSDP2 ranks: the local `PolicyWorker`'s methods."""
+
+    def __init__(self, ray, actors: list[Any], config: PolicyTrainConfig, global_mini_batch_size: int):
+        super().__init__(ray, actors)
+        self.config = config
+        self.global_mini_batch_size = global_mini_batch_size
+
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        return self.gather_rows("compute_logprobs", batch, self.global_mini_batch_size)
+
+    def train(self, batch: TrainingBatch) -> dict[str, float]:
+        _, metrics = self.call_split("train", batch, self.global_mini_batch_size)
+        return metrics[0]  # the ranks reduce their metrics among themselves: all equal
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.ray.get(self.actors[0].skipped_steps.remote())
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self.call("set_skipped_steps", value)
+
+    # checkpoints (ridgeline.trainer.checkpoint): full weights and optimizer state, world-size free
+    def save_hf(self, folder: Path) -> None:
+        self.call("save_hf", str(folder))
+
+    def load_hf(self, folder: Path) -> None:
+        self.call("load_hf", str(folder))
+
+    def save_optimizer(self, path: Path) -> None:
+        self.call("save_optimizer", str(path))
+
+    def load_optimizer(self, path: Path) -> None:
+        self.call("load_optimizer", str(path))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.call("full_state_dict")[0]
+
+
+class RayRefGroup(_RankGroup):
+    def __init__(self, ray, actors: list[Any], global_mini_batch_size: int):
+        super().__init__(ray, actors)
+        self.global_mini_batch_size = global_mini_batch_size
+
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        return self.gather_rows("compute_logprobs", batch, self.global_mini_batch_size)
+
+    def load_from(self, policy: RayPolicyGroup) -> None:
+        """`update_ref_every_epoch`: the policy's current weights."""
+        state = self.ray.put(policy.full_state_dict())
+        self.call("load_full_state_dict", state)
+
+    def save_hf(self, folder: Path) -> None:
+        self.call("save_hf", str(folder))
+
+    def load_hf(self, folder: Path) -> None:
+        self.call("load_hf", str(folder))
+
+
+class RayEngineGroup:
+    """The `InferenceEngine` the generator calls: requests split into contiguous, near-equal
+    slices (a GRPO group's copies are adjacent, so they mostly stay on one engine and share its
+    prompt prefill), one slice per engine, run concurrently; outputs in request order."""
+
+    def __init__(self, ray, actors: list[Any]):
+        self.ray = ray
+        self.actors = actors
+        self.dtype = DTYPES[ray.get(actors[0].dtype.remote())]
+
+    def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
+        k = len(self.actors)
+        bounds = [len(requests) * i // k for i in range(k + 1)]
+        refs = [a.generate.remote(requests[lo:hi], None if seed is None else seed + 7_919 * i)
+                for i, (a, lo, hi) in enumerate(zip(self.actors, bounds, bounds[1:])) if hi > lo]
+        return [out for part in self.ray.get(refs) for out in part]
+
+    def update_weights(self, named_tensors) -> None:
+        raise RuntimeError("engines in other processes take weights through RayWeightSync.sync, not update_weights")
+
+    def sleep(self) -> None:
+        self.ray.get([a.sleep.remote() for a in self.actors])
+
+    def wake_up(self) -> None:
+        self.ray.get([a.wake_up.remote() for a in self.actors])
+
+
+class RayWeightSync:
+    """Policy rank 0 -> every engine over a standalone gloo/nccl group, then the stale-weights
+    probe: each engine's logprobs on a fixed text must match the trainer's within the tolerance
+    of the engine's dtype, or the run stops with `StaleWeightsError`."""
+
+    def __init__(self, ray, policy: RayPolicyGroup, engines: RayEngineGroup, backend: str, timeout_s: float):
+        self.ray, self.policy, self.engines = ray, policy, engines
+        host, port = ray.get(policy.actors[0].master_address.remote())
+        world = 1 + len(engines.actors)
+        specs = [GroupSpec(port=port, rank=r, world_size=world, backend=backend, host=host, timeout_s=timeout_s)
+                 for r in range(world)]
+        ray.get([policy.actors[0].init_weight_sender.remote(specs[0])]
+                + [e.init_weight_receiver.remote(s) for e, s in zip(engines.actors, specs[1:])])
+        self.dtype = str(engines.dtype).removeprefix("torch.")
+        self.tolerance = probe_tolerance(engines.dtype)
+        self.describe = specs[0].describe()
+
+    def sync(self, version: int) -> dict[str, float]:
+        sends = [a.send_weights.remote(self.dtype, version) for a in self.policy.actors]
+        receives = [e.receive_weights.remote() for e in self.engines.actors]
+        stats: SyncStats = self.ray.get(sends)[0]
+        versions = self.ray.get(receives)
+        if any(v != version for v in versions):
+            raise RuntimeError(f"engines report weight versions {versions} after sending version {version}")
+        t0 = time.perf_counter()
+        worst = self.probe(version)
+        metrics = {"weight_sync/seconds": stats.seconds, "weight_sync/megabytes": stats.bytes / 1e6,
+                   "weight_sync/seconds_per_mb": stats.seconds_per_mb, "weight_sync/probe_max_abs_diff": worst,
+                   "weight_sync/probe_seconds": time.perf_counter() - t0}
+        level = logging.INFO if version <= 1 else logging.DEBUG
+        log.log(level, "weight sync v%d: %.1f MB in %.3f s (%.2f ms/MB) to %d engine(s), probe max |diff| %.2g",
+                version, stats.bytes / 1e6, stats.seconds, 1e3 * stats.seconds_per_mb, len(self.engines.actors), worst)
+        return metrics
+
+    def probe(self, version: int | None = None) -> float:
+        """The largest |logprob difference| between the trainer and any engine on the probe text;
+        `StaleWeightsError` when one exceeds the engine dtype's tolerance."""
+        trainer_lp = self.policy.call("probe")[0]
+        return max(check_probe(trainer_lp, lp, self.tolerance, version)
+                   for lp in self.ray.get([e.probe.remote() for e in self.engines.actors]))
+
+
+# ------------------------------------------------------------------------------ building
+@dataclass
+class RayWorkers:
+    policy: RayPolicyGroup
+    ref: RayRefGroup | None
+    engine: RayEngineGroup
+    weight_sync: RayWeightSync
+    plan: PlacementPlan
+    groups: dict[str, Any]
+    parameters: int = 0   # of the policy
+
+    def shutdown(self) -> None:
+        ray = self.policy.ray
+        from ray.util.placement_group import remove_placement_group
+        for group in [self.policy] + ([self.ref] if self.ref else []):
+            for a in group.actors:
+                ray.kill(a)
+        for a in self.engine.actors:
+            ray.kill(a)
+        for g in self.groups.values():
+            remove_placement_group(g)
+
+
+def placement_plan(cfg: DictConfig) -> PlacementPlan:
+    g = cfg.generator
+    device = "GPU" if torch.cuda.is_available() else "CPU"
+    return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines), engine_tp=1,
+                          use_ref=needs_ref(cfg), use_critic=cfg.trainer.critic.model.path is not None, device=device)
+
+
+def build_ray_workers(cfg: DictConfig) -> RayWorkers:
+    """Start or join Ray, reserve the plan's pools, start every actor, build the sharded models,
+    connect the weight-sync group and push the policy's initial weights to the engines (which
+    also checks them with the probe)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    plan = placement_plan(cfg)
+    if plan.device == "GPU":
+        raise NotImplementedError("trainer.strategy=fsdp2 on CUDA devices is not built yet (the CPU path is: "
+                                  "gloo ranks, CPU engines). Use trainer.strategy=single on a GPU for now")
+    ray = import_ray()
+    t = cfg.trainer
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false",
+           "RIDGELINE_PROGRESS": "0"}
+    init_ray(plan, env)
+    groups = reserve_pools(plan, float(t.placement.timeout_s))
+    plain = OmegaConf.to_container(cfg, resolve=True)
+
+    def actor(cls, role: str, index: int, *args: Any):
+        pool = plan.pool_of(role)
+        options = {"num_cpus": plan.actor_share(role),
+                   "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                       placement_group=groups[pool.name], placement_group_bundle_index=bundle_index(plan, role, index))}
+        return ray.remote(cls).options(**options).remote(*args)
+
+    n = cfg.generator.n_samples_per_prompt
+    policy_world = plan.ranks["policy"]
+    policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world) for r in range(policy_world)]
+    ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"]) for r in range(plan.ranks["ref"])]
+                  if needs_ref(cfg) else [])
+    engine_actors = [actor(EngineRank, "engine", i, plain, i) for i in range(plan.num_engines)]
+    infos = []
+    for actors in (policy_actors, ref_actors):
+        if actors:
+            host, port = ray.get(actors[0].master_address.remote())
+            infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
+    mini = t.policy_mini_batch_size * n
+    policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world), mini)
+    ref = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
+    engines = RayEngineGroup(ray, engine_actors)
+    backend = cfg.generator.weight_sync_backend
+    if plan.device == "CPU" and backend == "nccl":
+        backend = "gloo"  # the base default names the GPU transport; CPUs speak gloo
+    sync = RayWeightSync(ray, policy, engines, backend, float(cfg.generator.weight_sync_timeout))
+    log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
+    workers = RayWorkers(policy, ref, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
+    workers.weight_sync.sync(0)  # the engines start from the trainer's weights, checked by the probe
+    return workers

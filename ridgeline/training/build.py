@@ -1,0 +1,99 @@
+"""Building the policy and reference workers from the config: one code for the single process
+(`ridgeline.trainer`) and for every FSDP2 rank (`ridgeline.distributed.ray_workers`)."""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from ridgeline.algorithms import resolve_kl_estimator
+from ridgeline.models.forward import enable_activation_checkpointing
+from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model
+from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def training_autocast_dtype(mixed_precision: str) -> torch.dtype | None:
+    if mixed_precision == "fp32":
+        return None
+    if mixed_precision == "bf16":
+        return torch.bfloat16
+    fast = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_fast_bf16()
+    return torch.bfloat16 if fast else None
+
+
+def policy_spec(cfg: DictConfig) -> ModelSpec:
+    t = cfg.trainer
+    return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
+
+
+def policy_train_config(cfg: DictConfig, data_parallel: int = 1) -> PolicyTrainConfig:
+    """The policy worker's settings; with `data_parallel` ranks each holds 1/data_parallel of every
+    mini-batch (validation made the division exact)."""
+    t, g, alg = cfg.trainer, cfg.generator, cfg.trainer.algorithm
+    return PolicyTrainConfig(
+        mini_batch_size=t.policy_mini_batch_size * g.n_samples_per_prompt // data_parallel,
+        micro_batch_size=t.micro_train_batch_size_per_gpu,
+        micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
+        update_epochs=t.update_epochs_per_batch,
+        temperature=g.sampling_params.temperature,
+        policy_loss=alg.policy_loss_type or alg.ppo_loss_type,
+        loss_reduction=alg.loss_reduction,
+        algorithm=alg,
+        use_kl_loss=alg.use_kl_loss, kl_loss_coef=alg.kl_loss_coef,
+        kl_estimator=resolve_kl_estimator(alg.kl_estimator_type, alg.use_kl_estimator_k3, alg.use_abs_kl),
+        use_entropy_loss=alg.use_entropy_loss, entropy_loss_coef=alg.entropy_loss_coef,
+        max_grad_norm=t.policy.optimizer_config.max_grad_norm,
+        autocast_dtype=training_autocast_dtype(t.mixed_precision),
+        nonfinite_loss=t.nonfinite_loss,
+    )
+
+
+ModelHook = Callable[[torch.nn.Module], torch.nn.Module]
+
+
+def build_policy_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
+                        worker_cls: type[PolicyWorker] = PolicyWorker, data_parallel: int = 1) -> PolicyWorker:
+    """The policy model (float32 master weights) with its optimizer and schedule. `shard` (FSDP2)
+    runs after activation checkpointing is set up and before the optimizer is built, so the
+    optimizer holds the sharded parameters."""
+    t = cfg.trainer
+    model = load_model(policy_spec(cfg), torch.float32, tokenizer)
+    if t.gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    model.config.use_cache = False
+    if shard is not None:
+        model = shard(model)
+    opt = t.policy.optimizer_config
+    optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
+    return worker_cls(model, policy_train_config(cfg, data_parallel), optimizer,
+                      build_scheduler(optimizer, t.num_warmup_steps))
+
+
+def needs_ref(cfg: DictConfig) -> bool:
+    alg = cfg.trainer.algorithm
+    return bool(alg.use_kl_loss or alg.use_kl_in_reward)
+
+
+def build_ref_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
+                     worker_cls: type[RefWorker] = RefWorker) -> RefWorker | None:
+    """The reference model when a KL option needs one. It only runs forward passes, so it is
+    loaded in the training compute dtype."""
+    if not needs_ref(cfg):
+        return None
+    t = cfg.trainer
+    autocast = training_autocast_dtype(t.mixed_precision)
+    model = load_model(policy_spec(cfg), autocast or torch.float32, tokenizer)
+    if shard is not None:
+        model = shard(model)
+    return worker_cls(model, t.micro_forward_batch_size_per_gpu, cfg.generator.sampling_params.temperature, autocast)

@@ -1,0 +1,195 @@
+"""trainer.strategy=fsdp2 on this CPU: FSDP2 ranks and hf engines as Ray actors (a local Ray
+instance on 127.0.0.1), weight sync over gloo with the stale-weights probe, checkpoints and
+resume through the ranks. Plus the pure parts: placement plans, rank shares, config checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ridgeline.config import load_config
+from ridgeline.config.validate import ConfigError, base_config, config_problems
+from ridgeline.distributed.placement import PlacementConfigError, bundle_index, plan_placement
+from ridgeline.training.batch import data_parallel_rows, rank_rows
+
+ray = pytest.importorskip("ray")
+
+TINY = ["+experiment=tiny", "data.prepare.num_train=48", "trainer.logger=jsonl"]
+# two policy ranks (+ two reference ranks beside them) and one engine of its own
+FSDP2 = ["trainer.strategy=fsdp2", "trainer.placement.colocate_all=false",
+         "trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=2"]
+
+
+def _placement(**kw):
+    base = OmegaConf.to_container(base_config().trainer.placement)
+    return OmegaConf.create({**base, **kw})
+
+
+# ------------------------------------------------------------------------------------ pure parts
+def test_colocate_all_puts_every_role_and_the_engines_in_one_pool():
+    plan = plan_placement(_placement(policy_num_gpus_per_node=2, ref_num_gpus_per_node=2), num_engines=2,
+                          engine_tp=1, use_ref=True, use_critic=False, device="CPU")
+    assert [(p.name, p.roles, p.bundles) for p in plan.pools] == [("colocated", ("policy", "ref", "engine"), 2)]
+    assert plan.actor_share("policy") == plan.actor_share("engine") == 0.2
+    assert [bundle_index(plan, "engine", i) for i in range(2)] == [0, 1]
+
+
+def test_separate_pools_and_policy_ref_sharing():
+    plan = plan_placement(_placement(colocate_all=False, policy_num_gpus_per_node=2, ref_num_gpus_per_node=2),
+                          num_engines=3, engine_tp=1, use_ref=True, use_critic=False, device="CPU")
+    assert [(p.name, p.bundles) for p in plan.pools] == [("policy_ref", 2), ("engines", 3)]
+    assert plan.actor_share("engine") == 1.0 and plan.total_bundles == 5
+    plan = plan_placement(_placement(colocate_all=False, colocate_policy_ref=False, policy_num_nodes=2,
+                                     policy_num_gpus_per_node=2, ref_num_gpus_per_node=1),
+                          num_engines=1, engine_tp=1, use_ref=True, use_critic=False, device="GPU")
+    assert [(p.name, p.bundles, p.num_nodes) for p in plan.pools] == [("policy", 4, 2), ("ref", 1, 1), ("engines", 1, 1)]
+
+
+def test_colocation_with_unequal_counts_names_the_keys():
+    with pytest.raises(PlacementConfigError, match=r"num_inference_engines=1 x 1 .* Fix: generator.num_inference_engines=4"):
+        plan_placement(_placement(), num_engines=1, engine_tp=1, use_ref=False, use_critic=False, device="CPU")
+    with pytest.raises(PlacementConfigError, match="colocate_policy_ref=true .* ref has 4 ranks and policy 2"):
+        plan_placement(_placement(colocate_all=False, policy_num_gpus_per_node=2), num_engines=1, engine_tp=1,
+                       use_ref=True, use_critic=False, device="CPU")
+
+
+def test_rank_rows_give_each_rank_its_share_of_every_mini_batch():
+    # 12 rows, mini-batches of 4, 2 ranks: rank 0 holds the first half of each mini-batch
+    rows = rank_rows(12, 4, 2)
+    assert [r.tolist() for r in rows] == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 11]]
+    # a short last mini-batch of 3 rows loses one so it splits: 8 + 2
+    assert data_parallel_rows(11, 4, 2) == 10
+    assert [r.tolist() for r in rank_rows(10, 4, 2)] == [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
+    assert data_parallel_rows(12, 4, 1) == 12
+    with pytest.raises(ValueError):
+        rank_rows(11, 4, 2)
+
+
+def _problems(overrides: list[str]) -> list[str]:
+    try:
+        load_config(overrides)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def test_config_checks_for_fsdp2():
+    assert _problems(TINY + FSDP2) == []
+    problems = _problems(TINY + ["trainer.strategy=fsdp2", "trainer.micro_train_batch_size_per_gpu=8"])
+    assert any("trainer.placement.colocate_all=true" in p and "num_inference_engines=4" in p for p in problems)
+    problems = _problems(TINY + FSDP2 + ["trainer.policy.fsdp_config.fsdp_size=3"])
+    assert any("fsdp_size=3 must divide the 2 policy ranks" in p for p in problems)
+    problems = _problems(TINY + FSDP2 + ["trainer.placement.policy_num_gpus_per_node=3",
+                                         "trainer.placement.ref_num_gpus_per_node=3"])
+    assert any("cannot be split evenly over 3 data-parallel ranks" in p for p in problems)
+    problems = _problems(TINY + FSDP2 + ["trainer.algorithm.advantage_estimator=gae",
+                                         "trainer.critic.model.path=tiny://llama"])
+    assert any("with a critic" in p and "is not built yet" in p for p in problems)
+
+
+# ------------------------------------------------------------------------------------ Ray runs
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _training_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "policy/policy_loss" in r]
+
+
+COMPARED = ("reward/avg_raw_reward", "policy/policy_loss", "policy/final_loss", "policy/kl_loss",
+            "policy/grad_norm", "policy/policy_entropy", "generate/avg_num_tokens")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three steps of the tiny preset (GRPO with a KL loss: policy, ref and engine) in one process
+    and as 2 policy ranks + 2 ref ranks + 1 engine on Ray, checkpointing every step."""
+    from ridgeline.entrypoints.run import run_training
+    single, multi = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ray")
+    run_training(load_config(TINY + [f"trainer.export_path={single}"]))
+    summary = run_training(load_config(TINY + FSDP2 + [f"trainer.export_path={multi}", "trainer.ckpt_interval=1"]))
+    return _metrics(single / "tiny"), _metrics(multi / "tiny"), summary, multi
+
+
+def test_ray_run_with_two_policy_ranks_reproduces_the_single_process_run(runs):
+    single, multi, summary, _ = runs
+    assert summary["steps"] == 3
+    a, b = _training_rows(single), _training_rows(multi)
+    assert len(a) == len(b) == 3
+    for x, y in zip(a, b):
+        for key in COMPARED:
+            assert y[key] == pytest.approx(x[key], abs=1e-5), key
+
+
+def test_ray_run_logs_the_weight_sync_and_its_probe(runs):
+    _, multi, _, _ = runs
+    for row in _training_rows(multi):
+        assert row["weight_sync/megabytes"] > 0
+        assert 0 < row["weight_sync/seconds_per_mb"] < 10
+        assert row["weight_sync/probe_max_abs_diff"] <= 1e-5  # fp32 engine: the same weights
+
+
+def test_ray_checkpoint_is_a_loadable_hf_model_and_resumes_exactly(runs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from ridgeline.entrypoints.run import run_training
+    _, multi, summary, out = runs
+    ckpt = out / "tiny" / "ckpts" / "global_step_2"
+    model = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert (ckpt / "ref").exists() is False  # the reference never changed
+    run_training(load_config(TINY + FSDP2 + [f"trainer.export_path={tmp_path}", "trainer.resume_mode=from_path",
+                                             f"trainer.resume_path={ckpt}"]))
+    resumed = [r for r in _training_rows(_metrics(tmp_path / "tiny")) if r["step"] == 3]
+    expected = [r for r in _training_rows(multi) if r["step"] == 3]
+    assert len(resumed) == 1
+    for key in COMPARED:
+        assert resumed[0][key] == pytest.approx(expected[0][key], abs=1e-6), key
+
+
+def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
+    """Colocated: 2 policy ranks and 2 bf16 engines sharing 2 CPU bundles. After the policy's
+    weights change, a sync gives both engines exactly `weight.to(bfloat16)`; without a sync the
+    probe sees the stale engines."""
+    from ridgeline.distributed.ray_workers import build_ray_workers
+    from ridgeline.distributed.weight_sync import StaleWeightsError
+
+    cfg = load_config(TINY + ["trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=2",
+                              "generator.num_inference_engines=2", "generator.model_dtype=bfloat16",
+                              "trainer.algorithm.use_kl_loss=false"])
+    assert config_problems(cfg) == []
+    workers = build_ray_workers(cfg)
+    try:
+        assert [p.name for p in workers.plan.pools] == ["colocated"]
+        state = workers.policy.full_state_dict()
+        g = torch.Generator().manual_seed(0)
+        moved = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+        workers.policy.call("load_full_state_dict", ray.put(moved))
+        with pytest.raises(StaleWeightsError):
+            workers.weight_sync.probe()
+        metrics = workers.weight_sync.sync(1)
+        assert metrics["weight_sync/probe_max_abs_diff"] < 0.1
+        trained = workers.policy.full_state_dict()
+        for engine in workers.engine.actors:
+            engine_state = ray.get(engine.state_dict.remote())
+            for name, value in engine_state.items():
+                assert engine_state[name].dtype == torch.bfloat16
+                assert torch.equal(value, trained[name].to(torch.bfloat16)), name
+    finally:
+        workers.shutdown()
+
+
+def test_a_pool_that_cannot_be_placed_names_the_resource():
+    from ridgeline.distributed.placement import PlacementPlan, Pool
+    from ridgeline.distributed.ray_runtime import PlacementError, init_ray, reserve_pools
+
+    def plan(bundles: int) -> PlacementPlan:
+        return PlacementPlan(device="CPU", ranks={"policy": bundles}, num_engines=1, engine_devices=1,
+                             pools=(Pool("policy", ("policy",), bundles, 1),))
+    init_ray(plan(1))  # a small instance, or the one of the runs above
+    with pytest.raises(PlacementError, match=r"pool 'policy' \(policy\): 64 bundle\(s\) of 1 CPU within 2 s"):
+        reserve_pools(plan(64), timeout_s=2)
