@@ -177,6 +177,8 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.critic.model.gguf_file", None),
     ("trainer.run_dir", "$HOME/exports//test_run"),
     ("trainer.mixed_precision", "auto"),
+    # multi-process runs (docs/distributed.md)
+    ("trainer.placement.timeout_s", 180),
     # checkpoints and faults (docs/checkpointing.md)
     ("trainer.resume_ignore_config_changes", False),
     ("trainer.ckpt_on_interrupt", False),
@@ -469,11 +471,13 @@ def test_numbers_out_of_range():
 # --------------------------------------------------------------------------- not built yet
 
 
-def test_defaults_of_unbuilt_choices_are_refused():
+def test_base_defaults_are_checked_as_a_multi_process_run():
+    """The base default strategy is fsdp2 (SkyRL's): its placement defaults (4 policy ranks
+    colocated with 1 engine) do not fit together, and the message says how to fix them."""
     err = _error([])
     msg = str(err)
-    assert "trainer.strategy=fsdp2 (the default) is not supported yet" in msg
-    assert "Fix: trainer.strategy=single" in msg
+    assert "trainer.placement.colocate_all=true shares the policy's 4 devices" in msg
+    assert "Fix: generator.num_inference_engines=4, or trainer.placement.colocate_all=false" in msg
     assert "trainer.logger" not in msg  # every tracker is built; wandb runs offline without a key
 
 
@@ -514,10 +518,10 @@ def test_environment_modules_and_reward_fn_are_checked(tmp_path):
 
 
 def test_changed_not_yet_key_is_refused_and_default_accepted():
-    err = _error(RUNNABLE + ["trainer.placement.colocate_all=false", "trainer.policy.use_torch_compile=true",
+    err = _error(RUNNABLE + ["trainer.policy.sequence_parallel_size=2", "trainer.policy.use_torch_compile=true",
                              "+generator.engine_init_kwargs.attention_backend=flashinfer"])
     msg = str(err)
-    assert "trainer.placement.colocate_all=false is not supported yet" in msg
+    assert "trainer.policy.sequence_parallel_size=2 is not supported yet" in msg
     assert "trainer.policy.use_torch_compile=true is not supported yet" in msg
     assert "generator.engine_init_kwargs" in msg
     load_config(RUNNABLE + ["trainer.placement.colocate_all=true",
@@ -575,8 +579,6 @@ def test_policy_loss_names_checked():
 
 def test_unbuilt_defaults_lists_ignored_defaults(runnable_cfg):
     lines = unbuilt_defaults(runnable_cfg)
-    assert any(line.startswith("generator.weight_sync_backend=nccl (default)") for line in lines)
-    assert any(line.startswith("trainer.placement.policy_num_gpus_per_node=4") for line in lines)
     # checkpoints are built: their defaults are acted on
     assert not any(line.startswith(("trainer.ckpt_interval", "trainer.resume_mode")) for line in lines)
     assert any(line.startswith("generator.inference_engine_tensor_parallel_size=4") for line in lines)

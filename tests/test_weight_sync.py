@@ -219,3 +219,15 @@ def test_check_probe_shapes_and_nan():
         check_probe(ok, torch.tensor([-1.0]), 1.0)
     with pytest.raises(StaleWeightsError):
         check_probe(ok, torch.tensor([float("nan"), -2.0]), 1.0)
+
+
+def test_low_precision_engines_are_held_to_the_mean_difference():
+    from ridgeline.distributed.weight_sync import ProbeTolerance
+    trainer = torch.tensor([-0.5, -1.0, -2.0, -3.0])
+    rounded = trainer + torch.tensor([0.2, -0.05, 0.0, 0.05])  # one token off by 0.2: bf16 rounding
+    assert probe_tolerance(torch.bfloat16) == ProbeTolerance("mean", 0.25)
+    assert check_probe(trainer, rounded, probe_tolerance(torch.bfloat16)) == pytest.approx(0.075)
+    with pytest.raises(StaleWeightsError, match="mean"):
+        check_probe(trainer, trainer + 1.7, probe_tolerance(torch.bfloat16))
+    with pytest.raises(StaleWeightsError, match="max"):
+        check_probe(trainer, rounded, probe_tolerance(torch.float32))

@@ -86,7 +86,6 @@ HINTS: dict[str, str] = {
     "colocated GPU runs",
     "trainer.critic.optimizer_config.offload_after_step": "optimizer-state offload for "
     "colocated GPU runs",
-    "trainer.use_sample_packing": "packing several samples into one row; a speed option",
     "trainer.gradient_checkpointing": "activation recomputation; a memory option",
     "trainer.algorithm.clip_ratio_c": "read only by the dual_clip policy loss",
 }

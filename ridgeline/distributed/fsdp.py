@@ -36,8 +36,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from ridgeline.models.forward import activation_checkpointing_on
 from ridgeline.training.batch import TrainingBatch
+from ridgeline.training.forward_path import decoder_forward_count
 from ridgeline.training.worker import PolicyWorker, RefWorker
 
 
@@ -170,7 +170,8 @@ class FSDPPolicyWorker(PolicyWorker):
     def _optimizer_step(self, mini: TrainingBatch, sums: dict[str, float], loss_sums: dict[str, float],
                         first_epoch: bool) -> float:
         self._sums = sums  # the base's raw sums: the logprob-mismatch mean needs its token count
-        check_uniform_forwards([forward_passes(self.model, m) for m in mini.chunks(self.config.micro_batch_size)])
+        check_uniform_forwards([decoder_forward_count(self.model, m, self.config.forward_options)
+                                for m in mini.chunks(self.config.micro_batch_size)])
         return super()._optimizer_step(mini, sums, loss_sums, first_epoch)
 
     def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:
@@ -179,7 +180,8 @@ class FSDPPolicyWorker(PolicyWorker):
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         was_training = self.model.training
         self.model.eval()  # as batch_logprobs runs it
-        passes = [forward_passes(self.model, m) for m in batch.chunks(self.config.micro_forward_batch_size)]
+        passes = [decoder_forward_count(self.model, m, self.config.forward_options)
+                  for m in batch.chunks(self.config.micro_forward_batch_size)]
         self.model.train(was_training)
         check_uniform_forwards(passes)
         return super().compute_logprobs(batch)
@@ -190,17 +192,6 @@ class FSDPPolicyWorker(PolicyWorker):
         sums = self._sums if self._sums is not None else defaultdict(float)
         return reduce_policy_metrics(metrics, local_tokens=float(batch.loss_mask.sum()) * self.config.update_epochs,
                                      mismatch=(sums["mismatch_sum"], sums["mismatch_tokens"], sums["mismatch_max"]))
-
-
-def forward_passes(model: nn.Module, micro: TrainingBatch) -> int:
-    """How many decoder forwards `response_logprobs` runs for `micro` (its default
-    share_prompts=True): 2 when rows share a prompt (prompt once, then responses on its cache),
-    else 1. Mirrors the condition in ridgeline.training.logprobs."""
-    prompt_width = micro.sequences.shape[1] - micro.response_width
-    if prompt_width == 0 or micro.response_width == 1 or (model.training and activation_checkpointing_on(model)):
-        return 1
-    prompts = torch.cat([micro.sequences[:, :prompt_width], micro.attention_mask[:, :prompt_width]], dim=-1)
-    return 1 if torch.unique(prompts, dim=0).shape[0] == micro.batch_size else 2
 
 
 def check_uniform_forwards(passes: list[int]) -> None:
@@ -274,5 +265,5 @@ class FSDPRefWorker(RefWorker):
     checking that every rank will run the same decoder forwards (see `FSDPPolicyWorker`)."""
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        check_uniform_forwards([forward_passes(self.model, m) for m in batch.chunks(self.micro)])
+        check_uniform_forwards([decoder_forward_count(self.model, m, self.forward_options) for m in batch.chunks(self.micro)])
         return super().compute_logprobs(batch)

@@ -354,16 +354,18 @@ class RayWeightSync:
         t0 = time.perf_counter()
         worst = self.probe(version)
         metrics = {"weight_sync/seconds": stats.seconds, "weight_sync/megabytes": stats.bytes / 1e6,
-                   "weight_sync/seconds_per_mb": stats.seconds_per_mb, "weight_sync/probe_max_abs_diff": worst,
+                   "weight_sync/seconds_per_mb": stats.seconds_per_mb, "weight_sync/probe_abs_diff": worst,
                    "weight_sync/probe_seconds": time.perf_counter() - t0}
         level = logging.INFO if version <= 1 else logging.DEBUG
-        log.log(level, "weight sync v%d: %.1f MB in %.3f s (%.2f ms/MB) to %d engine(s), probe max |diff| %.2g",
-                version, stats.bytes / 1e6, stats.seconds, 1e3 * stats.seconds_per_mb, len(self.engines.actors), worst)
+        log.log(level, "weight sync v%d: %.1f MB in %.3f s (%.2f ms/MB) to %d engine(s), probe %s |diff| %.2g",
+                version, stats.bytes / 1e6, stats.seconds, 1e3 * stats.seconds_per_mb, len(self.engines.actors),
+                self.tolerance.statistic, worst)
         return metrics
 
     def probe(self, version: int | None = None) -> float:
-        """The largest |logprob difference| between the trainer and any engine on the probe text;
-        `StaleWeightsError` when one exceeds the engine dtype's tolerance."""
+        """The worst engine's |logprob difference| from the trainer on the probe text (max over
+        tokens for float32 engines, mean for bf16/fp16: `probe_tolerance`); `StaleWeightsError`
+        when one exceeds the engine dtype's tolerance."""
         trainer_lp = self.policy.call("probe")[0]
         return max(check_probe(trainer_lp, lp, self.tolerance, version)
                    for lp in self.ray.get([e.probe.remote() for e in self.engines.actors]))

@@ -55,8 +55,13 @@ class ValueModel(torch.nn.Module):
             position_ids = positions_from_mask(attention_mask)
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=False).last_hidden_state
-        # The head stays float32 even under bf16 autocast: it is tiny, and value targets need the
-        # precision (bf16 has ~3 significant digits).
+        return self.values_from_hidden(hidden)
+
+    def values_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head on backbone states `[..., H]` -> values `[...]` float32; the packed forward
+        (`ridgeline.training.forward_path.micro_values`) runs the backbone itself and comes here.
+        The head stays float32 even under bf16 autocast: it is tiny, and value targets need the
+        precision (bf16 has ~3 significant digits)."""
         with _autocast_off(hidden.device.type):
             return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
 

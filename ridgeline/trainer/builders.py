@@ -22,7 +22,7 @@ from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, engine_dtype
 from ridgeline.models.value_model import load_value_model
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.optim import build_optimizer, build_scheduler
-from ridgeline.training.build import (build_policy_worker, build_ref_worker, needs_ref, policy_spec,
+from ridgeline.training.build import (build_policy_worker, build_ref_worker, forward_options, needs_ref, policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype)
 
 __all__ = ["PREPARERS", "build_critic", "build_generator", "build_policy_worker", "build_ref_worker",
@@ -80,7 +80,7 @@ def build_critic(cfg: DictConfig, tokenizer, autocast: torch.dtype | None) -> Cr
         micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
         update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,
         loss_reduction=alg.loss_reduction, max_grad_norm=opt.max_grad_norm, autocast_dtype=autocast,
-        nonfinite_loss=t.nonfinite_loss)
+        nonfinite_loss=t.nonfinite_loss, forward_options=forward_options(cfg))
     return CriticWorker(model, config, optimizer, build_scheduler(optimizer, t.num_warmup_steps))
 
 

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from ridgeline.algorithms import resolve_kl_estimator
 from ridgeline.models.forward import enable_activation_checkpointing
 from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model
+from ridgeline.training.forward_path import ForwardOptions
 from ridgeline.training.optim import build_optimizer, build_scheduler
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
 
@@ -37,6 +38,12 @@ def policy_spec(cfg: DictConfig) -> ModelSpec:
     return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
 
 
+def forward_options(cfg: DictConfig) -> ForwardOptions:
+    """`trainer.use_sample_packing`: micro-batches whose rows do not share a prompt run packed
+    (ridgeline.training.forward_path has the rule and its measurements)."""
+    return ForwardOptions(sample_packing=bool(cfg.trainer.use_sample_packing))
+
+
 def policy_train_config(cfg: DictConfig, data_parallel: int = 1) -> PolicyTrainConfig:
     """The policy worker's settings; with `data_parallel` ranks each holds 1/data_parallel of every
     mini-batch (validation made the division exact)."""
@@ -56,6 +63,7 @@ def policy_train_config(cfg: DictConfig, data_parallel: int = 1) -> PolicyTrainC
         max_grad_norm=t.policy.optimizer_config.max_grad_norm,
         autocast_dtype=training_autocast_dtype(t.mixed_precision),
         nonfinite_loss=t.nonfinite_loss,
+        forward_options=forward_options(cfg),
     )
 
 
@@ -96,4 +104,5 @@ def build_ref_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = No
     model = load_model(policy_spec(cfg), autocast or torch.float32, tokenizer)
     if shard is not None:
         model = shard(model)
-    return worker_cls(model, t.micro_forward_batch_size_per_gpu, cfg.generator.sampling_params.temperature, autocast)
+    return worker_cls(model, t.micro_forward_batch_size_per_gpu, cfg.generator.sampling_params.temperature, autocast,
+                      forward_options=forward_options(cfg))

@@ -17,9 +17,10 @@ import torch
 
 from ridgeline.algorithms.reductions import loss_normalizers
 from ridgeline.algorithms.value_loss import value_loss
-from ridgeline.models.value_model import ValueModel, response_values
+from ridgeline.models.value_model import ValueModel
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
+from ridgeline.training.forward_path import PLAIN, ForwardOptions, micro_values
 from ridgeline.training.worker import apply_gradients, autocast_context, check_loss
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class CriticTrainConfig:
     max_grad_norm: float = 1.0
     autocast_dtype: torch.dtype | None = None
     nonfinite_loss: str = "skip"    # trainer.nonfinite_loss: skip | stop
+    # trainer.use_sample_packing (and the pack cap): packed or padded critic forwards
+    forward_options: ForwardOptions = PLAIN
 
 
 @dataclass
@@ -67,8 +70,7 @@ class CriticWorker:
         parts = []
         for micro in batch.chunks(c.micro_forward_batch_size):
             with autocast_context(c.autocast_dtype):
-                parts.append(response_values(self.model, micro.sequences, micro.attention_mask,
-                                             micro.response_width).float())
+                parts.append(micro_values(self.model, micro, c.forward_options).float())
         self.model.train(was_training)
         return torch.cat(parts) * batch.response_mask
 
@@ -116,8 +118,7 @@ class CriticWorker:
         with loss_normalizers(num_tokens=float(mini.loss_mask.sum()), num_sequences=float(mini.batch_size)):
             for micro in mini.chunks(c.micro_batch_size):
                 with autocast_context(c.autocast_dtype):
-                    values = response_values(self.model, micro.sequences, micro.attention_mask,
-                                             micro.response_width)
+                    values = micro_values(self.model, micro, c.forward_options)
                 loss, metrics = value_loss(values, micro.values, micro.returns, micro.loss_mask,
                                            c.value_clip, c.loss_reduction)
                 loss_value = check_loss(loss, "critic value loss", c.nonfinite_loss)

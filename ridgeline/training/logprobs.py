@@ -8,6 +8,21 @@ from transformers import PreTrainedModel
 from ridgeline.models.forward import activation_checkpointing_on, forward_last_logits, positions_from_mask
 
 
+def prompt_groups(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                  response_width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(distinct `[prompt ids | prompt mask]` rows, index of each row's prompt among them) when the
+    shared-prompt forward applies to these rows, else None: it needs a prompt, at least two rows
+    with the same prompt, and a KV cache (under activation checkpointing transformers runs without
+    one). The single statement of that condition: `response_logprobs` and the forward-path choice
+    (`ridgeline.training.forward_path`) both ask it."""
+    prompt_width = sequences.shape[1] - response_width
+    if prompt_width == 0 or (model.training and activation_checkpointing_on(model)):
+        return None
+    prompts = torch.cat([sequences[:, :prompt_width], attention_mask[:, :prompt_width]], dim=-1)
+    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    return None if unique.shape[0] == sequences.shape[0] else (unique, inverse)
+
+
 def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
                       response_width: int, temperature: float = 1.0, with_entropy: bool = False,
                       share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -21,24 +36,29 @@ def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention
     their keys/values are fanned out to every row of the group, and only the response tokens run
     per row; gradients flow back through the fan-out, so the result (values and gradients) is that
     of the plain forward, with prompt compute divided by the group size. Under gradient
-    checkpointing transformers runs without a KV cache, so the plain forward is used."""
-    width = sequences.shape[1]
-    prompt_width = width - response_width
+    checkpointing transformers runs without a KV cache, so the plain forward is used
+    (`prompt_groups` says when the shared forward applies)."""
+    prompt_width = sequences.shape[1] - response_width
     positions = positions_from_mask(attention_mask)
-    prompts = torch.cat([sequences[:, :prompt_width], attention_mask[:, :prompt_width]], dim=-1)
-    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    checkpointing = model.training and activation_checkpointing_on(model)
-    if not share_prompts or checkpointing or prompt_width == 0 or unique.shape[0] == sequences.shape[0]:
+    groups = prompt_groups(model, sequences, attention_mask, response_width) if share_prompts else None
+    if groups is None:
         out = forward_last_logits(model, response_width + 1, input_ids=sequences, attention_mask=attention_mask,
                                   position_ids=positions, use_cache=False)
         logits = out.logits[:, :-1]
     else:
+        unique, inverse = groups
         logits = _shared_prompt_logits(model, unique[:, :prompt_width], unique[:, prompt_width:], inverse,
                                        sequences[:, prompt_width:], attention_mask, positions[:, prompt_width:])
-    logits = logits.float()
+    return token_logprobs(logits.float(), sequences[:, -response_width:], temperature, with_entropy)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits / temperature) at `targets` (`logits` [..., V], `targets` [...]), and
+    the entropy of that distribution when asked. Shared by the padded, shared-prompt and packed
+    paths so they agree to the last bit of arithmetic."""
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    targets = sequences[:, -response_width:]
     log_z = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - log_z
     entropy = None

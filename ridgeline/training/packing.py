@@ -1,21 +1,28 @@
-"""Sample packing: the response logprobs of `[prompt | response]` rows computed without padding.
+"""Sample packing: the response tokens of `[prompt | response]` rows run without padding.
 
 `packed_response_logprobs` has exactly the contract of `ridgeline.training.logprobs.response_logprobs`
-(`[B, R]` logprobs and entropy lining up with `sequences[:, P:]`), but instead of running the
-padded `[B, P+R]` block it concatenates the real tokens (attention_mask == 1) of the rows into one
-or a few long rows ("packs"). Inside a pack the position ids restart at 0 for every sequence and
-attention is block-diagonal causal (a token sees the earlier tokens of its own sequence only), so
-every real token sees exactly the keys, values and positions it sees in the padded forward: on
-every real response position the values and the gradients equal the padded path's up to float
-reassociation. Positions the padded path fills with padding garbage (attention_mask == 0) are 0.
+(`[B, R]` logprobs and entropy lining up with `sequences[:, P:]`), and `packed_response_hidden` is
+the model-agnostic part the critic reuses. Instead of running the padded `[B, P+R]` block they lay
+the real tokens (attention_mask == 1) of the rows end to end in a few rows ("packs") of at most
+`max_tokens_per_pack` tokens, and run all packs in ONE decoder forward of shape `[packs, longest
+pack]` (the packs' tails are padding). One forward per micro-batch whatever the lengths, so FSDP
+ranks holding different lengths still run the same number of forwards (each forward all-gathers
+the shards), and no per-pack Python overhead. Inside a pack the position ids restart at 0 for every
+sequence and attention is block-diagonal causal (a token sees the earlier tokens of its own
+sequence only), so every real token sees exactly the keys, values and positions it sees in the
+padded forward: on every real response position the values and the gradients equal the padded
+path's up to float reassociation. Positions the padded path fills with padding garbage
+(attention_mask == 0) are 0.
 
 How the block-diagonal attention reaches the model depends on its attention implementation:
-- sdpa / eager: we build the mask ourselves and pass it as a 4D `[1, 1, T, T]` attention mask,
+- sdpa / eager: we build the mask ourselves and pass it as a 4D `[packs, 1, T, T]` attention mask,
   which transformers' `masking_utils` returns as-is (bool "may attend" for sdpa, additive 0 / min
-  for eager). Dense T x T: fine for the pack sizes `max_tokens_per_pack` bounds.
+  for eager). Dense T x T per pack: `max_tokens_per_pack` bounds it.
 - anything else (flash_attention_*, flex): attention_mask=None and the restarting position ids
-  only; transformers detects the restarts (`find_packed_sequence_indices`) and builds its own
-  packed mask, or, for flash attention, runs the varlen kernel with no mask at all.
+  only, all sequences in a single row (transformers detects packed sequences only at batch size
+  1); transformers builds its own packed mask from the restarts (`find_packed_sequence_indices`),
+  or, for flash attention, runs the varlen kernel with no mask at all, so there is no dense mask
+  for a cap to bound.
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
+from ridgeline.training.logprobs import token_logprobs
+
 EXPLICIT_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
+PAD_SEGMENT = -1  # segment of the padding at the tail of a pack: one causal block of its own
 
 
 @dataclass
@@ -33,6 +44,22 @@ class Pack:
     """One packed row: `rows` of the batch laid end to end, `length` real tokens in all."""
     rows: list[int]
     length: int
+
+
+@dataclass(frozen=True)
+class PackedInputs:
+    """Decoder inputs of a packed micro-batch and where its outputs go back to.
+
+    `input_ids`, `position_ids`, `segments` are `[packs, T]` (segments: the batch row of each
+    token, PAD_SEGMENT on tail padding). `predictors` indexes the flattened `[packs * T]` outputs
+    at the tokens whose output predicts a scored response token, `targets` are those tokens, and
+    `slots` their flat `[B * R]` places in the response-shaped result."""
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segments: torch.Tensor
+    predictors: torch.Tensor
+    targets: torch.Tensor
+    slots: torch.Tensor
 
 
 def packing_stats(attention_mask: torch.Tensor) -> dict[str, float]:
@@ -63,16 +90,85 @@ def plan_packs(lengths: list[int], max_tokens_per_pack: int | None) -> list[Pack
 
 
 def block_causal_mask(segment_ids: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
-    """`[1, 1, T, T]` mask for a pack whose token t belongs to sequence `segment_ids[t]`: query q
-    may attend key k iff k <= q and both are in the same sequence. Bool (True = attend) for sdpa;
-    additive (0 / finfo.min) for eager, which adds the mask to the scores."""
-    length = segment_ids.shape[0]
+    """`[packs, 1, T, T]` mask for packs whose token t belongs to sequence `segment_ids[..., t]`
+    (`[T]` or `[packs, T]`): query q may attend key k iff k <= q and both are in the same sequence.
+    Bool (True = attend) for sdpa; additive (0 / finfo.min) for eager, which adds the mask to the
+    scores. Tail padding shares one segment, so its queries see at least themselves (no row of
+    the softmax is empty, which would give NaN)."""
+    length = segment_ids.shape[-1]
     index = torch.arange(length, device=segment_ids.device)
-    allowed = (segment_ids[:, None] == segment_ids[None, :]) & (index[None, :] <= index[:, None])
+    allowed = (segment_ids[..., :, None] == segment_ids[..., None, :]) & (index[None, :] <= index[:, None])
+    allowed = allowed.view(-1, 1, length, length)
     if implementation == "sdpa":
-        return allowed[None, None]
-    additive = torch.zeros(length, length, dtype=dtype, device=segment_ids.device)
-    return additive.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+        return allowed
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device)
+    return additive.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def pack_inputs(sequences: torch.Tensor, attention_mask: torch.Tensor, response_width: int,
+                max_tokens_per_pack: int | None) -> PackedInputs:
+    """Lay the real tokens of the `[B, P+R]` rows out in packs (`plan_packs`): row b's tokens
+    go to pack k at offsets start_b .. start_b + len_b - 1, with position ids 0 .. len_b - 1.
+    A response token is scored when its row has a real token before it; it is predicted by the
+    packed token just before it (the previous real token of the same row)."""
+    batch, width = sequences.shape
+    device = sequences.device
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1)
+    row_lengths = lengths.tolist()
+    packs = plan_packs(row_lengths, max_tokens_per_pack)
+    if not packs:
+        raise ValueError("sample packing needs at least one real token (attention_mask is all 0)")
+    pack_width = max(p.length for p in packs)
+    row_start = [0] * batch  # flat offset of each row's first token
+    for k, pack in enumerate(packs):
+        offset = k * pack_width
+        for row in pack.rows:
+            row_start[row] = offset
+            offset += row_lengths[row]
+    positions = mask.cumsum(-1) - 1                                            # [B, W] within-row
+    destination = torch.tensor(row_start, device=device)[:, None] + positions  # [B, W] flat packed
+    size = len(packs) * pack_width
+    input_ids = torch.zeros(size, dtype=sequences.dtype, device=device)  # tail padding: any id
+    position_ids = torch.zeros(size, dtype=torch.long, device=device)
+    segments = torch.full((size,), PAD_SEGMENT, dtype=torch.long, device=device)
+    rows = torch.arange(batch, device=device)[:, None].expand(batch, width)
+    real = destination[mask]
+    input_ids[real] = sequences[mask]
+    position_ids[real] = positions[mask]
+    segments[real] = rows[mask]
+    prompt_width = width - response_width
+    column = torch.arange(width, device=device)[None, :]
+    scored = mask & (column >= prompt_width) & (positions > 0)
+    shape = (len(packs), pack_width)
+    return PackedInputs(input_ids=input_ids.view(shape), position_ids=position_ids.view(shape),
+                        segments=segments.view(shape), predictors=destination[scored] - 1,
+                        targets=sequences[scored],
+                        slots=(rows * response_width + column - prompt_width)[scored])
+
+
+def packed_response_hidden(decoder: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                           response_width: int, max_tokens_per_pack: int | None = None
+                           ) -> tuple[PackedInputs, torch.Tensor]:
+    """One packed forward of `decoder` (a transformers base model: `last_hidden_state` out).
+    Returns the layout and the last hidden states `[N, H]` at its `predictors`: the states the
+    padded path reads at columns P-1 .. P+R-2 (LM head: logprobs; value head: values)."""
+    implementation = getattr(decoder.config, "_attn_implementation", None) or "eager"
+    explicit = implementation in EXPLICIT_MASK_IMPLEMENTATIONS
+    packed = pack_inputs(sequences, attention_mask, response_width, max_tokens_per_pack if explicit else None)
+    inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "use_cache": False}
+    if explicit:
+        dtype = decoder.get_input_embeddings().weight.dtype
+        inputs["attention_mask"] = block_causal_mask(packed.segments, implementation, dtype)
+    hidden = decoder(**inputs).last_hidden_state                       # [packs, T, H]
+    return packed, hidden.reshape(-1, hidden.shape[-1])[packed.predictors]
+
+
+def scatter_response(packed: PackedInputs, values: torch.Tensor, batch: int, response_width: int) -> torch.Tensor:
+    """`[B, R]` with `values[i]` at `packed.slots[i]` and 0 elsewhere; differentiable
+    (out-of-place index_put)."""
+    flat = values.new_zeros(batch * response_width)
+    return flat.index_put((packed.slots,), values).view(batch, response_width)
 
 
 def packed_response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
@@ -85,64 +181,12 @@ def packed_response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, at
     Equal (values and gradients, up to float reassociation) on every response position with
     attention_mask == 1 whose row has a real token before it; 0 elsewhere (where the padded path
     holds values computed from padding). `max_tokens_per_pack` bounds the real tokens of one
-    forward (None: all rows in one forward); packs run one forward each, one after the other."""
-    batch, width = sequences.shape
-    device = sequences.device
-    mask = attention_mask.bool()
-    logprobs = torch.zeros(batch * response_width, device=device)
-    entropy = torch.zeros(batch * response_width, device=device) if with_entropy else None
-    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
-    for pack in plan_packs(mask.sum(-1).tolist(), max_tokens_per_pack):
-        slots, lp, ent = _pack_logprobs(model, sequences, mask, pack, response_width, temperature,
-                                        with_entropy, implementation)
-        # index_put (not index_put_) keeps autograd happy: zeros elsewhere, values at the slots.
-        logprobs = logprobs.index_put((slots,), lp)
-        if entropy is not None:
-            entropy = entropy.index_put((slots,), ent)
-    logprobs = logprobs.view(batch, response_width)
-    return logprobs, (entropy.view(batch, response_width) if entropy is not None else None)
-
-
-def _pack_logprobs(model: PreTrainedModel, sequences: torch.Tensor, mask: torch.Tensor, pack: Pack,
-                   response_width: int, temperature: float, with_entropy: bool, implementation: str
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Run one pack. Returns the flat `[B * R]` slots of the response tokens it scores, their
-    logprobs, and their entropies (None unless asked)."""
-    rows = torch.tensor(pack.rows, device=sequences.device)
-    row_mask = mask[rows]                                           # [n, W]
-    ids = sequences[rows][row_mask]                                 # [T] real tokens, row-major
-    positions = (row_mask.cumsum(-1) - 1)[row_mask]                 # restart at 0 per row
-    segments = rows[:, None].expand_as(row_mask)[row_mask]          # which row each token is from
-    width = sequences.shape[1]
-    column = torch.arange(width, device=sequences.device).expand_as(row_mask)[row_mask]
-    # A token in the response part, not the first of its sequence, is predicted by the packed
-    # token just before it (the previous real token of the same row).
-    prompt_width = width - response_width
-    scored = (column >= prompt_width) & (positions > 0)
-    target_index = scored.nonzero().squeeze(-1)
-    slots = segments[target_index] * response_width + column[target_index] - prompt_width
-
-    inputs = {"input_ids": ids[None], "position_ids": positions[None], "use_cache": False}
-    if implementation in EXPLICIT_MASK_IMPLEMENTATIONS:
-        dtype = model.get_input_embeddings().weight.dtype
-        inputs["attention_mask"] = block_causal_mask(segments, implementation, dtype)
-    hidden = model.get_decoder()(**inputs).last_hidden_state[0]    # [T, H]
+    pack (None: all rows in one pack); all packs run in one decoder forward."""
+    packed, hidden = packed_response_hidden(model.get_decoder(), sequences, attention_mask, response_width,
+                                            max_tokens_per_pack)
     # Only the predicting positions go through the (large) output embedding.
-    logits = model.get_output_embeddings()(hidden[target_index - 1]).float()
-    lp, ent = _token_logprobs(logits, ids[target_index], temperature, with_entropy)
-    return slots, lp, ent
-
-
-def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Same arithmetic as `response_logprobs`: log softmax(logits / temperature) at the targets,
-    and the entropy of that distribution."""
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_z = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = log_z - (probs * logits).sum(-1)
-    return logprobs, entropy
+    logits = model.get_output_embeddings()(hidden).float()
+    logprobs, entropy = token_logprobs(logits, packed.targets, temperature, with_entropy)
+    batch = sequences.shape[0]
+    return (scatter_response(packed, logprobs, batch, response_width),
+            scatter_response(packed, entropy, batch, response_width) if entropy is not None else None)

@@ -27,7 +27,7 @@ from ridgeline.algorithms import POLICY_LOSSES, kl_penalty, loss_normalizers, ma
 from ridgeline.algorithms.off_policy import logprob_mismatch
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
-from ridgeline.training.logprobs import response_logprobs
+from ridgeline.training.forward_path import PLAIN, ForwardOptions, micro_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +40,16 @@ def autocast_context(dtype: torch.dtype | None, device_type: str = "cpu"):
 
 @torch.no_grad()
 def batch_logprobs(model: PreTrainedModel, batch: TrainingBatch, micro_batch_size: int,
-                   temperature: float, autocast_dtype: torch.dtype | None) -> torch.Tensor:
-    """Forward-only logprobs of a whole batch, `micro_batch_size` rows at a time."""
+                   temperature: float, autocast_dtype: torch.dtype | None,
+                   forward_options: ForwardOptions = PLAIN) -> torch.Tensor:
+    """Forward-only logprobs of a whole batch, `micro_batch_size` rows at a time, each micro-batch
+    on the path `forward_options` picks (`ridgeline.training.forward_path`)."""
     was_training = model.training
     model.eval()
     parts = []
     for micro in batch.chunks(micro_batch_size):
         with autocast_context(autocast_dtype):
-            lp, _ = response_logprobs(model, micro.sequences, micro.attention_mask,
-                                      micro.response_width, temperature)
+            lp, _ = micro_logprobs(model, micro, temperature, forward_options)
         parts.append(lp.float())
     model.train(was_training)
     return torch.cat(parts) * batch.response_mask
@@ -73,6 +74,8 @@ class PolicyTrainConfig:
     max_grad_norm: float = 1.0
     autocast_dtype: torch.dtype | None = None
     nonfinite_loss: str = "skip"    # trainer.nonfinite_loss: skip | stop
+    # trainer.use_sample_packing (and the pack cap): which forward each micro-batch takes
+    forward_options: ForwardOptions = PLAIN
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -120,15 +123,17 @@ _LOSS_METRIC_NAMES = {"clip_frac": "ppo_clip_ratio", "ppo_kl": "policy_kl"}
 
 class RefWorker:
     def __init__(self, model: PreTrainedModel, micro_forward_batch_size: int, temperature: float,
-                 autocast_dtype: torch.dtype | None):
+                 autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN):
         self.model = model.eval()
         self.model.requires_grad_(False)
         self.micro = micro_forward_batch_size
         self.temperature = temperature
         self.autocast_dtype = autocast_dtype
+        self.forward_options = forward_options
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        return batch_logprobs(self.model, batch, self.micro, self.temperature, self.autocast_dtype)
+        return batch_logprobs(self.model, batch, self.micro, self.temperature, self.autocast_dtype,
+                              self.forward_options)
 
 
 class PolicyWorker:
@@ -143,7 +148,8 @@ class PolicyWorker:
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         c = self.config
-        return batch_logprobs(self.model, batch, c.micro_forward_batch_size, c.temperature, c.autocast_dtype)
+        return batch_logprobs(self.model, batch, c.micro_forward_batch_size, c.temperature, c.autocast_dtype,
+                              c.forward_options)
 
     def named_weights(self):
         """What the engine needs after an update: every parameter, by name."""
@@ -206,8 +212,8 @@ class PolicyWorker:
         False (nothing accumulated) when the loss is not finite and nonfinite_loss is skip."""
         c = self.config
         with autocast_context(c.autocast_dtype):
-            logprobs, entropy = response_logprobs(self.model, micro.sequences, micro.attention_mask,
-                                                  micro.response_width, c.temperature, with_entropy=True)
+            logprobs, entropy = micro_logprobs(self.model, micro, c.temperature, c.forward_options,
+                                               with_entropy=True)
         mask = micro.loss_mask
         # No separate old-policy pass when the batch takes a single optimizer step (the trainer
         # decides): then pi_old == pi_theta at this point and its logprobs are our own, detached.
