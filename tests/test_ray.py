@@ -151,6 +151,34 @@ def test_ray_checkpoint_is_a_loadable_hf_model_and_resumes_exactly(runs, tmp_pat
         assert resumed[0][key] == pytest.approx(expected[0][key], abs=1e-6), key
 
 
+PPO = ["trainer.algorithm.advantage_estimator=gae", "trainer.critic.model.path=tiny://llama",
+       "trainer.critic_mini_batch_size=8", "trainer.algorithm.use_kl_loss=false", "data.prepare.num_train=32",
+       "trainer.micro_train_batch_size_per_gpu=16"]
+
+
+def test_ppo_with_a_sharded_critic_reproduces_the_single_process_run(tmp_path):
+    """GAE with a critic of 2 FSDP2 ranks beside 2 policy ranks: the same values, value loss and
+    policy numbers as one process; the checkpoint's critic loads as a value model."""
+    from ridgeline.entrypoints.run import run_training
+    from ridgeline.models.loading import ModelSpec
+    from ridgeline.models.value_model import load_value_model
+    single, multi = tmp_path / "single", tmp_path / "ray"
+    run_training(load_config(TINY + PPO + [f"trainer.export_path={single}"]))
+    run_training(load_config(TINY + PPO + FSDP2 + ["trainer.placement.critic_num_gpus_per_node=2",
+                                                   f"trainer.export_path={multi}", "trainer.ckpt_interval=2"]))
+    a, b = _training_rows(_metrics(single / "tiny")), _training_rows(_metrics(multi / "tiny"))
+    assert len(a) == len(b) == 2
+    for x, y in zip(a, b):
+        for key in COMPARED[:-1] + ("critic/value_loss", "critic/values_mean", "critic/grad_norm",
+                                    "critic/vf_clip_frac", "advantages/mean"):
+            if key in x:
+                assert y[key] == pytest.approx(x[key], abs=1e-5), key
+    critic = load_value_model(ModelSpec(str(multi / "tiny" / "ckpts" / "global_step_2" / "critic")))
+    final = load_value_model(ModelSpec(str(multi / "tiny" / "final_critic")))
+    for p, q in zip(critic.parameters(), final.parameters()):
+        assert torch.equal(p, q)  # the last checkpoint is the final critic
+
+
 def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
     """Colocated: 2 policy ranks and 2 bf16 engines sharing 2 CPU bundles. After the policy's
     weights change, a sync gives both engines exactly `weight.to(bfloat16)`; without a sync the

@@ -608,18 +608,12 @@ class _Checker:
             return
         from ridgeline.distributed.placement import PlacementConfigError, plan_placement
         critic = self.val("trainer.critic.model.path")
-        if critic is not None and critic is not _MISSING:
-            self.add("trainer.critic.model.path",
-                     f"trainer.strategy={strategy} with a critic (trainer.critic.model.path={critic}) is not "
-                     "built yet: the Ray workers hold the policy, the reference and the engines. Fix: "
-                     "trainer.strategy=single for PPO with a critic, or a critic-free estimator (grpo, rloo, "
-                     "reinforce++) with trainer.critic.model.path=null.")
-            return
         a = "trainer.algorithm"
         use_ref = self.val(f"{a}.use_kl_loss") is True or self.val(f"{a}.use_kl_in_reward") is True
         try:
             plan = plan_placement(self.val("trainer.placement"), num_engines=self.num("generator.num_inference_engines"),
-                                  engine_tp=1, use_ref=use_ref, use_critic=False, device="CPU")
+                                  engine_tp=1, use_ref=use_ref,
+                                  use_critic=critic is not None and critic is not _MISSING, device="CPU")
         except PlacementConfigError as exc:
             self.add("trainer.placement", str(exc))
             return

@@ -25,6 +25,7 @@ divide factor 1 both reductions sum, so the normalisation argument above is unch
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -37,6 +38,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
                                     register_fsdp_forward_method)
 
 from ridgeline.training.batch import TrainingBatch
+from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import decoder_forward_count
 from ridgeline.training.worker import PolicyWorker, RefWorker
 
@@ -220,44 +222,74 @@ def reduce_policy_metrics(metrics: dict[str, float], local_tokens: float,
     base's token-mean denominator before its max(1, .)); `mismatch` its raw logprob-mismatch
     (sum, tokens, max). A collective; every rank must report the same metric keys except the
     `rollout/logprob_abs_diff_*` pair, which is rebuilt from `mismatch`."""
+    out = reduce_rank_metrics({k: v for k, v in metrics.items() if not k.startswith("rollout/logprob_abs_diff")},
+                              local_tokens, prefix="policy/", summed=_SUMMED, shared=_SHARED)
+    mismatch_sum, mismatch_tokens = _all_reduce_floats([mismatch[0], mismatch[1]], dist.ReduceOp.SUM)
+    (worst,) = _all_reduce_floats([mismatch[2]], dist.ReduceOp.MAX)
+    if mismatch_tokens:
+        out["rollout/logprob_abs_diff_mean"] = mismatch_sum / mismatch_tokens
+        out["rollout/logprob_abs_diff_max"] = worst
+    return out
+
+
+def reduce_rank_metrics(metrics: dict[str, float], local_tokens: float, *, prefix: str, summed: set[str],
+                        shared: set[str]) -> dict[str, float]:
+    """A worker's metrics on one rank -> the whole data-parallel batch's: keys in `shared` are
+    equal on every rank already; keys in `summed` are losses normalised by mini-batch-global
+    counts (each rank holds its share: sum them); other `<prefix>*` keys are token-weighted means
+    over the rank's `local_tokens` (re-weighted by global tokens); `*_max` are maxima; anything
+    else is averaged over ranks. A collective; every rank must report the same keys."""
     weight = max(1.0, local_tokens)
-    keys = sorted(k for k in metrics if not k.startswith("rollout/logprob_abs_diff"))
-    summed, maxed = [], []
+    keys = sorted(k for k in metrics if k not in shared)
+    sums, maxes = [], []
     for key in keys:
-        if key in _SHARED:
-            continue
         if key.endswith("_max"):
-            maxed.append(metrics[key])
-        elif key in _SUMMED:
-            summed.append(metrics[key])
-        elif key.startswith("policy/"):
-            # the entropy and the loss's own metrics: token-weighted means, back to token sums
-            summed.append(metrics[key] * weight)
+            maxes.append(metrics[key])
+        elif key in summed or not key.startswith(prefix):
+            sums.append(metrics[key])
         else:
-            summed.append(metrics[key])
-    summed += [local_tokens, mismatch[0], mismatch[1]]
-    maxed.append(mismatch[2])
-    summed = _all_reduce_floats(summed, dist.ReduceOp.SUM)
-    maxed = _all_reduce_floats(maxed, dist.ReduceOp.MAX)
-    global_tokens, mismatch_sum, mismatch_tokens = summed[-3:]
+            sums.append(metrics[key] * weight)
+    sums.append(local_tokens)
+    sums = _all_reduce_floats(sums, dist.ReduceOp.SUM)
+    maxes = _all_reduce_floats(maxes, dist.ReduceOp.MAX)
+    global_tokens = sums[-1]
     world = dist.get_world_size()
     out = dict(metrics)
-    s, m = iter(summed), iter(maxed)
+    s, m = iter(sums), iter(maxes)
     for key in keys:
-        if key in _SHARED:
-            continue
         if key.endswith("_max"):
             out[key] = next(m)
-        elif key in _SUMMED:
+        elif key in summed:
             out[key] = next(s)
-        elif key.startswith("policy/"):
+        elif key.startswith(prefix):
             out[key] = next(s) / max(1.0, global_tokens)
         else:
             out[key] = next(s) / world
-    if mismatch_tokens:
-        out["rollout/logprob_abs_diff_mean"] = mismatch_sum / mismatch_tokens
-        out["rollout/logprob_abs_diff_max"] = next(m)
     return out
+
+
+_CRITIC_SUMMED = {"critic/value_loss"}
+_CRITIC_SHARED = {"critic/grad_norm", "critic/lr", "critic/optimizer_steps", "critic/skipped_steps"}
+
+
+class FSDPCriticWorker(CriticWorker):
+    """`CriticWorker` on one rank of a sharded value model, as `FSDPPolicyWorker` is for the
+    policy: global loss normalisers, metrics reduced across ranks. The critic always runs its
+    padded forward here (`ValueModel.forward`, where FSDP's root gathers the embeddings and the
+    head); the packed path calls the backbone directly, around the root's hooks."""
+
+    def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:
+        return global_normalizers(float(mini.loss_mask.sum()), float(mini.batch_size))
+
+    def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
+        check_uniform_forwards([1] * math.ceil(batch.batch_size / self.config.micro_forward_batch_size))
+        return super().compute_values(batch)
+
+    def train(self, batch: TrainingBatch) -> dict[str, float]:
+        check_uniform_forwards([1] * math.ceil(batch.batch_size / self.config.micro_batch_size))
+        metrics = super().train(batch)
+        return reduce_rank_metrics(metrics, float(batch.loss_mask.sum()) * self.config.update_epochs,
+                                   prefix="critic/", summed=_CRITIC_SUMMED, shared=_CRITIC_SHARED)
 
 
 class FSDPRefWorker(RefWorker):

@@ -34,10 +34,12 @@ from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pool
 from ridgeline.distributed.weight_sync import (GroupSpec, SyncStats, WeightReceiver, WeightSender, check_probe,
                                                probe_logprobs, probe_tolerance)
 from ridgeline.inference.types import EngineOutput, EngineRequest
-from ridgeline.models.loading import DTYPES, engine_dtype, load_model, load_tokenizer, save_hf_model
+from ridgeline.models.loading import DTYPES, engine_dtype, load_model, load_tokenizer, quiet_transformers, save_hf_model
+from ridgeline.models.value_model import VALUE_HEAD_FILE
 from ridgeline.training.batch import TrainingBatch, rank_rows
-from ridgeline.training.build import (build_policy_worker, build_ref_worker, needs_ref, policy_spec,
-                                     policy_train_config, seed_everything)
+from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
+                                     policy_train_config, seed_everything, training_autocast_dtype)
+from ridgeline.training.forward_path import PLAIN
 from ridgeline.training.optim import restore_optimizer
 from ridgeline.training.worker import PolicyTrainConfig
 
@@ -62,7 +64,7 @@ class TrainingRank:
 
     def setup(self, host: str, port: int) -> dict[str, float]:
         """Collective: join the group, then build this rank's sharded model (and optimizer)."""
-        from ridgeline.distributed.fsdp import FSDPPolicyWorker, FSDPRefWorker, shard_model
+        from ridgeline.distributed.fsdp import FSDPCriticWorker, FSDPPolicyWorker, FSDPRefWorker, shard_model
 
         t = self.cfg.trainer
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -77,6 +79,10 @@ class TrainingRank:
         if self.role == "policy":
             self.worker = build_policy_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPPolicyWorker,
                                               data_parallel=self.world_size)
+        elif self.role == "critic":
+            self.worker = build_critic(self.cfg, self.tokenizer, training_autocast_dtype(t.mixed_precision),
+                                       shard=shard, worker_cls=FSDPCriticWorker, options=PLAIN,
+                                       data_parallel=self.world_size)
         else:
             self.worker = build_ref_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPRefWorker)
         return {"parameters": float(sum(p.numel() for p in self.worker.model.parameters()))}
@@ -84,6 +90,9 @@ class TrainingRank:
     # -- training --------------------------------------------------------------------------
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
         return self.worker.compute_logprobs(batch)
+
+    def compute_values(self, batch: TrainingBatch) -> torch.Tensor:  # collective (critic)
+        return self.worker.compute_values(batch)
 
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
         return self.worker.train(batch)
@@ -123,14 +132,24 @@ class TrainingRank:
     # -- checkpoints -------------------------------------------------------------------------
     def save_hf(self, folder: str) -> None:  # collective; rank 0 writes
         state = self.full_state_dict()
-        if self.rank == 0:
+        if self.rank != 0:
+            return
+        if self.role == "critic":  # backbone folder + value_head.safetensors, as one process writes it
+            with quiet_transformers():
+                self.worker.model.save_pretrained(folder, state_dict=state)
+            self.tokenizer.save_pretrained(folder)
+        else:
             save_hf_model(self.worker.model, self.tokenizer, Path(folder), state_dict=state)
 
     def load_hf(self, folder: str) -> None:  # collective; every rank reads the folder
         from safetensors.torch import load_file
         state: dict[str, torch.Tensor] = {}
+        prefix = "backbone." if self.role == "critic" else ""
         for file in sorted(Path(folder).glob("*.safetensors")):
-            state.update(load_file(str(file)))
+            if file.name == VALUE_HEAD_FILE:  # keys already carry the head's prefix
+                state.update(load_file(str(file)))
+            else:
+                state.update({prefix + k: v for k, v in load_file(str(file)).items()})
         self.load_full_state_dict(state)
 
     def save_optimizer(self, path: str) -> None:  # collective; rank 0 writes
@@ -280,6 +299,28 @@ class RayPolicyGroup(_RankGroup):
         return self.call("full_state_dict")[0]
 
 
+class RayCriticGroup(_RankGroup):
+    """The trainer's `critic` when it is N FSDP2 ranks: the local `CriticWorker`'s methods."""
+
+    def __init__(self, ray, actors: list[Any], global_mini_batch_size: int, value_head_prefix: str):
+        super().__init__(ray, actors)
+        self.global_mini_batch_size = global_mini_batch_size
+        self.value_head_prefix = value_head_prefix
+
+    def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
+        return self.gather_rows("compute_values", batch, self.global_mini_batch_size)
+
+    def train(self, batch: TrainingBatch) -> dict[str, float]:
+        _, metrics = self.call_split("train", batch, self.global_mini_batch_size)
+        return metrics[0]
+
+    skipped_steps = RayPolicyGroup.skipped_steps
+    save_hf = RayPolicyGroup.save_hf
+    load_hf = RayPolicyGroup.load_hf
+    save_optimizer = RayPolicyGroup.save_optimizer
+    load_optimizer = RayPolicyGroup.load_optimizer
+
+
 class RayRefGroup(_RankGroup):
     def __init__(self, ray, actors: list[Any], global_mini_batch_size: int):
         super().__init__(ray, actors)
@@ -376,6 +417,7 @@ class RayWeightSync:
 class RayWorkers:
     policy: RayPolicyGroup
     ref: RayRefGroup | None
+    critic: RayCriticGroup | None
     engine: RayEngineGroup
     weight_sync: RayWeightSync
     plan: PlacementPlan
@@ -385,7 +427,7 @@ class RayWorkers:
     def shutdown(self) -> None:
         ray = self.policy.ray
         from ray.util.placement_group import remove_placement_group
-        for group in [self.policy] + ([self.ref] if self.ref else []):
+        for group in [g for g in (self.policy, self.ref, self.critic) if g is not None]:
             for a in group.actors:
                 ray.kill(a)
         for a in self.engine.actors:
@@ -431,21 +473,25 @@ def build_ray_workers(cfg: DictConfig) -> RayWorkers:
     policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world) for r in range(policy_world)]
     ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"]) for r in range(plan.ranks["ref"])]
                   if needs_ref(cfg) else [])
+    critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"])
+                      for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
     engine_actors = [actor(EngineRank, "engine", i, plain, i) for i in range(plan.num_engines)]
     infos = []
-    for actors in (policy_actors, ref_actors):
+    for actors in (policy_actors, ref_actors, critic_actors):
         if actors:
             host, port = ray.get(actors[0].master_address.remote())
             infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
     mini = t.policy_mini_batch_size * n
     policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world), mini)
     ref = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
+    critic = (RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n, t.algorithm.value_head_prefix)
+              if critic_actors else None)
     engines = RayEngineGroup(ray, engine_actors)
     backend = cfg.generator.weight_sync_backend
     if plan.device == "CPU" and backend == "nccl":
         backend = "gloo"  # the base default names the GPU transport; CPUs speak gloo
     sync = RayWeightSync(ray, policy, engines, backend, float(cfg.generator.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
-    workers = RayWorkers(policy, ref, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
+    workers = RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
     workers.weight_sync.sync(0)  # the engines start from the trainer's weights, checked by the probe
     return workers

@@ -55,7 +55,9 @@ class ValueModel(torch.nn.Module):
             position_ids = positions_from_mask(attention_mask)
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=False).last_hidden_state
-        return self.values_from_hidden(hidden)
+        # a copy, not a view of the head's [B, T, 1] output: FSDP2 hooks backward onto a root
+        # module's output and warns that in-place ops on a view would bypass it
+        return self.values_from_hidden(hidden).clone()
 
     def values_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head on backbone states `[..., H]` -> values `[...]` float32; the packed forward
@@ -68,13 +70,19 @@ class ValueModel(torch.nn.Module):
     def enable_activation_checkpointing(self) -> None:
         enable_activation_checkpointing(self.backbone)
 
-    def save_pretrained(self, folder: str | Path) -> None:
+    def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The backbone in Hugging Face format plus `value_head.safetensors`; `load_value_model`
-        on the folder gives the same values back."""
+        on the folder gives the same values back. `state_dict`: this module's weights to write
+        instead of its own (the gathered full weights of a sharded critic)."""
         folder = Path(folder)
-        self.backbone.save_pretrained(folder)
-        state = {f"{self.value_head_prefix}.{k}": v.detach().contiguous().cpu()
-                 for k, v in self.head.state_dict().items()}
+        if state_dict is None:
+            backbone, head = None, self.head.state_dict()
+        else:
+            backbone = {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}
+            prefix = f"{self.value_head_prefix}."
+            head = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        self.backbone.save_pretrained(folder, state_dict=backbone)
+        state = {f"{self.value_head_prefix}.{k}": v.detach().contiguous().cpu() for k, v in head.items()}
         save_file(state, str(folder / VALUE_HEAD_FILE))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ridgeline import envs
@@ -18,14 +17,12 @@ from ridgeline.generation.env_steps import EnvRunner
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
-from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, engine_dtype
-from ridgeline.models.value_model import load_value_model
-from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
-from ridgeline.training.optim import build_optimizer, build_scheduler
-from ridgeline.training.build import (build_policy_worker, build_ref_worker, forward_options, needs_ref, policy_spec,
+from ridgeline.models.loading import cpu_has_fast_bf16, engine_dtype
+from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, forward_options, needs_ref,
+                                     policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype)
 
-__all__ = ["PREPARERS", "build_critic", "build_generator", "build_policy_worker", "build_ref_worker",
+__all__ = ["PREPARERS", "build_critic", "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
            "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
            "policy_spec", "policy_train_config", "prepare_data_if_missing", "seed_everything",
            "training_autocast_dtype"]
@@ -61,27 +58,6 @@ def load_environments(env_cfg: DictConfig) -> str | None:
     envs.register("reward_fn", reward_fn_env(load_reward_fn(env_cfg.reward_fn)), overwrite=True)
     log.info("environment.reward_fn=%s scores every prompt (rows' env_class is ignored)", env_cfg.reward_fn)
     return "reward_fn"
-
-
-def build_critic(cfg: DictConfig, tokenizer, autocast: torch.dtype | None) -> CriticWorker | None:
-    """The value model and its worker, when `trainer.critic.model.path` names one."""
-    t, alg = cfg.trainer, cfg.trainer.algorithm
-    if t.critic.model.path is None:
-        return None
-    spec = ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed)
-    model = load_value_model(spec, torch.float32, tokenizer, value_head_prefix=alg.value_head_prefix)
-    if t.gradient_checkpointing:
-        model.enable_activation_checkpointing()
-    opt = t.critic.optimizer_config
-    optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
-    config = CriticTrainConfig(
-        mini_batch_size=t.critic_mini_batch_size * cfg.generator.n_samples_per_prompt,
-        micro_batch_size=t.micro_train_batch_size_per_gpu,
-        micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
-        update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,
-        loss_reduction=alg.loss_reduction, max_grad_norm=opt.max_grad_norm, autocast_dtype=autocast,
-        nonfinite_loss=t.nonfinite_loss, forward_options=forward_options(cfg))
-    return CriticWorker(model, config, optimizer, build_scheduler(optimizer, t.num_warmup_steps))
 
 
 def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Generator:

@@ -308,6 +308,16 @@ def save_policy(trainer: "Trainer", folder: Path) -> None:
         save_hf_model(trainer.policy.model, trainer.tokenizer, folder)
 
 
+def save_critic(trainer: "Trainer", folder: Path) -> None:
+    """The value model (backbone folder + value_head.safetensors) with the tokenizer."""
+    if _sharded(trainer.critic):
+        trainer.critic.save_hf(folder)
+        return
+    with quiet_transformers():
+        trainer.critic.model.save_pretrained(folder)
+    trainer.tokenizer.save_pretrained(folder)
+
+
 def _rng_state() -> dict[str, Any]:
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
@@ -370,10 +380,11 @@ def write_checkpoint_contents(trainer: "Trainer", folder: Path) -> None:
     else:
         _save_torch(_optim_state(trainer.policy), folder / "policy_optim.pt")
     if trainer.critic is not None:
-        with quiet_transformers():
-            trainer.critic.model.save_pretrained(folder / "critic")
-        trainer.tokenizer.save_pretrained(folder / "critic")
-        _save_torch(_optim_state(trainer.critic), folder / "critic_optim.pt")
+        save_critic(trainer, folder / "critic")
+        if _sharded(trainer.critic):
+            trainer.critic.save_optimizer(folder / "critic_optim.pt")
+        else:
+            _save_torch(_optim_state(trainer.critic), folder / "critic_optim.pt")
     if trainer.ref is not None and trainer.ref_updated:
         if _sharded(trainer.ref):
             trainer.ref.save_hf(folder / "ref")
@@ -500,11 +511,15 @@ def load_checkpoint(trainer: "Trainer", folder: Path) -> None:
     if trainer.critic is not None:
         if not (folder / "critic").is_dir():
             raise CheckpointError(f"{folder} holds no critic, but trainer.critic.model.path is set")
-        _load_weights(trainer.critic.model.backbone, folder / "critic", skip=(VALUE_HEAD_FILE,))
-        head = load_file(str(folder / "critic" / VALUE_HEAD_FILE))
-        prefix = f"{trainer.critic.model.value_head_prefix}."
-        trainer.critic.model.head.load_state_dict({k[len(prefix):]: v for k, v in head.items()})
-        _load_optim(trainer.critic, folder / "critic_optim.pt")
+        if _sharded(trainer.critic):
+            trainer.critic.load_hf(folder / "critic")
+            trainer.critic.load_optimizer(folder / "critic_optim.pt")
+        else:
+            _load_weights(trainer.critic.model.backbone, folder / "critic", skip=(VALUE_HEAD_FILE,))
+            head = load_file(str(folder / "critic" / VALUE_HEAD_FILE))
+            prefix = f"{trainer.critic.model.value_head_prefix}."
+            trainer.critic.model.head.load_state_dict({k[len(prefix):]: v for k, v in head.items()})
+            _load_optim(trainer.critic, folder / "critic_optim.pt")
         trainer.critic.skipped_steps = state["critic_skipped_steps"] or 0
     if state["ref_updated"]:
         if trainer.ref is not None:
@@ -554,9 +569,7 @@ def export_models(trainer: "Trainer", out: Path) -> Path:
         tmp.mkdir(parents=True)
         save_policy(trainer, tmp / "policy")
         if trainer.critic is not None:
-            with quiet_transformers():
-                trainer.critic.model.save_pretrained(tmp / "critic")
-            trainer.tokenizer.save_pretrained(tmp / "critic")
+            save_critic(trainer, tmp / "critic")
         _fsync_tree(tmp)
         _publish(tmp, out)
     except Exception as exc:

@@ -147,18 +147,18 @@ class Trainer:
             policy = build_policy_worker(cfg, tokenizer)
             ref = build_ref_worker(cfg, tokenizer)
             engine = HFEngine(policy.model, tokenizer, dtype=engine_dtype(g.model_dtype), max_num_seqs=g.max_num_seqs)
+            critic = build_critic(cfg, tokenizer, autocast)
             weight_sync = shutdown = None
             parameters = sum(p.numel() for p in policy.model.parameters())
             where = "one process"
         else:
             from ridgeline.distributed.ray_workers import build_ray_workers
             workers = build_ray_workers(cfg)
-            policy, ref, engine = workers.policy, workers.ref, workers.engine
+            policy, ref, critic, engine = workers.policy, workers.ref, workers.critic, workers.engine
             weight_sync, shutdown = workers.weight_sync, workers.shutdown
             parameters = workers.parameters
             where = f"{t.strategy} on Ray: {workers.plan.describe()}"
         try:
-            critic = build_critic(cfg, tokenizer, autocast)
             state = AlgorithmState(
                 kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
                                                    alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
@@ -393,8 +393,10 @@ class Trainer:
             if cfg.generator.apply_overlong_filtering:
                 truncated = torch.tensor([r != "stop" for r in out.stop_reasons])
                 batch.loss_mask[truncated] = 0.0
-            keep = data_parallel_rows(batch.batch_size, t.policy_mini_batch_size * cfg.generator.n_samples_per_prompt,
-                                      self.data_parallel)
+            n = cfg.generator.n_samples_per_prompt
+            keep = min(data_parallel_rows(batch.batch_size, mini * n, world) for mini, world in
+                       ((t.policy_mini_batch_size, self.data_parallel),
+                        (t.critic_mini_batch_size, getattr(self.critic, "world_size", 1))))
             if keep < batch.batch_size:
                 # a short dynamic-sampling batch whose last mini-batch does not split over the ranks
                 log.warning("step %d: %d of %d samples left out so the last mini-batch splits evenly over %d "
@@ -494,7 +496,7 @@ class Trainer:
         out = self.run_dir / "final_model"
         checkpoint.save_policy(self, out)
         if self.critic is not None:
-            self.critic.model.save_pretrained(self.run_dir / "final_critic")
+            checkpoint.save_critic(self, self.run_dir / "final_critic")
         return out
 
 

@@ -13,6 +13,8 @@ from omegaconf import DictConfig
 from ridgeline.algorithms import resolve_kl_estimator
 from ridgeline.models.forward import enable_activation_checkpointing
 from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model
+from ridgeline.models.value_model import load_value_model
+from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import ForwardOptions
 from ridgeline.training.optim import build_optimizer, build_scheduler
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
@@ -106,3 +108,30 @@ def build_ref_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = No
         model = shard(model)
     return worker_cls(model, t.micro_forward_batch_size_per_gpu, cfg.generator.sampling_params.temperature, autocast,
                       forward_options=forward_options(cfg))
+
+
+def build_critic(cfg: DictConfig, tokenizer, autocast: torch.dtype | None, *, shard: ModelHook | None = None,
+                 worker_cls: type[CriticWorker] = CriticWorker,
+                 options: ForwardOptions | None = None, data_parallel: int = 1) -> CriticWorker | None:
+    """The value model and its worker, when `trainer.critic.model.path` names one. `shard`,
+    `worker_cls`, `options` and `data_parallel` as for the policy (`options` defaults to the
+    config's forward options)."""
+    t, alg = cfg.trainer, cfg.trainer.algorithm
+    if t.critic.model.path is None:
+        return None
+    spec = ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed)
+    model = load_value_model(spec, torch.float32, tokenizer, value_head_prefix=alg.value_head_prefix)
+    if t.gradient_checkpointing:
+        model.enable_activation_checkpointing()
+    if shard is not None:
+        model = shard(model)
+    opt = t.critic.optimizer_config
+    optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
+    config = CriticTrainConfig(
+        mini_batch_size=t.critic_mini_batch_size * cfg.generator.n_samples_per_prompt // data_parallel,
+        micro_batch_size=t.micro_train_batch_size_per_gpu,
+        micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
+        update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,
+        loss_reduction=alg.loss_reduction, max_grad_norm=opt.max_grad_norm, autocast_dtype=autocast,
+        nonfinite_loss=t.nonfinite_loss, forward_options=options or forward_options(cfg))
+    return worker_cls(model, config, optimizer, build_scheduler(optimizer, t.num_warmup_steps))

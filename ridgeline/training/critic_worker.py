@@ -108,6 +108,11 @@ class CriticWorker:
             "critic/skipped_steps": float(self.skipped_steps),
         }
 
+    def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:
+        """(tokens, sequences) the value loss of this optimizer step divides by: the mini-batch's.
+        Data-parallel workers return the sums over all ranks."""
+        return float(mini.loss_mask.sum()), float(mini.batch_size)
+
     def accumulate_gradients(self, mini: TrainingBatch) -> _StepSums:
         """Zero the gradients, then forward/backward every micro-batch of `mini`: afterwards `.grad`
         holds the gradient of the mini-batch loss, whatever the micro-batch size. A NaN/inf
@@ -115,7 +120,7 @@ class CriticWorker:
         c = self.config
         sums = _StepSums()
         self.optimizer.zero_grad(set_to_none=True)
-        with loss_normalizers(num_tokens=float(mini.loss_mask.sum()), num_sequences=float(mini.batch_size)):
+        with loss_normalizers(*self.step_normalizers(mini)):
             for micro in mini.chunks(c.micro_batch_size):
                 with autocast_context(c.autocast_dtype):
                     values = micro_values(self.model, micro, c.forward_options)
