@@ -86,9 +86,10 @@ def test_config_checks_for_fsdp2():
     problems = _problems(TINY + FSDP2 + ["trainer.placement.policy_num_gpus_per_node=3",
                                          "trainer.placement.ref_num_gpus_per_node=3"])
     assert any("cannot be split evenly over 3 data-parallel ranks" in p for p in problems)
-    problems = _problems(TINY + FSDP2 + ["trainer.algorithm.advantage_estimator=gae",
-                                         "trainer.critic.model.path=tiny://llama"])
-    assert any("with a critic" in p and "is not built yet" in p for p in problems)
+    problems = _problems(TINY + FSDP2 + ["trainer.algorithm.advantage_estimator=gae", "trainer.critic_mini_batch_size=8",
+                                         "trainer.critic.model.path=tiny://llama", "trainer.placement.colocate_all=true",
+                                         "generator.num_inference_engines=2"])
+    assert any("critic has 4 ranks" in p and "colocate_all=true" in p for p in problems)
 
 
 # ------------------------------------------------------------------------------------ Ray runs

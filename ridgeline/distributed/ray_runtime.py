@@ -34,6 +34,9 @@ LOCAL_RAY_ENV = {
 }
 
 
+_started_locally = False  # this process started the running Ray instance (not RAY_ADDRESS)
+
+
 class PlacementError(RuntimeError):
     """A placement group could not be reserved in time: names the pool, its roles and resources."""
 
@@ -50,11 +53,18 @@ def import_ray():
 
 def init_ray(plan: PlacementPlan, worker_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Start a local Ray instance sized for `plan`, or join `RAY_ADDRESS`; a running instance in
-    this process is reused. Returns what was done, for the log."""
+    this process is reused (a local one we started is restarted when too small for `plan`).
+    Returns what was done, for the log."""
+    global _started_locally
     ray = import_ray()
     env_vars = dict(worker_env or {})
+    num_cpus = max(os.cpu_count() or 1, plan.total_bundles + 1) if plan.device == "CPU" else None
     if ray.is_initialized():
-        return {"mode": "reused"}
+        if not (_started_locally and num_cpus and ray.cluster_resources().get("CPU", 0) < num_cpus):
+            return {"mode": "reused"}
+        # our own instance from an earlier run in this process, too small for this plan: its
+        # workers are gone (Trainer.close), so start a bigger one
+        ray.shutdown()
     address = os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": env_vars} if env_vars else None
     if address:
@@ -63,11 +73,11 @@ def init_ray(plan: PlacementPlan, worker_env: dict[str, str] | None = None) -> d
         return {"mode": "joined", "address": address}
     for key, value in LOCAL_RAY_ENV.items():
         os.environ.setdefault(key, value)
-    num_cpus = max(os.cpu_count() or 1, plan.total_bundles + 1) if plan.device == "CPU" else None
     log.info("starting a local Ray instance (%s); %s", f"{num_cpus} logical CPUs" if num_cpus else "all devices",
              plan.describe())
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
              configure_logging=False)
+    _started_locally = True
     return {"mode": "local", "num_cpus": num_cpus}
 
 
