@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import ray  # the ray extra is part of `make test`: a missing install fails here, it does not skip
 import torch
 from omegaconf import OmegaConf
 
@@ -16,7 +17,6 @@ from ridgeline.config.validate import ConfigError, base_config, config_problems
 from ridgeline.distributed.placement import PlacementConfigError, bundle_index, plan_placement
 from ridgeline.training.batch import data_parallel_rows, rank_rows
 
-ray = pytest.importorskip("ray")
 
 TINY = ["+experiment=tiny", "data.prepare.num_train=48", "trainer.logger=jsonl"]
 # two policy ranks (+ two reference ranks beside them) and one engine of its own
