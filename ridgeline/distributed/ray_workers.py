@@ -163,7 +163,7 @@ class TrainingRank:
     def load_optimizer(self, path: str) -> None:  # collective; every rank reads the file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
         w = self.worker
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
 
         def load() -> None:
             set_optimizer_state_dict(w.model, w.optimizer, saved["optimizer"],
@@ -232,11 +232,13 @@ class EngineRank:
 
 # ------------------------------------------------------------------------------ driver side
 class _RankGroup:
-    """The actors of one FSDP group, called together."""
+    """The actors of one FSDP group, called together. Batches are split by `rank_rows` over
+    mini-batches of `global_mini_batch_size` rows, as the ranks' workers expect."""
 
-    def __init__(self, ray, actors: list[Any]):
+    def __init__(self, ray, actors: list[Any], global_mini_batch_size: int):
         self.ray = ray
         self.actors = actors
+        self.global_mini_batch_size = global_mini_batch_size
 
     @property
     def world_size(self) -> int:
@@ -246,32 +248,36 @@ class _RankGroup:
         """`method(*args)` on every rank at once; the ranks' results."""
         return self.ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
-    def call_split(self, method: str, batch: TrainingBatch, mini_batch_size: int) -> tuple[list[torch.Tensor], list[Any]]:
-        rows = rank_rows(batch.batch_size, mini_batch_size, self.world_size)
+    def call_split(self, method: str, batch: TrainingBatch) -> tuple[list[torch.Tensor], list[Any]]:
+        """`method(rank's rows)` on every rank at once; (each rank's row indices, its result)."""
+        rows = rank_rows(batch.batch_size, self.global_mini_batch_size, self.world_size)
         refs = [getattr(a, method).remote(batch.select(r)) for a, r in zip(self.actors, rows)]
         return rows, self.ray.get(refs)
 
-    def gather_rows(self, method: str, batch: TrainingBatch, mini_batch_size: int) -> torch.Tensor:
-        rows, parts = self.call_split(method, batch, mini_batch_size)
+    def gather_rows(self, method: str, batch: TrainingBatch) -> torch.Tensor:
+        """A per-token `[B, R]` result of `method`, the ranks' rows put back in batch order."""
+        rows, parts = self.call_split(method, batch)
         out = torch.zeros(batch.batch_size, batch.response_width)
         for r, part in zip(rows, parts):
             out[r] = part
         return out
 
+    # checkpoints (ridgeline.trainer.checkpoint): full weights, world-size free
+    def save_hf(self, folder: Path) -> None:
+        self.call("save_hf", str(folder))
 
-class RayPolicyGroup(_RankGroup):
-    """The trainer's `policy` when it is N FSDP2 ranks: the local `PolicyWorker`'s methods."""
+    def load_hf(self, folder: Path) -> None:
+        self.call("load_hf", str(folder))
 
-    def __init__(self, ray, actors: list[Any], config: PolicyTrainConfig, global_mini_batch_size: int):
-        super().__init__(ray, actors)
-        self.config = config
-        self.global_mini_batch_size = global_mini_batch_size
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.call("full_state_dict")[0]
 
-    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        return self.gather_rows("compute_logprobs", batch, self.global_mini_batch_size)
+
+class _TrainedGroup(_RankGroup):
+    """A group with an optimizer: training steps, skipped-step count, optimizer checkpoints."""
 
     def train(self, batch: TrainingBatch) -> dict[str, float]:
-        _, metrics = self.call_split("train", batch, self.global_mini_batch_size)
+        _, metrics = self.call_split("train", batch)
         return metrics[0]  # the ranks reduce their metrics among themselves: all equal
 
     @property
@@ -282,63 +288,38 @@ class RayPolicyGroup(_RankGroup):
     def skipped_steps(self, value: int) -> None:
         self.call("set_skipped_steps", value)
 
-    # checkpoints (ridgeline.trainer.checkpoint): full weights and optimizer state, world-size free
-    def save_hf(self, folder: Path) -> None:
-        self.call("save_hf", str(folder))
-
-    def load_hf(self, folder: Path) -> None:
-        self.call("load_hf", str(folder))
-
     def save_optimizer(self, path: Path) -> None:
         self.call("save_optimizer", str(path))
 
     def load_optimizer(self, path: Path) -> None:
         self.call("load_optimizer", str(path))
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.call("full_state_dict")[0]
+
+class RayPolicyGroup(_TrainedGroup):
+    """The trainer's `policy` when it is N FSDP2 ranks: the local `PolicyWorker`'s methods."""
+
+    def __init__(self, ray, actors: list[Any], config: PolicyTrainConfig, global_mini_batch_size: int):
+        super().__init__(ray, actors, global_mini_batch_size)
+        self.config = config
+
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        return self.gather_rows("compute_logprobs", batch)
 
 
-class RayCriticGroup(_RankGroup):
+class RayCriticGroup(_TrainedGroup):
     """The trainer's `critic` when it is N FSDP2 ranks: the local `CriticWorker`'s methods."""
 
-    def __init__(self, ray, actors: list[Any], global_mini_batch_size: int, value_head_prefix: str):
-        super().__init__(ray, actors)
-        self.global_mini_batch_size = global_mini_batch_size
-        self.value_head_prefix = value_head_prefix
-
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
-        return self.gather_rows("compute_values", batch, self.global_mini_batch_size)
-
-    def train(self, batch: TrainingBatch) -> dict[str, float]:
-        _, metrics = self.call_split("train", batch, self.global_mini_batch_size)
-        return metrics[0]
-
-    skipped_steps = RayPolicyGroup.skipped_steps
-    save_hf = RayPolicyGroup.save_hf
-    load_hf = RayPolicyGroup.load_hf
-    save_optimizer = RayPolicyGroup.save_optimizer
-    load_optimizer = RayPolicyGroup.load_optimizer
+        return self.gather_rows("compute_values", batch)
 
 
 class RayRefGroup(_RankGroup):
-    def __init__(self, ray, actors: list[Any], global_mini_batch_size: int):
-        super().__init__(ray, actors)
-        self.global_mini_batch_size = global_mini_batch_size
-
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        return self.gather_rows("compute_logprobs", batch, self.global_mini_batch_size)
+        return self.gather_rows("compute_logprobs", batch)
 
     def load_from(self, policy: RayPolicyGroup) -> None:
         """`update_ref_every_epoch`: the policy's current weights."""
-        state = self.ray.put(policy.full_state_dict())
-        self.call("load_full_state_dict", state)
-
-    def save_hf(self, folder: Path) -> None:
-        self.call("save_hf", str(folder))
-
-    def load_hf(self, folder: Path) -> None:
-        self.call("load_hf", str(folder))
+        self.call("load_full_state_dict", self.ray.put(policy.full_state_dict()))
 
 
 class RayEngineGroup:
@@ -484,12 +465,13 @@ def build_ray_workers(cfg: DictConfig) -> RayWorkers:
     mini = t.policy_mini_batch_size * n
     policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world), mini)
     ref = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
-    critic = (RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n, t.algorithm.value_head_prefix)
-              if critic_actors else None)
+    critic = RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n) if critic_actors else None
     engines = RayEngineGroup(ray, engine_actors)
     backend = cfg.generator.weight_sync_backend
     if plan.device == "CPU" and backend == "nccl":
-        backend = "gloo"  # the base default names the GPU transport; CPUs speak gloo
+        # the base default names the GPU transport; CPUs speak gloo
+        log.info("generator.weight_sync_backend=nccl on a machine without GPUs: weight sync uses gloo")
+        backend = "gloo"
     sync = RayWeightSync(ray, policy, engines, backend, float(cfg.generator.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
     workers = RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))

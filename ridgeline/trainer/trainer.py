@@ -105,7 +105,6 @@ class Trainer:
         self.state = state or AlgorithmState()
         self.weight_sync = weight_sync or InProcessWeightSync(policy, engine)
         self._shutdown = shutdown
-        self.data_parallel = getattr(policy, "world_size", 1)  # ranks sharing each mini-batch
         self.env_override: str | None = None  # environment.reward_fn: one env for every row
         self.global_step = 0
         self.history: list[dict[str, float]] = []
@@ -290,10 +289,7 @@ class Trainer:
 
     def update_ref(self) -> None:
         """`update_ref_every_epoch`: the reference becomes the current policy (cast to its dtype)."""
-        if hasattr(self.ref, "load_from"):  # Ray ranks
-            self.ref.load_from(self.policy)
-        else:
-            self.ref.model.load_state_dict(self.policy.model.state_dict())
+        self.ref.load_from(self.policy)
         self.ref_updated = True
         log.info("reference model set to the policy after epoch %d (update_ref_every_epoch)",
                  self.global_step // max(1, self.steps_per_epoch))
@@ -395,12 +391,11 @@ class Trainer:
                 batch.loss_mask[truncated] = 0.0
             n = cfg.generator.n_samples_per_prompt
             keep = min(data_parallel_rows(batch.batch_size, mini * n, world) for mini, world in
-                       ((t.policy_mini_batch_size, self.data_parallel),
-                        (t.critic_mini_batch_size, getattr(self.critic, "world_size", 1))))
+                       ((t.policy_mini_batch_size, _ranks(self.policy)), (t.critic_mini_batch_size, _ranks(self.critic))))
             if keep < batch.batch_size:
                 # a short dynamic-sampling batch whose last mini-batch does not split over the ranks
                 log.warning("step %d: %d of %d samples left out so the last mini-batch splits evenly over %d "
-                            "ranks", self.global_step, batch.batch_size - keep, batch.batch_size, self.data_parallel)
+                            "ranks", self.global_step, batch.batch_size - keep, batch.batch_size, _ranks(self.policy))
                 metrics["fsdp/dropped_samples"] = float(batch.batch_size - keep)
                 batch = batch.select(slice(0, keep))
             with timer.phase("logprobs"):
@@ -498,6 +493,11 @@ class Trainer:
         if self.critic is not None:
             checkpoint.save_critic(self, self.run_dir / "final_critic")
         return out
+
+
+def _ranks(worker: Any) -> int:
+    """Data-parallel ranks sharing each mini-batch of `worker` (1 for a one-process worker)."""
+    return getattr(worker, "world_size", 1)
 
 
 def rollout_metrics(rewards: list, response_ids: list[list[int]], stop_reasons: list[str],

@@ -135,6 +135,10 @@ class RefWorker:
         return batch_logprobs(self.model, batch, self.micro, self.temperature, self.autocast_dtype,
                               self.forward_options)
 
+    def load_from(self, policy: "PolicyWorker") -> None:
+        """`update_ref_every_epoch`: the policy's current weights (cast to the reference's dtype)."""
+        self.model.load_state_dict(policy.model.state_dict())
+
 
 class PolicyWorker:
     def __init__(self, model: PreTrainedModel, config: PolicyTrainConfig,
