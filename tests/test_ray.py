@@ -181,15 +181,15 @@ def test_ppo_with_a_sharded_critic_reproduces_the_single_process_run(tmp_path):
 
 
 def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
-    """Colocated: 2 policy ranks and 2 bf16 engines sharing 2 CPU bundles. After the policy's
-    weights change, a sync gives both engines exactly `weight.to(bfloat16)`; without a sync the
-    probe sees the stale engines."""
+    """Colocated: 2 policy ranks, 2 ref ranks and 2 bf16 engines sharing 2 CPU bundles. After the
+    policy's weights change, a sync gives both engines exactly `weight.to(bfloat16)`; without a
+    sync the probe sees the stale engines. The reference refresh copies the policy exactly."""
     from ridgeline.distributed.ray_workers import build_ray_workers
     from ridgeline.distributed.weight_sync import StaleWeightsError
 
     cfg = load_config(TINY + ["trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=2",
                               "generator.num_inference_engines=2", "generator.model_dtype=bfloat16",
-                              "trainer.algorithm.use_kl_loss=false"])
+                              "trainer.placement.ref_num_gpus_per_node=2"])
     assert config_problems(cfg) == []
     workers = build_ray_workers(cfg)
     try:
@@ -208,6 +208,11 @@ def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
             for name, value in engine_state.items():
                 assert engine_state[name].dtype == torch.bfloat16
                 assert torch.equal(value, trained[name].to(torch.bfloat16)), name
+        # update_ref_every_epoch on Ray: the reference ranks take the policy's weights exactly
+        workers.ref.load_from(workers.policy)
+        ref_state = workers.ref.full_state_dict()
+        assert ref_state.keys() == trained.keys()
+        assert all(torch.equal(ref_state[k], trained[k]) for k in trained)
     finally:
         workers.shutdown()
 
