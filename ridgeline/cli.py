@@ -1,5 +1,7 @@
 """The `ridgeline` command: `ridgeline train [overrides]`, `ridgeline eval [overrides]`,
-`ridgeline prepare DATASET ...`, `ridgeline export CHECKPOINT OUT`, `ridgeline report RUN_DIR`."""
+`ridgeline prepare DATASET ...`, `ridgeline export CHECKPOINT OUT`, `ridgeline report RUN_DIR`,
+`ridgeline doctor [overrides] [--json]`,
+`ridgeline serve [overrides] [--port N]`."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
                            description="ridgeline train +experiment=quickstart trainer.epochs=2 ...")
     train.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=tiny trainer.seed=1")
     from ridgeline.data.cli import add_prepare_parser, run_prepare
+    from ridgeline.entrypoints import doctor as doctor_cmd
     from ridgeline.entrypoints import report as report_cmd
     from ridgeline.entrypoints.eval import add_parser as add_eval_parser
     from ridgeline.entrypoints.export import add_parser as add_export_parser
@@ -22,7 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     add_eval_parser(sub)
     add_export_parser(sub)
     report_cmd.add_parser(sub)
+    doctor_cmd.add_parser(sub)
+    from ridgeline.entrypoints import serve as serve_cmd
+    serve_cmd.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor_cmd.run(args)
+    if args.command == "serve":
+        return serve_cmd.run(args)
     if args.command == "report":
         return report_cmd.run(args)
     if args.command == "export":

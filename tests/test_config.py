@@ -179,6 +179,9 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.mixed_precision", "auto"),
     # multi-process runs (docs/distributed.md)
     ("trainer.placement.timeout_s", 180),
+    # remote engines (docs/engines.md)
+    ("generator.remote_request_timeout_s", 600.0),
+    ("generator.remote_max_retries", 3),
     # checkpoints and faults (docs/checkpointing.md)
     ("trainer.resume_ignore_config_changes", False),
     ("trainer.ckpt_on_interrupt", False),
@@ -518,14 +521,32 @@ def test_environment_modules_and_reward_fn_are_checked(tmp_path):
 
 
 def test_changed_not_yet_key_is_refused_and_default_accepted():
-    err = _error(RUNNABLE + ["trainer.policy.sequence_parallel_size=2", "trainer.policy.use_torch_compile=true",
-                             "+generator.engine_init_kwargs.attention_backend=flashinfer"])
+    err = _error(RUNNABLE + ["trainer.policy.sequence_parallel_size=2", "trainer.policy.use_torch_compile=true"])
     msg = str(err)
     assert "trainer.policy.sequence_parallel_size=2 is not supported yet" in msg
     assert "trainer.policy.use_torch_compile=true is not supported yet" in msg
-    assert "generator.engine_init_kwargs" in msg
     load_config(RUNNABLE + ["trainer.placement.colocate_all=true",
                             "generator.inference_engine_tensor_parallel_size=1"])
+
+
+def test_engine_settings_are_checked_per_backend():
+    err = _error(RUNNABLE + ["+generator.engine_init_kwargs.attention_backend=flashinfer",
+                             "generator.inference_engine_tensor_parallel_size=2"])
+    msg = str(err)
+    assert "generator.engine_init_kwargs has attention_backend, which the embedded hf engine does not take" in msg
+    assert "generator.inference_engine_tensor_parallel_size=2: the embedded hf engine runs on one device" in msg
+    load_config(RUNNABLE + ["+generator.engine_init_kwargs.attn_implementation=sdpa"])
+    for backend in ("vllm", "sglang"):  # their engines take any kwargs and any tensor-parallel size
+        load_config(RUNNABLE + [f"generator.backend={backend}", "generator.inference_engine_tensor_parallel_size=2",
+                                "+generator.engine_init_kwargs.attention_backend=fa3"])
+        cfg = load_config(RUNNABLE + [f"generator.backend={backend}"])  # the default tp=4 is acted on
+        assert not any("tensor_parallel" in line for line in unbuilt_defaults(cfg))
+    load_config(RUNNABLE + ["generator.run_engines_locally=false",
+                            "generator.remote_inference_engine_urls=['127.0.0.1:8001','http://10.0.0.2:30000']"])
+    err = _error(RUNNABLE + ["generator.run_engines_locally=false", "generator.remote_inference_engine_urls=[]"])
+    assert "generator.remote_inference_engine_urls=[] must list the servers" in str(err)
+    err = _error(RUNNABLE + ["generator.backend=remote"])
+    assert "generator.backend=remote" in str(err)
 
 
 def test_every_tracker_is_accepted():

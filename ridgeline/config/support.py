@@ -45,8 +45,6 @@ NOT_YET: dict[str, str] = {
     # strategies, engines, trackers: only some values built
     "trainer.strategy": "single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors, on CPU "
     "workers so far) are built; deepspeed and megatron are not planned",
-    "generator.backend": "only the embedded 'hf' engine is built; vllm, sglang and remote "
-    "engines arrive with issue 7",
     # placement and sharding
     "trainer.critic.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
     "trainer.policy.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
@@ -55,21 +53,11 @@ NOT_YET: dict[str, str] = {
     "trainer.policy.record_memory": "CUDA memory snapshots arrive with the GPU work of issue 6",
     # dumps
     # generator / engines
-    "generator.inference_engine_tensor_parallel_size": "tensor-parallel engines arrive with "
-    "issue 7; the hf engine runs on one device",
-    "generator.remote_inference_engine_urls": "remote engines arrive with issue 7",
-    "generator.override_existing_update_group": "cross-process weight sync arrives with issue 6",
-    "generator.engine_init_kwargs": "engine keyword arguments are passed to vllm/sglang engines "
-    "(issue 7); the hf engine takes none, so this map must stay empty",
-    "generator.run_engines_locally": "remote engines arrive with issue 7; only true is built",
 }
 
 # keys where only some values are built (checked even at the base default)
 SUPPORTED_VALUES: dict[str, set[Any]] = {
     "trainer.strategy": {"single", "fsdp2", "fsdp"},
-    "generator.backend": {"hf"},
-    "generator.inference_engine_tensor_parallel_size": {1, 4},  # 4 = base default, not acted on
-    "generator.run_engines_locally": {True},
 }
 
 # accepted with any value; tuning hints the current build may not use
@@ -93,7 +81,7 @@ HINTS: dict[str, str] = {
 # defaults of NOT_YET keys that ask for something this build does not do
 DEFAULTS_NOT_ACTED_ON: dict[str, str] = {
     "generator.inference_engine_tensor_parallel_size": "the hf engine runs on one device; tensor "
-    "parallelism arrives with issue 7",
+    "parallelism is for vllm / sglang engines",
 }
 
 # names SkyRL users may bring; refused with "not supported yet" until registered
@@ -140,6 +128,10 @@ def unbuilt_defaults(cfg: DictConfig) -> list[str]:
             continue
         if value is None or value != default:
             continue
+        if key == "generator.inference_engine_tensor_parallel_size" and (
+                OmegaConf.select(cfg, "generator.backend") != "hf"
+                or OmegaConf.select(cfg, "generator.run_engines_locally") is False):
+            continue  # vllm / sglang / remote engines do act on it
         lines.append(f"{key}={_show(value)} (default): {why}")
     return lines
 

@@ -33,11 +33,13 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.algorithm.kl_estimator_type": (None, "k1", "k2", "k3", "abs"),
     "trainer.algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.algorithm.dynamic_sampling.type": (None, "filter", "replace"),
-    "generator.backend": ("hf", "vllm", "sglang", "remote"),
+    "generator.backend": ("hf", "vllm", "sglang"),
     "generator.model_dtype": ("bfloat16", "float16", "float32"),
     "generator.override_existing_update_group": ("auto", "enable", "disable"),
     "generator.weight_sync_backend": ("nccl", "gloo"),
 }
+# generator.engine_init_kwargs the embedded engine takes (vllm/sglang take any of theirs)
+HF_ENGINE_KWARGS: tuple[str, ...] = ("attn_implementation",)
 # built-in estimators that ignore critic values (a user's estimator may read them)
 CRITIC_FREE_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce++")
 LOGGERS: tuple[str, ...] = ("wandb", "console", "tensorboard", "mlflow", "jsonl")
@@ -476,11 +478,16 @@ class _Checker:
             if v is not None and v < 0:
                 self.add(key, f"{key}={_show(v)} must not be negative. "
                               f"Fix: e.g. {key}={_show(_base_default(key))}.")
-        v = self.num("generator.weight_sync_timeout")
-        if v is not None and v <= 0:
-            self.add("generator.weight_sync_timeout",
-                     f"generator.weight_sync_timeout={_show(v)} must be a positive number of "
-                     "seconds. Fix: e.g. generator.weight_sync_timeout=60.")
+        for key, example in (("generator.weight_sync_timeout", 60), ("generator.remote_request_timeout_s", 600),
+                             ("environment.step_timeout_s", 60)):
+            v = self.num(key)
+            if v is not None and v <= 0:
+                self.add(key, f"{key}={_show(v)} must be a positive number of seconds. Fix: e.g. {key}={example}.")
+        v = self.num("generator.remote_max_retries")
+        if v is not None and v < 0:
+            self.add("generator.remote_max_retries",
+                     f"generator.remote_max_retries={_show(v)} must be 0 or more. Fix: e.g. "
+                     "generator.remote_max_retries=3.")
         v = self.num("trainer.eval_interval")
         if v is not None and v != -1 and v < 1:
             self.add("trainer.eval_interval",
@@ -633,6 +640,41 @@ class _Checker:
                      f"the reference's {ref_ranks} ranks cannot split a mini-batch of trainer.policy_mini_batch_size"
                      f"={tbs} x generator.n_samples_per_prompt={n} = {tbs * n} samples evenly. Fix: give the "
                      "reference the policy's placement (trainer.placement.ref_* = policy_*).")
+
+    # inference engines -----------------------------------------------------------------
+    def engines(self) -> None:
+        backend, local = self.val("generator.backend"), self.val("generator.run_engines_locally")
+        kwargs = self.val("generator.engine_init_kwargs")
+        if local is False:
+            urls = self.val("generator.remote_inference_engine_urls")
+            if not isinstance(urls, list) or not urls or not all(isinstance(u, str) and u.strip() for u in urls):
+                self.add("generator.remote_inference_engine_urls",
+                         f"generator.remote_inference_engine_urls={_show(urls)} must list the servers when "
+                         "generator.run_engines_locally=false. Fix: e.g. "
+                         "generator.remote_inference_engine_urls=['127.0.0.1:8001','10.0.0.2:8001'].")
+            if self.val("trainer.strategy") in ("fsdp2", "fsdp"):
+                self.add("generator.run_engines_locally",
+                         "generator.run_engines_locally=false with trainer.strategy="
+                         f"{self.val('trainer.strategy')} is not supported yet: remote engines take their "
+                         "weights from a one-process trainer. Fix: trainer.strategy=single, or local engines "
+                         "(generator.run_engines_locally=true).")
+            return
+        if backend != "hf":
+            return
+        tp = self.num("generator.inference_engine_tensor_parallel_size")
+        if isinstance(tp, int) and tp not in (1, _base_default("generator.inference_engine_tensor_parallel_size")):
+            self.add("generator.inference_engine_tensor_parallel_size",
+                     f"generator.inference_engine_tensor_parallel_size={tp}: the embedded hf engine runs on one "
+                     "device. Fix: generator.inference_engine_tensor_parallel_size=1, or a tensor-parallel "
+                     "engine (generator.backend=vllm or sglang).")
+        if isinstance(kwargs, dict):
+            unknown = sorted(set(kwargs) - set(HF_ENGINE_KWARGS))
+            if unknown:
+                self.add("generator.engine_init_kwargs",
+                         f"generator.engine_init_kwargs has {', '.join(unknown)}, which the embedded hf engine "
+                         f"does not take (it takes {_one_of(HF_ENGINE_KWARGS)}). Fix: remove the "
+                         f"+generator.engine_init_kwargs.* overrides, or use generator.backend=vllm or sglang, "
+                         "whose engines receive them as is.")
 
     # 6. exclusive switches --------------------------------------------------------------
     def kl(self) -> None:
@@ -820,11 +862,6 @@ class _Checker:
             self.add("environment.max_env_workers",
                      f"environment.max_env_workers={_show(v)} must be 0 (environment calls run one by "
                      "one, without a time limit) or more. Fix: environment.max_env_workers=10.")
-        v = self.num("environment.step_timeout_s")
-        if v is not None and v <= 0:
-            self.add("environment.step_timeout_s",
-                     f"environment.step_timeout_s={_show(v)} must be a positive number of seconds. "
-                     "Fix: environment.step_timeout_s=60.")
         from ridgeline.envs import load_env_module
         from ridgeline.envs.reward_fn import load_reward_fn
 
@@ -857,6 +894,7 @@ class _Checker:
         self.tis()
         self.algorithm_features()
         self.placement()
+        self.engines()
         self.not_yet()
         self.extensions()
         return self.problems

@@ -15,7 +15,6 @@ import datetime
 import os
 import pickle
 import queue as queue_module
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -25,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ridgeline.inference.weight_transport import free_port  # noqa: F401 - part of this module's API
+
 
 class RankError(RuntimeError):
     """A rank raised, died or timed out. `rank` is the failing rank (None for a timeout) and
@@ -33,13 +34,6 @@ class RankError(RuntimeError):
     def __init__(self, message: str, rank: int | None = None):
         super().__init__(message)
         self.rank = rank
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the OS picks it; a race is possible, not likely)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -32,9 +32,9 @@ from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
 from ridgeline.distributed.weight_sync import (GroupSpec, SyncStats, WeightReceiver, WeightSender, check_probe,
-                                               probe_logprobs, probe_tolerance)
+                                               probe_logprobs, probe_tokens, probe_tolerance)
 from ridgeline.inference.types import EngineOutput, EngineRequest
-from ridgeline.models.loading import DTYPES, engine_dtype, load_model, load_tokenizer, quiet_transformers, save_hf_model
+from ridgeline.models.loading import DTYPES, load_tokenizer, quiet_transformers, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE
 from ridgeline.training.batch import TrainingBatch, rank_rows
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
@@ -185,19 +185,17 @@ def _tied_names(model: torch.nn.Module) -> set[str]:
 
 
 class EngineRank:
-    """One embedded (hf) inference engine in its own process, run as a Ray actor."""
+    """One inference engine (hf, vllm or sglang: `generator.backend`) in its own process, run as a
+    Ray actor; it receives weights over the weight-sync group and loads them with `update_weights`."""
 
     def __init__(self, cfg: dict, index: int):
-        from ridgeline.inference.hf_engine import HFEngine
+        from ridgeline.inference.build import build_engine
 
         cfg = OmegaConf.create(cfg)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.index = index
-        spec = policy_spec(cfg)
-        self.tokenizer = load_tokenizer(spec)
-        model = load_model(spec, torch.float32, self.tokenizer)
-        self.engine = HFEngine(model, self.tokenizer, dtype=engine_dtype(cfg.generator.model_dtype),
-                               max_num_seqs=cfg.generator.max_num_seqs)
+        self.tokenizer = load_tokenizer(policy_spec(cfg))
+        self.engine = build_engine(cfg, self.tokenizer)
         self.receiver: WeightReceiver | None = None
 
     def dtype(self) -> str:
@@ -214,7 +212,7 @@ class EngineRank:
         return self.receiver.version
 
     def probe(self) -> torch.Tensor:
-        return probe_logprobs(self.engine.model, self.tokenizer)
+        return torch.tensor(self.engine.score(*probe_tokens(self.tokenizer)))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.engine.model.state_dict().items()}

@@ -150,11 +150,16 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     seed_everything(t.seed)
     output = Path(output) if output is not None else Path(t.run_dir) / "eval"
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a copy; the caller's stays as it is
-    tokenizer, model = load_policy(cfg, checkpoint)
+    if g.run_engines_locally and g.backend == "hf":
+        tokenizer, model = load_policy(cfg, checkpoint)
+        engine = HFEngine(model, tokenizer, dtype=next(model.parameters()).dtype, max_num_seqs=g.max_num_seqs)
+        del model  # the engine holds its own copy
+    else:  # vLLM / SGLang load a model folder themselves; remote servers serve what they hold
+        from ridgeline.inference.build import build_engine
+
+        engine = build_engine(cfg, tokenizer := engine_tokenizer(cfg, checkpoint))
     prepare_data_if_missing(cfg.data)
     labelled = labelled_rows(cfg, tokenizer)
-    engine = HFEngine(model, tokenizer, dtype=next(model.parameters()).dtype, max_num_seqs=g.max_num_seqs)
-    del model  # the engine holds its own copy
     env_override = load_environments(cfg.environment)
     generator = build_generator(cfg, engine, tokenizer)
 
@@ -176,9 +181,36 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
         log.info("eval batch %d/%d: %d prompts x %d samples", b + 1, num_batches, len(batch), n)
     seconds = time.perf_counter() - t0
 
+    engine.close()
     results = acc.dump(output, extra_metrics={"timing/eval": seconds})
     OmegaConf.save(cfg, output / "config.yaml")
     return EvalReport(acc.metrics(), output, results, len(acc.records), seconds)
+
+
+def engine_tokenizer(cfg: DictConfig, checkpoint: Path | None):
+    """The tokenizer for an engine that loads its own weights; `checkpoint` (a Hugging Face folder
+    or a training checkpoint) becomes `trainer.policy.model.path` for vLLM / SGLang."""
+    from omegaconf import open_dict
+
+    from ridgeline.models.loading import ModelSpec, load_tokenizer
+    from ridgeline.training.build import policy_spec
+
+    if checkpoint is not None:
+        if not cfg.generator.run_engines_locally:
+            raise CheckpointArgumentError("--checkpoint with remote engines: the servers score the weights they "
+                                          "hold. Load the checkpoint on the servers (e.g. `ridgeline serve "
+                                          "trainer.policy.model.path=CHECKPOINT`) and run eval without --checkpoint.")
+        folder = _training_checkpoint_policy(Path(checkpoint))
+        if not (folder / "config.json").exists():
+            raise CheckpointArgumentError(f"--checkpoint {checkpoint}: generator.backend={cfg.generator.backend} "
+                                          "loads a Hugging Face model folder (config.json + weights); export one "
+                                          "with `ridgeline export`, or use generator.backend=hf")
+        has_tokenizer = any((folder / f).exists() for f in TOKENIZER_FILES)
+        tokenizer = load_tokenizer(ModelSpec(str(folder)) if has_tokenizer else policy_spec(cfg))
+        with open_dict(cfg):
+            cfg.trainer.policy.model.path, cfg.trainer.policy.model.gguf_file = str(folder), None
+        return tokenizer
+    return load_tokenizer(policy_spec(cfg))
 
 
 def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:

@@ -51,8 +51,28 @@ class HFEngine:
                 continue  # tied weights appear once under their first name
             self._params[name].copy_(tensor)
 
-    def sleep(self) -> None:
-        """Release the device for training (colocated GPU runs); on CPU there is nothing to free."""
+    def reset_prefix_cache(self) -> None:
+        """Nothing to drop: the embedded engine shares a prompt's cache within one batch only."""
+
+    def close(self) -> None:
+        """Nothing to release beyond the model, which the garbage collector frees."""
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """Teacher-forced logprobs of `response_ids` (temperature 1, fp32 softmax), computed as the
+        trainer computes them: one plain forward, logits of the response positions only."""
+        if not response_ids:
+            return []
+        seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.device)
+        mask = torch.ones_like(seq)
+        out = forward_last_logits(self.model, len(response_ids) + 1, input_ids=seq, attention_mask=mask,
+                                  position_ids=positions_from_mask(mask), use_cache=False)
+        logprobs = torch.log_softmax(out.logits[0, :-1].float(), -1)
+        return logprobs.gather(-1, seq[0, -len(response_ids):, None]).squeeze(-1).tolist()
+
+    def sleep(self, level: int = 1) -> None:
+        """Release the device for training (colocated GPU runs); on CPU there is nothing to free.
+        Both levels keep the weights (on the host), so no update is needed after waking."""
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()

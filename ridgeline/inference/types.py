@@ -50,12 +50,35 @@ class EngineOutput:
 
 
 class InferenceEngine(Protocol):
-    """One interface for the embedded engine, vLLM, SGLang and remote servers."""
+    """One interface for the embedded engine, vLLM, SGLang and remote servers.
+
+    `update_weights` takes tensors held by the caller's process (a colocated engine, or an engine
+    process that received them over the weight-sync group); `score` gives teacher-forced logprobs,
+    which the stale-weights probe compares with the trainer's."""
+
+    dtype: torch.dtype
 
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]: ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """Logprob of each of `response_ids` after `prompt_ids` and the response tokens before it."""
+        ...
 
-    def sleep(self) -> None: ...
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load these (Hugging Face-named) weights; also drops any cached prefixes."""
+        ...
+
+    def reset_prefix_cache(self) -> None: ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the device for training: level 1 keeps the weights (offloaded), level 2 drops them
+        (the next `update_weights` brings them back)."""
+        ...
 
     def wake_up(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EngineError(RuntimeError):
+    """An engine could not be built, reached, or did not answer as its API promises."""

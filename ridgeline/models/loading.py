@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -37,6 +38,12 @@ class ModelSpec:
     path: str
     gguf_file: str | None = None
     seed: int = 0  # only used by tiny:// models
+
+
+def policy_spec(cfg) -> ModelSpec:
+    """The policy model a run config names (`trainer.policy.model.*`; `trainer.seed` seeds tiny://)."""
+    t = cfg.trainer
+    return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
 
 
 def cache_root() -> Path:
@@ -95,6 +102,27 @@ def model_folder(spec: ModelSpec) -> str:
     if spec.gguf_file:
         return str(_dequantized_gguf_folder(folder, spec.gguf_file))
     return folder
+
+
+def engine_model_folder(spec: ModelSpec) -> str:
+    """A folder (or hub id) an engine in another library (vLLM, SGLang) can load by path.
+
+    tiny:// models exist only in memory, so they are written once, with their tokenizer, under
+    the cache root; the folder is keyed by name and seed, which fully determine the weights."""
+    if not spec.path.startswith("tiny://"):
+        return model_folder(spec)
+    name = spec.path[len("tiny://"):]
+    target = cache_root() / "tiny" / f"{name}-seed{spec.seed}"
+    if not (target / "config.json").exists():
+        tokenizer = build_char_tokenizer()
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        build_tiny_model(name, tokenizer, seed=spec.seed).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)  # atomic; a concurrent writer may have won, which is as good
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -29,6 +29,9 @@ CHATML_TEMPLATE = (
 TINY_CONFIGS: dict[str, dict] = {
     "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
+    # head_dim 64 (hidden 128 / 2 heads): vLLM's CPU attention kernels need it (16 fails there)
+    "llama-h64": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024),
     "llama-small": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),
 }

@@ -30,8 +30,10 @@ from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_
 from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, add_to_final, total_reward
-from ridgeline.inference.hf_engine import HFEngine
-from ridgeline.inference.types import SamplingParams
+from ridgeline.distributed.weight_sync import check_probe, probe_logprobs, probe_tokens, probe_tolerance
+from ridgeline.inference.build import build_engine
+from ridgeline.inference.remote import RemoteEngine
+from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.loading import load_tokenizer
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import dump_training_batch
@@ -40,7 +42,7 @@ from ridgeline.tracking.samples import write_samples
 from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_trackers
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
-                                        engine_dtype, generator_input, load_environments, policy_spec,
+                                        generator_input, load_environments, policy_spec,
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype)
 from ridgeline.trainer.dynamic_sampling import Rollout, filter_rollout, first_groups, replace_rollout
 from ridgeline.trainer.evaluation import PASS_THRESHOLD, EvalAccumulator
@@ -62,15 +64,41 @@ class StepTimer:
 
 
 class InProcessWeightSync:
-    """`trainer.strategy=single`: the engine lives in this process and copies (casting to its
-    dtype) the policy's parameters in place; no transport, no probe needed."""
+    """`trainer.strategy=single` with a local engine: the engine lives in this process and copies
+    (casting to its dtype) the policy's parameters in place; no transport, no probe needed."""
 
-    def __init__(self, policy: PolicyWorker, engine: HFEngine):
+    def __init__(self, policy: PolicyWorker, engine: InferenceEngine):
         self.policy, self.engine = policy, engine
 
     def sync(self, version: int) -> dict[str, float]:
         self.engine.update_weights(self.policy.named_weights())
         return {}
+
+
+class RemoteWeightSync:
+    """Remote engines (`generator.run_engines_locally=false`): push the policy's weights to every
+    server over a weight-update group, then probe each server, since a server that silently kept
+    old weights would otherwise go unnoticed for the whole run."""
+
+    def __init__(self, policy: PolicyWorker, engine: RemoteEngine, tokenizer):
+        self.policy, self.engine = policy, engine
+        self.probe_ids = probe_tokens(tokenizer)
+        self.tolerance = probe_tolerance(engine.dtype)
+
+    def sync(self, version: int) -> dict[str, float]:
+        stats = self.engine.update_weights(self.policy.named_weights(), version)
+        t0 = time.perf_counter()
+        trainer_lp = probe_logprobs(self.policy.model, prompt_ids=self.probe_ids[0], response_ids=self.probe_ids[1])
+        worst = max(check_probe(trainer_lp, torch.tensor(lp), self.tolerance, version)
+                    for lp in self.engine.score_all(*self.probe_ids))
+        mb = stats["bytes"] / 1e6
+        level = logging.INFO if version <= 1 else logging.DEBUG
+        log.log(level, "weight sync v%d: %.1f MB in %.3f s to %d remote engine(s), probe %s |diff| %.2g", version,
+                mb, stats["seconds"], len(self.engine.urls), self.tolerance.statistic, worst)
+        return {"weight_sync/seconds": stats["seconds"], "weight_sync/megabytes": mb,
+                "weight_sync/seconds_per_mb": stats["seconds"] / mb if mb else 0.0,
+                "weight_sync/probe_abs_diff": worst, "weight_sync/probe_seconds": time.perf_counter() - t0,
+                "remote/retries": float(self.engine.retried)}
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -84,7 +112,7 @@ class AlgorithmState:
 
 class Trainer:
     def __init__(self, cfg: DictConfig, tokenizer, policy: PolicyWorker, ref: RefWorker | None,
-                 engine: HFEngine, generator: Generator, train_data: PromptDataset,
+                 engine: InferenceEngine, generator: Generator, train_data: PromptDataset,
                  val_data: PromptDataset | None, trackers: list[Tracker], run_dir: Path,
                  critic: CriticWorker | None = None, state: AlgorithmState | None = None,
                  weight_sync: Any = None, shutdown: Any = None):
@@ -119,7 +147,7 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
-        t, g, alg = cfg.trainer, cfg.generator, cfg.trainer.algorithm
+        t, alg = cfg.trainer, cfg.trainer.algorithm
         seed_everything(t.seed)
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -145,9 +173,10 @@ class Trainer:
         if t.strategy == "single":
             policy = build_policy_worker(cfg, tokenizer)
             ref = build_ref_worker(cfg, tokenizer)
-            engine = HFEngine(policy.model, tokenizer, dtype=engine_dtype(g.model_dtype), max_num_seqs=g.max_num_seqs)
+            engine = build_engine(cfg, tokenizer, policy.model)
             critic = build_critic(cfg, tokenizer, autocast)
-            weight_sync = shutdown = None
+            weight_sync = RemoteWeightSync(policy, engine, tokenizer) if isinstance(engine, RemoteEngine) else None
+            shutdown = engine.close
             parameters = sum(p.numel() for p in policy.model.parameters())
             where = "one process"
         else:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from ridgeline.algorithms import resolve_kl_estimator
 from ridgeline.models.forward import enable_activation_checkpointing
-from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model
+from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model, policy_spec
 from ridgeline.models.value_model import load_value_model
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import ForwardOptions
@@ -33,11 +33,6 @@ def training_autocast_dtype(mixed_precision: str) -> torch.dtype | None:
         return torch.bfloat16
     fast = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_fast_bf16()
     return torch.bfloat16 if fast else None
-
-
-def policy_spec(cfg: DictConfig) -> ModelSpec:
-    t = cfg.trainer
-    return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
 
 
 def forward_options(cfg: DictConfig) -> ForwardOptions:

@@ -1,0 +1,47 @@
+"""Pick and build the inference engine a config asks for (`generator.backend`,
+`generator.run_engines_locally`). Heavy engines are imported only when asked for."""
+
+from __future__ import annotations
+
+import logging
+
+from ridgeline.inference.types import InferenceEngine
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(cfg, tokenizer, model=None) -> InferenceEngine:
+    """The engine for `cfg`: remote servers, or a local hf / vllm / sglang engine.
+
+    `model` is the policy model already in this process: the embedded engine copies it instead of
+    loading the weights again (vLLM and SGLang load the model folder themselves)."""
+    g = cfg.generator
+    if not g.run_engines_locally:
+        from ridgeline.inference.remote import RemoteEngine, RemoteSettings
+
+        return RemoteEngine(RemoteSettings.from_config(cfg))
+    if g.backend == "vllm":
+        from ridgeline.inference.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_config(cfg, tokenizer)
+    if g.backend == "sglang":
+        from ridgeline.inference.sglang_engine import SGLangEngine
+
+        return SGLangEngine.from_config(cfg, tokenizer)
+    return build_hf_engine(cfg, tokenizer, model)
+
+
+def build_hf_engine(cfg, tokenizer, model=None):
+    import torch
+
+    from ridgeline.inference.hf_engine import HFEngine
+    from ridgeline.models.loading import engine_dtype, load_model, policy_spec
+
+    g = cfg.generator
+    if model is None:
+        model = load_model(policy_spec(cfg), torch.float32, tokenizer)
+    if g.inference_engine_tensor_parallel_size != 1:
+        log.info("generator.inference_engine_tensor_parallel_size=%s is not used: the embedded hf engine "
+                 "runs on one device", g.inference_engine_tensor_parallel_size)
+    return HFEngine(model, tokenizer, dtype=engine_dtype(g.model_dtype), max_num_seqs=g.max_num_seqs,
+                    attn_implementation=g.engine_init_kwargs.get("attn_implementation"))

@@ -1,0 +1,170 @@
+"""What the engines built on another library (vLLM, SGLang) share: config helpers, the context
+length rule, weight batches, and a base class for `from_config` and the asleep check. The
+context-length rule is explained in `ridgeline.inference.vllm_engine`'s docstring."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ridgeline.inference.types import EngineError
+
+# Weights cross from this process to vLLM's engine process in batches of at most this many bytes
+# (each batch is one collective_rpc message, held in memory twice while in flight).
+UPDATE_BATCH_BYTES = 512 * 1024 * 1024
+
+
+def missing_package_error(backend: str, package: str, cause: BaseException) -> EngineError:
+    return EngineError(
+        f"generator.backend={backend} needs the `{package}` package, which cannot be imported here "
+        f"({type(cause).__name__}: {cause}). Fix: pip install 'ridgeline[{backend}]' (on a CUDA "
+        f"machine), or use the embedded engine: generator.backend=hf")
+
+
+def model_dtype_name(model_dtype: str) -> str:
+    """`generator.model_dtype` (bf16, bfloat16, fp32, ...) as the name both engines accept."""
+    from ridgeline.models.loading import DTYPES
+
+    if model_dtype not in DTYPES:
+        raise EngineError(f"generator.model_dtype={model_dtype!r} is not a dtype Ridgeline knows. "
+                          f"Fix: one of {', '.join(sorted(DTYPES))}")
+    return str(DTYPES[model_dtype]).removeprefix("torch.")
+
+
+def engine_torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of an engine's `dtype` kwarg; Ridgeline casts synced weights to it, so
+    "auto" (the engine picks from the checkpoint) is refused."""
+    from ridgeline.models.loading import DTYPES
+
+    dtype = DTYPES.get(name, getattr(torch, name, None))
+    if not isinstance(dtype, torch.dtype):
+        raise EngineError(f"engine dtype {name!r} is not a torch dtype (Ridgeline casts weight updates to it). "
+                          "Fix: drop dtype from generator.engine_init_kwargs and set generator.model_dtype")
+    return dtype
+
+
+def max_model_len(cfg: DictConfig) -> int:
+    """Longest sequence one engine call can hold (see the module docstring)."""
+    g = cfg.generator
+    longest_input = max(int(cfg.trainer.max_prompt_length), int(g.max_input_length))
+    longest_output = max(int(g.sampling_params.max_generate_length), int(g.eval_sampling_params.max_generate_length))
+    return longest_input + longest_output
+
+
+def engine_init_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """`generator.engine_init_kwargs` as a plain dict (interpolations resolved)."""
+    kwargs = cfg.generator.get("engine_init_kwargs") or {}
+    return dict(OmegaConf.to_container(kwargs, resolve=True)) if isinstance(kwargs, DictConfig) else dict(kwargs)
+
+
+def policy_model_folder(cfg: DictConfig) -> str:
+    from ridgeline.models.loading import engine_model_folder, policy_spec
+
+    return engine_model_folder(policy_spec(cfg))
+
+
+def request_seeds(seed: int | None, n: int) -> list[int | None]:
+    """One sampling seed per request, all drawn from `seed`: a batch is reproducible, and the
+    samples of one prompt (GRPO sends it n_samples_per_prompt times) still differ."""
+    if seed is None:
+        return [None] * n
+    rng = random.Random(seed)
+    return [rng.getrandbits(63) for _ in range(n)]
+
+
+def eos_token_ids(folder: str, tokenizer=None) -> tuple[int, ...]:
+    """End-of-sequence ids the engine must stop on: `eos_token_id` of the folder's
+    generation_config.json and config.json, plus the tokenizer's (the embedded engine's rule).
+
+    Passed as explicit stop ids because with `skip_tokenizer_init` neither engine knows the
+    tokenizer's eos token."""
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        value = json.loads(path.read_text()).get("eos_token_id")
+        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(int(i) for i in ids))
+
+
+def model_context_length(folder: str) -> int | None:
+    """`max_position_embeddings` from the folder's config.json (text_config for multimodal
+    configs); None for a hub id or a config without it (the engine then judges alone)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    value = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def check_context_fits(cfg: DictConfig, length_key: str, folder: str) -> None:
+    """Refuse a derived context longer than the model's, naming the keys that made it, unless the
+    user set the engine's length kwarg themselves (then the engine decides)."""
+    if length_key in engine_init_kwargs(cfg):
+        return
+    model_len, wanted = model_context_length(folder), max_model_len(cfg)
+    if model_len is None or wanted <= model_len:
+        return
+    raise EngineError(
+        f"the engine context would be {wanted} tokens = max(trainer.max_prompt_length, "
+        f"generator.max_input_length) + max(generator.sampling_params / eval_sampling_params "
+        f".max_generate_length), but the model holds {model_len} (max_position_embeddings). Fix: lower "
+        f"those lengths, or set +generator.engine_init_kwargs.{length_key}={model_len} to cut rollouts there")
+
+
+def tensor_batches(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
+                   max_bytes: int = UPDATE_BATCH_BYTES,
+                   device: str | None = "cpu") -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(name, tensor) pairs cast to the engine dtype (floating tensors only), detached,
+    contiguous and on `device` (None: where they are), in batches of at most `max_bytes` (a
+    larger tensor goes alone)."""
+    batch: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        t = tensor.detach().to(device=device or tensor.device,
+                               dtype=dtype if tensor.is_floating_point() else tensor.dtype).contiguous()
+        if batch and size + t.nbytes > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append((name, t))
+        size += t.nbytes
+    if batch:
+        yield batch
+
+
+
+
+class LibraryEngine:
+    """Base of `VLLMEngine` and `SGLangEngine`: subclasses name their config mapping, the kwarg
+    holding the model folder and the one holding the context length."""
+
+    model_key: str = "model"
+    length_key: str = "max_model_len"
+    _asleep: bool = False
+
+    @staticmethod
+    def engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Iterable[int] = ()):
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, tokenizer=None):
+        """The engine `cfg` asks for; the tokenizer (if given) adds its eos token to the stop ids."""
+        kwargs = cls.engine_kwargs(cfg)
+        check_context_fits(cfg, cls.length_key, kwargs[cls.model_key])
+        return cls(kwargs, eos_token_ids=eos_token_ids(kwargs[cls.model_key], tokenizer))
+
+    def _check_awake(self, what: str) -> None:
+        if self._asleep:
+            raise EngineError(f"{type(self).__name__}.{what} called while asleep; call wake_up() first")

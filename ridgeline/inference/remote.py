@@ -1,0 +1,410 @@
+"""Remote inference engines (`generator.run_engines_locally=false`): a client for servers at
+`generator.remote_inference_engine_urls`, behind the same `InferenceEngine` interface.
+
+Two server APIs, picked by `generator.backend`:
+- `sglang` (and `hf`, i.e. `ridgeline serve`): SGLang's native routes. `/generate` takes a batch
+  of token-id prompts with per-item sampling params and seeds; weight updates go through
+  `/init_weights_update_group` + `/update_weights_from_distributed`, the trainer broadcasting
+  each tensor in the group (nccl between GPUs, gloo otherwise).
+- `vllm`: the OpenAI-compatible `/v1/completions` with token prompts, `logprobs=0` and
+  `return_token_ids` (one HTTP request per sample so each gets its own seed, sent concurrently so
+  vLLM batches them). Weight updates need the server started with `VLLM_SERVER_DEV_MODE=1` and
+  `--worker-extension-cls ridgeline.inference.vllm_worker.RidgelineWorkerExtension`: the client
+  calls the extension through `/collective_rpc` and sends with Ridgeline's weight-sync protocol.
+
+Requests are spread over the servers in contiguous slices (samples of one prompt stay on one server,
+where its prefix is cached). Connection errors are retried with exponential backoff; every request
+has a timeout; the servers' health is checked at start, naming any URL that does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+import requests
+import torch
+
+from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port
+from ridgeline.inference.launch import WORKER_EXTENSION
+from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "RIDGELINE_ENGINE_API_KEY"
+GROUP_NAME = "ridgeline_weight_update"
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """What the client needs from the config (see `from_config` for the keys)."""
+
+    urls: tuple[str, ...]
+    api: str                       # "sglang" (native routes) or "openai" (vLLM)
+    dtype: torch.dtype             # the servers' weights dtype (generator.model_dtype)
+    timeout_s: float = 600.0       # one HTTP request
+    max_retries: int = 3           # connection errors only; a server's error answer is not retried
+    backoff_s: float = 0.5         # first retry delay, doubled each time
+    api_key: str | None = None
+    override_existing_update_group: str = "auto"   # auto | enable | disable
+    weight_sync_backend: str = "gloo"
+    weight_sync_timeout_s: float = 60.0
+    trainer_host: str = "127.0.0.1"   # the address the servers reach the trainer at for weight sync
+
+    @classmethod
+    def from_config(cls, cfg) -> "RemoteSettings":
+        from ridgeline.models.loading import DTYPES
+
+        g = cfg.generator
+        backend = g.weight_sync_backend
+        if backend == "nccl" and not torch.cuda.is_available():
+            backend = "gloo"  # the same fallback as local engines: no GPU, no nccl
+        return cls(urls=tuple(normalize_url(u) for u in g.remote_inference_engine_urls),
+                   api="openai" if g.backend == "vllm" else "sglang", dtype=DTYPES[g.model_dtype],
+                   timeout_s=float(g.remote_request_timeout_s), max_retries=int(g.remote_max_retries),
+                   api_key=os.environ.get(API_KEY_ENV) or None,
+                   override_existing_update_group=str(g.override_existing_update_group),
+                   weight_sync_backend=backend, weight_sync_timeout_s=float(g.weight_sync_timeout),
+                   trainer_host=os.environ.get("RIDGELINE_TRAINER_HOST", "127.0.0.1"))
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if url.startswith(("http://", "https://")) else f"http://{url}"
+
+
+class EngineUnreachable(EngineError):
+    """No answer from a server after the retries (or a timeout while it worked on a request)."""
+
+    def __init__(self, url: str, call: str, attempts: int, cause: Exception, timeout_s: float):
+        self.url = url
+        self.summary = f"{call}: {type(cause).__name__} after {attempts} attempt(s)"
+        super().__init__(f"remote inference engine {url}: {self.summary} ({cause}). Check that the server is "
+                         "up and reachable (generator.remote_inference_engine_urls); a slow server needs a longer "
+                         f"generator.remote_request_timeout_s (now {timeout_s:g}s).")
+
+
+class RemoteEngine:
+    """The `InferenceEngine` interface over HTTP servers (see the module docstring)."""
+
+    def __init__(self, settings: RemoteSettings):
+        if not settings.urls:
+            raise EngineError("generator.remote_inference_engine_urls is empty. Fix: list the servers, e.g. "
+                              "generator.remote_inference_engine_urls=['127.0.0.1:8001']")
+        self.settings = settings
+        self.urls = [normalize_url(u) for u in settings.urls]
+        self.dtype = settings.dtype
+        self.session = requests.Session()
+        if settings.api_key:
+            self.session.headers["Authorization"] = f"Bearer {settings.api_key}"
+        self.retried = 0      # connection retries so far (logged and counted, never silent)
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="ridgeline-remote")
+        self._group: _UpdateGroup | None = None
+        self.check_health()
+        self.model_names = [self._model_name(u) for u in self.urls]
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    def request(self, method: str, url: str, route: str, body: dict | None = None,
+                timeout_s: float | None = None) -> Any:
+        """One call with retries on connection errors; the decoded JSON answer (None when empty)."""
+        s = self.settings
+        delay = s.backoff_s
+        for attempt in range(s.max_retries + 1):
+            try:
+                r = self.session.request(method, url + route, json=body, timeout=timeout_s or s.timeout_s)
+            except (requests.ConnectionError, requests.Timeout) as e:
+                if attempt == s.max_retries or isinstance(e, requests.ReadTimeout):
+                    # a read timeout means the server took the request: resending could run it twice
+                    raise EngineUnreachable(url, f"{method} {route}", attempt + 1, e, s.timeout_s) from e
+                self.retried += 1
+                log.warning("remote engine %s: %s %s: %s; retry %d/%d in %.1fs", url, method, route,
+                            type(e).__name__, attempt + 1, s.max_retries, delay)
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if r.status_code == 401:
+                raise EngineError(f"remote inference engine {url} refused the request (401 Unauthorized). "
+                                  f"Fix: export {API_KEY_ENV}=<the server's API key>.")
+            if r.status_code >= 400:
+                raise EngineError(f"remote inference engine {url}: {method} {route} answered "
+                                  f"{r.status_code}: {r.text[:500]}")
+            return r.json() if r.content and r.headers.get("content-type", "").startswith("application/json") \
+                else None
+        raise AssertionError("unreachable")
+
+    def check_health(self) -> None:
+        """Every server answers /health, or an error names the ones that do not."""
+        dead = []
+        for url in self.urls:
+            try:
+                self.request("GET", url, "/health", timeout_s=min(10.0, self.settings.timeout_s))
+            except EngineUnreachable as e:
+                dead.append(f"{url} ({e.summary})")
+        if dead:
+            raise EngineError("remote inference engine(s) unreachable: " + "; ".join(dead) + ". Fix: start "
+                              "the servers (ridgeline serve, python -m sglang.launch_server, or vLLM's "
+                              "python -m vllm.entrypoints.openai.api_server), or correct "
+                              "generator.remote_inference_engine_urls.")
+
+    def _model_name(self, url: str) -> str:
+        if self.settings.api == "openai":
+            data = self.request("GET", url, "/v1/models")["data"]
+            return data[0]["id"]
+        return self.request("GET", url, "/get_model_info").get("model_path", "")
+
+    def _map(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> list[Any]:
+        return list(self._pool.map(fn, *iterables))
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, requests_: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
+        if not requests_:
+            return []
+        base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        seeds = [base + i for i in range(len(requests_))]
+        slices = spread(len(requests_), len(self.urls))
+        if self.settings.api == "openai":
+            jobs = [(self.urls[s], self.model_names[s], requests_[i], seeds[i])
+                    for s, (lo, hi) in enumerate(slices) for i in range(lo, hi)]
+            return self._map(lambda job: self._complete(*job), jobs)
+        parts = self._map(lambda s: self._generate_native(self.urls[s], requests_[slices[s][0]:slices[s][1]],
+                                                          seeds[slices[s][0]:slices[s][1]]),
+                          [s for s, (lo, hi) in enumerate(slices) if hi > lo])
+        return [out for part in parts for out in part]
+
+    def _generate_native(self, url: str, reqs: list[EngineRequest], seeds: list[int]) -> list[EngineOutput]:
+        from ridgeline.inference.sglang_engine import sglang_sampling_params
+
+        params = [sglang_sampling_params(r.sampling_params, r.stop_token_ids, seed=sd) for r, sd in zip(reqs, seeds)]
+        body = {"input_ids": [r.prompt_token_ids for r in reqs], "sampling_params": params,
+                "return_logprob": True}
+        answer = self.request("POST", url, "/generate", body)
+        if isinstance(answer, dict):
+            answer = [answer]
+        if not isinstance(answer, list) or len(answer) != len(reqs):
+            raise EngineError(f"remote inference engine {url}: /generate answered {type(answer).__name__} "
+                              f"of length {len(answer) if isinstance(answer, list) else '-'} for {len(reqs)} inputs")
+        return [native_output(a, url) for a in answer]
+
+    def _complete(self, url: str, model: str, req: EngineRequest, seed: int) -> EngineOutput:
+        p = req.sampling_params
+        body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": p.max_generate_length,
+                "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
+                "logprobs": 0, "return_token_ids": True, "seed": seed, "skip_special_tokens": False}
+        if req.stop_token_ids:
+            body["stop_token_ids"] = list(req.stop_token_ids)
+        return openai_output(self.request("POST", url, "/v1/completions", body), url)
+
+    def score(self, prompt_ids: list[int], response_ids: list[int], url: str | None = None) -> list[float]:
+        url = url or self.urls[0]
+        ids = list(prompt_ids) + list(response_ids)
+        if self.settings.api == "openai":
+            body = {"model": self.model_names[self.urls.index(url)], "prompt": ids, "max_tokens": 1,
+                    "prompt_logprobs": 0, "return_token_ids": True}
+            entries = self.request("POST", url, "/v1/completions", body)["choices"][0]["prompt_logprobs"]
+            return [float(entries[i][str(t)]["logprob"]) for i, t in enumerate(ids) if i >= len(prompt_ids)]
+        # SGLang's input logprobs start at logprob_start_len, whose own entry is None: start one
+        # token early and drop it
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                "logprob_start_len": len(prompt_ids) - 1}
+        entries = self.request("POST", url, "/generate", body)["meta_info"]["input_token_logprobs"][1:]
+        if len(entries) != len(response_ids):
+            raise EngineError(f"remote inference engine {url}: {len(entries)} input logprobs for "
+                              f"{len(response_ids)} response tokens")
+        return [float(e[0]) for e in entries]
+
+    def score_all(self, prompt_ids: list[int], response_ids: list[int]) -> list[list[float]]:
+        """`score` on every server (the weight-sync probe checks each one)."""
+        return self._map(lambda u: self.score(prompt_ids, response_ids, u), self.urls)
+
+    # -- weights and memory -------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> dict:
+        """Push the weights to every server (cast to the servers' dtype); returns bytes / seconds."""
+        if self._group is None:
+            self._group = self._open_group()
+        return self._group.push(list(named_tensors), version)
+
+    def reset_prefix_cache(self) -> None:
+        route = "/reset_prefix_cache" if self.settings.api == "openai" else "/flush_cache"
+        self._map(lambda u: self.request("POST", u, route), self.urls)
+
+    def sleep(self, level: int = 1) -> None:
+        if self.settings.api == "openai":
+            self._map(lambda u: self.request("POST", u, f"/sleep?level={level}"), self.urls)
+        else:
+            self._map(lambda u: self.request("POST", u, "/release_memory_occupation", {}), self.urls)
+
+    def wake_up(self) -> None:
+        route = "/wake_up" if self.settings.api == "openai" else "/resume_memory_occupation"
+        self._map(lambda u: self.request("POST", u, route, {} if self.settings.api != "openai" else None),
+                  self.urls)
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.session.close()
+
+    def _open_group(self) -> "_UpdateGroup":
+        return (_VLLMUpdateGroup if self.settings.api == "openai" else _SGLangUpdateGroup)(self)
+
+
+def spread(n: int, servers: int) -> list[tuple[int, int]]:
+    """Contiguous slices [lo, hi) of n requests over the servers, sizes differing by at most one."""
+    base, extra = divmod(n, servers)
+    out, lo = [], 0
+    for s in range(servers):
+        hi = lo + base + (1 if s < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def native_output(answer: dict, url: str) -> EngineOutput:
+    """An SGLang `/generate` item -> EngineOutput."""
+    try:
+        meta = answer["meta_info"]
+        ids = [int(t) for t in answer["output_ids"]]
+        lps = [float(e[0]) for e in meta["output_token_logprobs"]]
+        kind = (meta.get("finish_reason") or {}).get("type")
+    except (KeyError, TypeError, ValueError) as e:
+        raise EngineError(f"remote inference engine {url}: /generate answer lacks output_ids / "
+                          f"meta_info.output_token_logprobs (was return_logprob honoured?): {e!r}") from e
+    if kind == "abort":
+        raise EngineError(f"remote inference engine {url} aborted a request: {meta.get('finish_reason')}")
+    if len(lps) != len(ids):
+        raise EngineError(f"remote inference engine {url}: {len(ids)} output ids but {len(lps)} logprobs")
+    return EngineOutput(ids, lps, "stop" if kind == "stop" else "length")
+
+
+def openai_output(answer: dict, url: str) -> EngineOutput:
+    """A vLLM `/v1/completions` answer with `return_token_ids` and `logprobs=0` -> EngineOutput."""
+    try:
+        choice = answer["choices"][0]
+        ids = [int(t) for t in choice["token_ids"]]
+        lps = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise EngineError(f"remote inference engine {url}: /v1/completions answer lacks token_ids or "
+                          f"logprobs.token_logprobs (a server older than vLLM 0.10 has no return_token_ids): "
+                          f"{e!r}") from e
+    if len(lps) != len(ids):
+        raise EngineError(f"remote inference engine {url}: {len(ids)} token ids but {len(lps)} logprobs")
+    return EngineOutput(ids, lps, "length" if choice.get("finish_reason") == "length" else "stop")
+
+
+# -- weight-update groups --------------------------------------------------------------------
+class _UpdateGroup:
+    """The trainer (rank 0) and every server's workers in one group; rank offsets from their tp."""
+
+    def __init__(self, client: RemoteEngine):
+        self.client = client
+        self.version = 0
+
+    def _world(self, sizes: list[int]) -> tuple[list[int], int]:
+        offsets, rank = [], 1
+        for size in sizes:
+            offsets.append(rank)
+            rank += size
+        return offsets, rank
+
+    def _spec(self, world: int) -> GroupSpec:
+        s = self.client.settings
+        return GroupSpec(port=free_port(), rank=0, world_size=world, backend=s.weight_sync_backend,
+                         host=s.trainer_host, timeout_s=s.weight_sync_timeout_s, group_name=GROUP_NAME)
+
+    def _together(self, calls: list[Callable[[], Any]], local: Callable[[], Any]) -> Any:
+        """Run the servers' HTTP calls while this process does its part of a collective. A server
+        that refuses (e.g. "group already exists") fails the call at once instead of leaving this
+        side waiting for the group's timeout (its thread then gives up on its own)."""
+        pool = self.client._pool
+        futures = [pool.submit(c) for c in calls]
+        mine = pool.submit(local)
+        wait([*futures, mine], return_when=FIRST_EXCEPTION)
+        for f in futures:
+            if f.done() and f.exception() is not None:
+                raise f.exception()
+        result = mine.result()
+        for f in futures:
+            f.result()
+        return result
+
+    def close(self) -> None: ...
+
+
+class _SGLangUpdateGroup(_UpdateGroup):
+    def __init__(self, client: RemoteEngine):
+        super().__init__(client)
+        c = client
+        sizes = [int(c.request("GET", u, "/get_server_info").get("tp_size", 1)) for u in c.urls]
+        offsets, world = self._world(sizes)
+        spec = self._spec(world)
+        if c.settings.override_existing_update_group in ("auto", "enable"):
+            for u in c.urls:  # a group left behind by an earlier run would refuse ours
+                try:
+                    c.request("POST", u, "/destroy_weights_update_group", {"group_name": GROUP_NAME})
+                except EngineError:
+                    pass  # none existed
+        bodies = [{"master_address": spec.host, "master_port": spec.port, "rank_offset": off, "world_size": world,
+                   "group_name": GROUP_NAME, "backend": spec.backend} for off in offsets]
+        calls = [lambda u=u, b=b: c.request("POST", u, "/init_weights_update_group", b)
+                 for u, b in zip(c.urls, bodies)]
+        self.endpoint: TensorBroadcaster = self._together(calls, lambda: TensorBroadcaster(spec))
+        log.info("weight-update group %s: trainer + %d server rank(s) over %s", GROUP_NAME, world - 1, spec.backend)
+
+    def push(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict:
+        t0 = time.perf_counter()
+        self.version = self.version + 1 if version is None else int(version)
+        dtype = self.client.dtype
+        tensors = [t.detach().to(dtype) if t.is_floating_point() else t.detach() for _, t in named]
+        body = {"names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+                "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME, "flush_cache": True,
+                "weight_version": str(self.version)}
+        c = self.client
+        calls = [lambda u=u: c.request("POST", u, "/update_weights_from_distributed", body) for u in c.urls]
+        sent = self._together(calls, lambda: self.endpoint.send_tensors(tensors))
+        return {"bytes": sent, "seconds": time.perf_counter() - t0}
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+
+class _VLLMUpdateGroup(_UpdateGroup):
+    """vLLM: each worker of each server joins Ridgeline's own weight-sync group through the worker
+    extension (`/collective_rpc`), then receives with `WeightReceiver`."""
+
+    def __init__(self, client: RemoteEngine):
+        super().__init__(client)
+        c = client
+        sizes = [len(self._rpc(u, "ridgeline_weights_version")) for u in c.urls]  # one result per worker
+        offsets, world = self._world(sizes)
+        spec = self._spec(world)
+        calls = [lambda u=u, off=off: self._rpc(u, "ridgeline_init_receiver",
+                                                json.dumps({**asdict(spec), "rank": off}))
+                 for u, off in zip(c.urls, offsets)]
+        self.sender: WeightSender = self._together(calls, lambda: WeightSender(spec))
+
+    def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
+        try:
+            answer = self.client.request("POST", url, "/collective_rpc", {"method": method, "args": list(args)})
+        except EngineError as e:
+            raise EngineError(f"{e}. vLLM weight updates need the server started with VLLM_SERVER_DEV_MODE=1 "
+                              f"and --worker-extension-cls {WORKER_EXTENSION} (ridgeline importable in the "
+                              "server's environment); see docs/engines.md") from e
+        return (answer or {}).get("results", [])
+
+    def push(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict:
+        t0 = time.perf_counter()
+        calls = [lambda u=u: self._rpc(u, "ridgeline_receive_weights") for u in self.client.urls]
+        stats = self._together(calls, lambda: self.sender.send(named, self.client.dtype, version))
+        self.version = stats.version
+        self.client.reset_prefix_cache()
+        return {"bytes": stats.bytes, "seconds": time.perf_counter() - t0}
+
+    def close(self) -> None:
+        self.sender.close()
+

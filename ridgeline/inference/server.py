@@ -1,0 +1,344 @@
+"""`ridgeline serve`: the embedded engine behind an HTTP server, so rollouts can run in another
+process or on another machine, and so the remote client is tested against a real server.
+
+It speaks the two APIs of `ridgeline.inference.remote`'s client:
+
+SGLang-style native routes (the same request and answer shapes as SGLang's server)
+  GET  /health, /health_generate                 200 when the engine answers
+  GET  /get_model_info, /get_server_info         model path, dtype, tp_size, weight version
+  POST /generate          {input_ids, sampling_params, return_logprob, logprob_start_len}
+  POST /flush_cache
+  POST /init_weights_update_group     {master_address, master_port, rank_offset, world_size,
+                                       group_name, backend}
+  POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
+                                       weight_version}
+  POST /destroy_weights_update_group  {group_name}
+  POST /update_weights_from_disk      {model_path}: a folder of safetensors in HF names
+  POST /release_memory_occupation, /resume_memory_occupation
+OpenAI-compatible routes (the subset vLLM serves that token-in/token-out rollouts need)
+  GET  /v1/models
+  POST /v1/completions    {prompt: token ids, max_tokens, temperature, top_p, top_k, min_p,
+                           logprobs, prompt_logprobs, seed, stop_token_ids, return_token_ids}
+
+With an API key every route but /health asks for `Authorization: Bearer <key>`. Requests are
+served one at a time (the engine batches within a request; the remote client sends one batched
+request per server), so a weight update never lands in the middle of a generation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSyncError
+from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+class RequestError(ValueError):
+    """A request the server refuses (answered 400 with this message)."""
+
+
+def sampling_from_native(p: dict[str, Any]) -> SamplingParams:
+    """SGLang `sampling_params` -> Ridgeline's; unknown keys are refused, not silently dropped."""
+    known = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop_token_ids",
+             "skip_special_tokens", "no_stop_trim", "sampling_seed"}
+    unknown = sorted(set(p) - known)
+    if unknown:
+        raise RequestError(f"sampling_params keys not supported by ridgeline serve: {unknown}")
+    return SamplingParams(max_generate_length=int(p.get("max_new_tokens", 128)),
+                          temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
+                          top_k=int(p.get("top_k", -1)), min_p=float(p.get("min_p", 0.0)))
+
+
+def _token_batch(value: Any, what: str) -> tuple[list[list[int]], bool]:
+    """A list of token ids or a list of such lists -> (batch, was_single)."""
+    if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
+        return [value], True
+    if isinstance(value, list) and value and all(
+            isinstance(row, list) and row and all(isinstance(t, int) for t in row) for row in value):
+        return value, False
+    raise RequestError(f"{what} must be a non-empty list of token ids or a list of such lists "
+                       "(this server is token-in/token-out: tokenize on the client)")
+
+
+@dataclass
+class _Group:
+    spec: GroupSpec
+    endpoint: TensorBroadcaster
+
+
+class EngineService:
+    """The routes as plain methods over one engine: body dict in, (status, body) out."""
+
+    def __init__(self, engine, tokenizer, model_path: str, *, tp_size: int = 1):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.tp_size = tp_size
+        self.weight_version = "0"
+        self.groups: dict[str, _Group] = {}
+        self.lock = threading.Lock()  # one request at a time on the engine
+        self.started = time.time()
+
+    # -- info ---------------------------------------------------------------------------------
+    def model_info(self, _: dict) -> dict:
+        return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+                "dtype": str(self.engine.dtype).removeprefix("torch."), "weight_version": self.weight_version}
+
+    def server_info(self, _: dict) -> dict:
+        return {"tp_size": self.tp_size, "dp_size": 1, "version": "ridgeline-serve",
+                "model_path": self.model_path, "weight_version": self.weight_version,
+                "weight_update_groups": sorted(self.groups)}
+
+    def models(self, _: dict) -> dict:
+        return {"object": "list", "data": [{"id": self.model_path, "object": "model", "owned_by": "ridgeline",
+                                            "root": self.model_path, "created": int(self.started)}]}
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, body: dict) -> Any:
+        if body.get("stream"):
+            raise RequestError("stream=true is not supported by ridgeline serve")
+        if "text" in body and "input_ids" not in body:
+            raise RequestError("send input_ids: ridgeline serve is token-in/token-out")
+        prompts, single = _token_batch(body.get("input_ids"), "input_ids")
+        raw = body.get("sampling_params") or {}
+        raw_list = raw if isinstance(raw, list) else [raw] * len(prompts)
+        if len(raw_list) != len(prompts):
+            raise RequestError(f"{len(raw_list)} sampling_params for {len(prompts)} inputs")
+        params = [sampling_from_native(p) for p in raw_list]
+        start = body.get("logprob_start_len", -1)
+        starts = start if isinstance(start, list) else [start] * len(prompts)
+        seeds = [p.get("sampling_seed") for p in raw_list]
+        requests = [EngineRequest(ids, sp, tuple(p.get("stop_token_ids") or ()))
+                    for ids, sp, p in zip(prompts, params, raw_list)]
+        outputs = self._generate(requests, seeds)
+        results = []
+        for ids, out, first in zip(prompts, outputs, starts):
+            meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": len(out.response_ids),
+                    "finish_reason": _finish(out), "weight_version": self.weight_version,
+                    "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.logprobs, out.response_ids)]}
+            if first is not None and first >= 0:
+                meta["input_token_logprobs"] = self._input_logprobs(ids, int(first))
+            results.append({"text": self.tokenizer.decode(out.response_ids), "output_ids": out.response_ids,
+                            "meta_info": meta})
+        return results[0] if single else results
+
+    def _generate(self, requests: list[EngineRequest], seeds: list[Any]) -> list[EngineOutput]:
+        """Requests asking for no new token (scoring only) skip the engine."""
+        todo = [i for i, r in enumerate(requests) if r.sampling_params.max_generate_length > 0]
+        outputs = [EngineOutput([], [], "length") for _ in requests]
+        if todo:
+            # one generator per batch: the first seed given makes the whole batch reproducible
+            seed = next((int(s) for s in seeds if s is not None), None)
+            with self.lock:
+                for i, out in zip(todo, self.engine.generate([requests[i] for i in todo], seed=seed)):
+                    outputs[i] = out
+        return outputs
+
+    def _input_logprobs(self, ids: list[int], first: int) -> list[list[Any]]:
+        """SGLang's `input_token_logprobs` from position `first`: like SGLang, the first entry has
+        no logprob (None: the logits before it are not part of the request), the others are each
+        token's logprob given everything before it."""
+        first = min(max(first, 0), len(ids) - 1)
+        with self.lock:
+            scored = self.engine.score(ids[:first + 1], ids[first + 1:]) if first + 1 < len(ids) else []
+        return [[None, ids[first], None]] + [[lp, t, None] for lp, t in zip(scored, ids[first + 1:])]
+
+    def completions(self, body: dict) -> dict:
+        if body.get("stream"):
+            raise RequestError("stream=true is not supported by ridgeline serve")
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
+            texts = [prompt] if isinstance(prompt, str) else prompt
+            prompts = [list(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        else:
+            prompts, _ = _token_batch(prompt, "prompt")
+        n = int(body.get("n", 1))
+        params = SamplingParams(max_generate_length=int(body.get("max_tokens", 16)),
+                                temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
+                                top_k=int(body.get("top_k", -1)), min_p=float(body.get("min_p", 0.0)))
+        stop = tuple(int(t) for t in body.get("stop_token_ids") or ())
+        requests = [EngineRequest(ids, params, stop) for ids in prompts for _ in range(n)]
+        outputs = self._generate(requests, [body.get("seed")])
+        want_lp = body.get("logprobs") is not None
+        prompt_lp = body.get("prompt_logprobs") is not None
+        choices = []
+        for i, (req, out) in enumerate(zip(requests, outputs)):
+            choice: dict[str, Any] = {"index": i, "text": self.tokenizer.decode(out.response_ids),
+                                      "finish_reason": out.stop_reason, "stop_reason": None, "logprobs": None}
+            if want_lp:
+                choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in out.response_ids],
+                                      "token_logprobs": out.logprobs}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = out.response_ids
+                choice["prompt_token_ids"] = req.prompt_token_ids
+            if prompt_lp:
+                entries = self._input_logprobs(req.prompt_token_ids, 0)
+                choice["prompt_logprobs"] = [None if lp is None else {str(t): {"logprob": lp}}
+                                             for lp, t, _ in entries]
+            choices.append(choice)
+        usage = {"prompt_tokens": sum(len(p) for p in prompts) * n,
+                 "completion_tokens": sum(len(o.response_ids) for o in outputs)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model_path, "choices": choices, "usage": usage}
+
+    # -- weights ------------------------------------------------------------------------------
+    def flush_cache(self, _: dict) -> dict:
+        with self.lock:
+            self.engine.reset_prefix_cache()
+        return {"success": True, "message": "Cache flushed."}
+
+    def init_weights_update_group(self, body: dict) -> dict:
+        name = body.get("group_name", "weight_update_group")
+        if name in self.groups:
+            return {"success": False, "message": f"weight update group {name!r} already exists; destroy it "
+                                                 "first (/destroy_weights_update_group)"}
+        spec = GroupSpec(port=int(body["master_port"]), rank=int(body["rank_offset"]),
+                         world_size=int(body["world_size"]), backend=body.get("backend", "nccl"),
+                         host=str(body["master_address"]), timeout_s=float(body.get("timeout_s", 60.0)),
+                         group_name=name)
+        if spec.backend == "nccl" and not torch.cuda.is_available():
+            return {"success": False, "message": "backend nccl needs a CUDA GPU on this server; ask for gloo"}
+        self.groups[name] = _Group(spec, TensorBroadcaster(spec))  # blocks until every member joined
+        return {"success": True, "message": f"joined {name} as rank {spec.rank} of {spec.world_size}"}
+
+    def destroy_weights_update_group(self, body: dict) -> dict:
+        name = body.get("group_name", "weight_update_group")
+        group = self.groups.pop(name, None)
+        if group is None:
+            return {"success": False, "message": f"no weight update group {name!r}"}
+        group.endpoint.close()
+        return {"success": True, "message": f"destroyed {name}"}
+
+    def update_weights_from_distributed(self, body: dict) -> dict:
+        name = body.get("group_name", "weight_update_group")
+        group = self.groups.get(name)
+        if group is None:
+            return {"success": False, "message": f"no weight update group {name!r}; call "
+                                                 "/init_weights_update_group first"}
+        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
+        if not len(names) == len(dtypes) == len(shapes):
+            raise RequestError("names, dtypes and shapes must have the same length")
+        with self.lock:
+            tensors = group.endpoint.receive_tensors(shapes, dtypes)
+            self.engine.update_weights(zip(names, tensors))
+            if body.get("flush_cache", True):
+                self.engine.reset_prefix_cache()
+        self.weight_version = str(body.get("weight_version") or int(self.weight_version) + 1)
+        return {"success": True, "message": f"updated {len(names)} tensors (version {self.weight_version})"}
+
+    def update_weights_from_disk(self, body: dict) -> dict:
+        from safetensors.torch import load_file
+
+        folder = Path(body["model_path"])
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            return {"success": False, "message": f"no *.safetensors files in {folder}"}
+        with self.lock:
+            for f in files:
+                self.engine.update_weights(load_file(str(f)).items())
+            self.engine.reset_prefix_cache()
+        self.weight_version = str(body.get("weight_version") or int(self.weight_version) + 1)
+        return {"success": True, "message": f"loaded {len(files)} file(s) from {folder}"}
+
+    def release_memory(self, _: dict) -> dict:
+        with self.lock:
+            self.engine.sleep()
+        return {"success": True}
+
+    def resume_memory(self, _: dict) -> dict:
+        with self.lock:
+            self.engine.wake_up()
+        return {"success": True}
+
+    def health_generate(self, _: dict) -> dict:
+        with self.lock:
+            self.engine.generate([EngineRequest([self.tokenizer.eos_token_id or 0], SamplingParams(1, 0.0))], seed=0)
+        return {}
+
+    def routes(self) -> dict[tuple[str, str], Callable[[dict], Any]]:
+        return {
+            ("GET", "/health"): lambda _: {}, ("GET", "/health_generate"): self.health_generate,
+            ("GET", "/get_model_info"): self.model_info, ("GET", "/get_server_info"): self.server_info,
+            ("GET", "/v1/models"): self.models,
+            ("POST", "/generate"): self.generate, ("POST", "/v1/completions"): self.completions,
+            ("POST", "/flush_cache"): self.flush_cache,
+            ("POST", "/init_weights_update_group"): self.init_weights_update_group,
+            ("POST", "/destroy_weights_update_group"): self.destroy_weights_update_group,
+            ("POST", "/update_weights_from_distributed"): self.update_weights_from_distributed,
+            ("POST", "/update_weights_from_disk"): self.update_weights_from_disk,
+            ("POST", "/release_memory_occupation"): self.release_memory,
+            ("POST", "/resume_memory_occupation"): self.resume_memory,
+        }
+
+
+def _finish(out: EngineOutput) -> dict[str, Any]:
+    if out.stop_reason == "stop":
+        return {"type": "stop", "matched": out.response_ids[-1] if out.response_ids else None}
+    return {"type": "length", "length": len(out.response_ids)}
+
+
+def make_http_server(service: EngineService, host: str = "127.0.0.1", port: int = 0,
+                     api_key: str | None = None) -> ThreadingHTTPServer:
+    """An HTTP server over `service` (port 0 picks a free port: `server.server_address`)."""
+    routes = service.routes()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # route access logs to logging, quietly
+            log.debug("%s " + fmt, self.address_string(), *args)
+
+        def _send(self, status: int, body: Any) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def _handle(self, method: str) -> None:
+            path = self.path.split("?", 1)[0]
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if api_key and path != "/health" and self.headers.get("Authorization") != f"Bearer {api_key}":
+                return self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+            route = routes.get((method, path)) or (routes.get(("GET", path)) if method == "POST" else None)
+            if route is None:
+                return self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {method} {path}"})
+            try:
+                body = json.loads(raw) if raw else {}
+                if not isinstance(body, dict):
+                    raise RequestError("the request body must be a JSON object")
+                result = route(body)
+            except (RequestError, KeyError, TypeError, json.JSONDecodeError) as e:
+                return self._send(HTTPStatus.BAD_REQUEST, {"error": f"{type(e).__name__}: {e}"})
+            except WeightSyncError as e:
+                return self._send(HTTPStatus.BAD_REQUEST, {"success": False, "message": str(e)})
+            except Exception as e:  # noqa: BLE001 - the client gets the error instead of a dropped connection
+                log.exception("%s %s failed", method, path)
+                return self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(e).__name__}: {e}"})
+            failed = isinstance(result, dict) and result.get("success") is False
+            self._send(HTTPStatus.BAD_REQUEST if failed else HTTPStatus.OK, result)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self._handle("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._handle("POST")
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server

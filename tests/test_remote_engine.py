@@ -1,0 +1,292 @@
+"""The remote client (ridgeline.inference.remote) against a real `ridgeline serve` process on
+127.0.0.1: generation and logprobs equal to the embedded engine on the same weights, both server
+APIs, a weight update applied over a real gloo group, errors that name the URL, retries, bearer
+tokens, and a training run whose rollouts come from the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ridgeline.distributed.weight_sync import probe_logprobs
+from ridgeline.inference.hf_engine import HFEngine
+from ridgeline.inference.remote import RemoteEngine, RemoteSettings, normalize_url, spread
+from ridgeline.inference.server import EngineService, make_http_server
+from ridgeline.inference.types import EngineError, EngineRequest, SamplingParams
+from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
+
+from conftest import REPO, chat_ids
+
+MODEL = "tiny://llama"
+SEED = 42  # trainer.seed, which also seeds tiny:// models
+
+
+def _start_server(*extra: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "ridgeline.cli", "serve", f"trainer.policy.model.path={MODEL}",
+           "generator.model_dtype=float32", "--port", "0", *extra]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    deadline = time.time() + 120
+    lines = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "listening on " in line:
+            url = line.rsplit("listening on ", 1)[1].strip()
+            # keep draining the server's log so it never blocks on a full pipe
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, url
+    proc.kill()
+    raise RuntimeError("ridgeline serve did not start:\n" + "".join(lines))
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = _start_server()
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def local():
+    """The embedded engine on the weights the server loads (tiny://llama, seed 42)."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model("llama", tok, seed=SEED)
+    return HFEngine(model, tok, dtype=torch.float32), tok
+
+
+def _client(url: str, api: str = "sglang", **kw) -> RemoteEngine:
+    return RemoteEngine(RemoteSettings(urls=(url,), api=api, dtype=torch.float32, weight_sync_backend="gloo",
+                                       weight_sync_timeout_s=30.0, **kw))
+
+
+def _requests(tok, n: int = 3, greedy: bool = False) -> list[EngineRequest]:
+    params = SamplingParams(max_generate_length=12, temperature=0.0 if greedy else 1.0)
+    prompts = [chat_ids(tok, "What is 2 + 3?"), chat_ids(tok, "Say hi.")]
+    return [EngineRequest(p, params) for p in prompts for _ in range(n)]
+
+
+def _scores(local_engine: HFEngine, reqs, outs) -> list[list[float]]:
+    return [local_engine.score(r.prompt_token_ids, o.response_ids) for r, o in zip(reqs, outs)]
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_generation_matches_the_embedded_engine(server, local, api):
+    engine, tok = local
+    client = _client(server, api)
+    try:
+        greedy = _requests(tok, n=1, greedy=True)
+        assert [o.response_ids for o in client.generate(greedy, seed=0)] == \
+               [o.response_ids for o in engine.generate(greedy, seed=0)]
+        reqs = _requests(tok)
+        outs = client.generate(reqs, seed=7)
+        assert len(outs) == len(reqs) and all(o.response_ids for o in outs)
+        assert all(o.stop_reason in ("stop", "length") for o in outs)
+        # every sampled token's logprob is the embedded engine's logprob of that token
+        for o, ref in zip(outs, _scores(engine, reqs, outs)):
+            assert len(o.logprobs) == len(o.response_ids)
+            assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(ref), atol=1e-5)
+        # seeds make it reproducible, and samples of one prompt differ (each has its own seed)
+        again = client.generate(reqs, seed=7)
+        assert [o.response_ids for o in again] == [o.response_ids for o in outs]
+        assert len({tuple(o.response_ids) for o in outs[:3]}) > 1
+        prompt, response = reqs[0].prompt_token_ids, outs[0].response_ids
+        assert torch.allclose(torch.tensor(client.score(prompt, response)),
+                              torch.tensor(engine.score(prompt, response)), atol=1e-5)
+    finally:
+        client.close()
+
+
+def _perturbed(seed: int) -> torch.nn.Module:
+    tok = build_char_tokenizer()
+    model = build_tiny_model("llama", tok, seed=SEED)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def test_weight_update_over_a_gloo_group_is_applied(server, local):
+    engine, tok = local
+    client = _client(server)
+    try:
+        prompt, response = chat_ids(tok, "What is 2 + 3?"), chat_ids(tok, "5")
+        before = client.score(prompt, response)
+        for version, seed in ((1, 1), (2, 2)):  # the group is built once and reused
+            model = _perturbed(seed)
+            stats = client.update_weights(model.named_parameters(), version)
+            assert stats["bytes"] == sum(p.numel() * 4 for p in model.parameters())
+            want = probe_logprobs(model, prompt_ids=prompt, response_ids=response)
+            got = torch.tensor(client.score(prompt, response))
+            assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+            assert (got - torch.tensor(before)).abs().max() > 1e-3  # the weights really changed
+            info = client.request("GET", client.urls[0], "/get_server_info")
+            assert info["weight_version"] == str(version)
+        # a second client (a restarted trainer) takes the group over: override_existing_update_group=auto
+        other = _client(server)
+        try:
+            model = build_tiny_model("llama", build_char_tokenizer(), seed=SEED)
+            other.update_weights(model.named_parameters(), 3)
+            assert torch.allclose(torch.tensor(other.score(prompt, response)), torch.tensor(before), atol=1e-5)
+        finally:
+            other.close()
+    finally:
+        client.close()
+
+
+def test_disabled_override_refuses_an_existing_group(server):
+    first, second = _client(server), _client(server, override_existing_update_group="disable")
+    try:
+        model = build_tiny_model("llama", build_char_tokenizer(), seed=SEED)
+        first.update_weights(model.named_parameters(), 1)
+        with pytest.raises(EngineError, match="already exists"):
+            second.update_weights(model.named_parameters(), 1)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_unreachable_server_is_named_after_retries():
+    t0 = time.perf_counter()
+    with pytest.raises(EngineError) as err:
+        RemoteEngine(RemoteSettings(urls=("127.0.0.1:9",), api="sglang", dtype=torch.float32,
+                                    max_retries=2, backoff_s=0.05))
+    msg = str(err.value)
+    assert "http://127.0.0.1:9" in msg and "unreachable" in msg and "3 attempt(s)" in msg
+    assert "generator.remote_inference_engine_urls" in msg
+    assert time.perf_counter() - t0 < 10
+
+
+def test_retries_connection_errors_with_backoff_then_succeeds(local):
+    """The server comes up while the client is retrying: the call succeeds and the retries are counted."""
+    engine, tok = local
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    servers = []
+
+    def start_late():  # the port refuses connections until now
+        servers.append(make_http_server(EngineService(engine, tok, MODEL), "127.0.0.1", port))
+        servers[0].serve_forever()
+
+    timer = threading.Timer(0.3, start_late)
+    timer.daemon = True
+    timer.start()
+    try:
+        client = RemoteEngine(RemoteSettings(urls=(f"127.0.0.1:{port}",), api="sglang", dtype=torch.float32,
+                                             max_retries=6, backoff_s=0.1))
+        assert client.retried >= 1
+        client.close()
+    finally:
+        timer.cancel()
+        if servers:
+            servers[0].shutdown()
+            servers[0].server_close()
+
+
+def test_bearer_token_is_required_and_sent(local, monkeypatch):
+    engine, tok = local
+    httpd = make_http_server(EngineService(engine, tok, MODEL), api_key="s3cret")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = "127.0.0.1:%d" % httpd.server_address[1]
+    try:
+        with pytest.raises(EngineError, match="401 Unauthorized.*RIDGELINE_ENGINE_API_KEY"):
+            _client(url)  # /health is open, /get_model_info is not
+        client = _client(url, api_key="s3cret")
+        assert client.generate(_requests(tok, n=1, greedy=True), seed=0)
+        client.close()
+        monkeypatch.setenv("RIDGELINE_ENGINE_API_KEY", "s3cret")
+        from ridgeline.config import load_config
+        cfg = load_config(["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console",
+                           "generator.run_engines_locally=false", f"generator.remote_inference_engine_urls=['{url}']"])
+        settings = RemoteSettings.from_config(cfg)
+        assert settings.api_key == "s3cret" and settings.api == "sglang" and settings.urls == (f"http://{url}",)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_bad_requests_get_clear_answers(server):
+    client = _client(server)
+    try:
+        with pytest.raises(EngineError, match="400.*token-in/token-out"):
+            client.request("POST", client.urls[0], "/generate", {"text": "hello"})
+        with pytest.raises(EngineError, match="400.*not supported by ridgeline serve.*frequency_penalty"):
+            client.request("POST", client.urls[0], "/generate",
+                           {"input_ids": [1, 2], "sampling_params": {"frequency_penalty": 1.0}})
+        with pytest.raises(EngineError, match="404"):
+            client.request("POST", client.urls[0], "/no_such_route", {})
+    finally:
+        client.close()
+
+
+def test_spread_and_urls():
+    assert spread(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert spread(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    assert normalize_url("10.0.0.2:30000/") == "http://10.0.0.2:30000"
+    assert normalize_url("https://h:1") == "https://h:1"
+
+
+def test_requests_spread_over_two_servers(server, local):
+    engine, tok = local
+    httpd = make_http_server(EngineService(engine, tok, MODEL))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    second = "127.0.0.1:%d" % httpd.server_address[1]
+    client = RemoteEngine(RemoteSettings(urls=(server, second), api="sglang", dtype=torch.float32))
+    try:
+        reqs = _requests(tok, n=2, greedy=True)
+        outs = client.generate(reqs, seed=0)
+        assert [o.response_ids for o in outs] == [o.response_ids for o in engine.generate(reqs, seed=0)]
+    finally:
+        client.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_eval_through_a_remote_server_scores_like_the_embedded_engine(server, tmp_path):
+    from ridgeline.config import load_config
+    from ridgeline.entrypoints.eval import CheckpointArgumentError, evaluate_model
+
+    client = _client(server)  # the server may hold weights an earlier test pushed: restore them
+    client.update_weights(build_tiny_model("llama", build_char_tokenizer(), seed=SEED).named_parameters())
+    client.close()
+    base = ["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=16",
+            "generator.model_dtype=float32", "generator.eval_sampling_params.temperature=0.0"]
+    remote_cfg = base + ["generator.run_engines_locally=false", f"generator.remote_inference_engine_urls=['{server}']"]
+    local = evaluate_model(load_config(base), output=tmp_path / "local")
+    remote = evaluate_model(load_config(remote_cfg), output=tmp_path / "remote")
+    assert remote.metrics["eval/all/avg_score"] == local.metrics["eval/all/avg_score"]
+    responses = [[json.loads(line)["response"] for line in (tmp_path / d / "eval_results.jsonl").read_text().splitlines()]
+                 for d in ("local", "remote")]
+    assert responses[0] == responses[1] and len(responses[0]) == 16
+    with pytest.raises(CheckpointArgumentError, match="the servers score the weights they hold"):
+        evaluate_model(load_config(remote_cfg), checkpoint=tmp_path, output=tmp_path / "x")
+
+
+def test_training_with_rollouts_from_a_remote_server(server, tmp_path):
+    """A tiny GRPO run whose engine is the server: weights are pushed and probed after every step."""
+    from ridgeline.config import load_config
+    from ridgeline.entrypoints.run import run_training
+
+    cfg = load_config(["+experiment=tiny", "trainer.strategy=single", "trainer.logger=[console,jsonl]",
+                       f"trainer.run_dir={tmp_path}", "trainer.epochs=1", "generator.model_dtype=float32",
+                       "generator.run_engines_locally=false", f"generator.remote_inference_engine_urls=['{server}']"])
+    cfg.trainer.train_batch_size = cfg.trainer.policy_mini_batch_size
+    run_training(cfg)
+    rows = [json.loads(line) for line in (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()]
+    synced = [r for r in rows if "weight_sync/megabytes" in r]
+    assert synced and all(r["weight_sync/probe_abs_diff"] <= 1e-5 for r in synced)
+    assert all(r["weight_sync/megabytes"] > 0 for r in synced)
