@@ -290,3 +290,37 @@ def test_training_with_rollouts_from_a_remote_server(server, tmp_path):
     synced = [r for r in rows if "weight_sync/megabytes" in r]
     assert synced and all(r["weight_sync/probe_abs_diff"] <= 1e-5 for r in synced)
     assert all(r["weight_sync/megabytes"] > 0 for r in synced)
+
+
+def test_fsdp2_ranks_push_to_a_remote_server(server, tmp_path):
+    """trainer.strategy=fsdp2 with remote engines: policy rank 0 gathers and pushes the weights, the
+    driver's client generates; the run equals the one-process remote run step for step."""
+    from ridgeline.config import load_config
+    from ridgeline.distributed.placement import PlacementConfigError, plan_placement
+    from ridgeline.entrypoints.run import run_training
+
+    placement = load_config(["+experiment=tiny"]).trainer.placement
+    with pytest.raises(PlacementConfigError, match="colocate_all=true .* remote servers"):
+        plan_placement(placement, num_engines=1, engine_tp=1, use_ref=False, use_critic=False, device="CPU",
+                       remote_engines=True)
+
+    common = ["+experiment=tiny", "data.prepare.num_train=48", "trainer.logger=jsonl", "trainer.epochs=1",
+              "generator.model_dtype=float32", "generator.run_engines_locally=false",
+              f"generator.remote_inference_engine_urls=['{server}']"]
+    rows = {}
+    for name, extra in (("single", ["trainer.strategy=single"]),
+                        ("fsdp2", ["trainer.strategy=fsdp2", "trainer.placement.colocate_all=false",
+                                   "trainer.placement.policy_num_gpus_per_node=2",
+                                   "trainer.placement.ref_num_gpus_per_node=2"])):
+        client = _client(server)  # both runs start from the server holding the initial weights; each
+        client.update_weights(build_tiny_model("llama", build_char_tokenizer(), seed=SEED).named_parameters())
+        client.close()            # run's own client then takes the server's update group over
+        cfg = load_config(common + extra + [f"trainer.run_dir={tmp_path / name}"])
+        run_training(cfg)
+        rows[name] = [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+                      if "policy/policy_loss" in r]
+    assert rows["fsdp2"] and len(rows["fsdp2"]) == len(rows["single"])
+    for a, b in zip(rows["single"], rows["fsdp2"]):
+        assert b["weight_sync/probe_abs_diff"] <= 1e-5 and b["weight_sync/megabytes"] > 0
+        for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/grad_norm"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key

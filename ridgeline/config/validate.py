@@ -620,7 +620,8 @@ class _Checker:
         try:
             plan = plan_placement(self.val("trainer.placement"), num_engines=self.num("generator.num_inference_engines"),
                                   engine_tp=1, use_ref=use_ref,
-                                  use_critic=critic is not None and critic is not _MISSING, device="CPU")
+                                  use_critic=critic is not None and critic is not _MISSING, device="CPU",
+                                  remote_engines=self.val("generator.run_engines_locally") is False)
         except PlacementConfigError as exc:
             self.add("trainer.placement", str(exc))
             return
@@ -652,12 +653,6 @@ class _Checker:
                          f"generator.remote_inference_engine_urls={_show(urls)} must list the servers when "
                          "generator.run_engines_locally=false. Fix: e.g. "
                          "generator.remote_inference_engine_urls=['127.0.0.1:8001','10.0.0.2:8001'].")
-            if self.val("trainer.strategy") in ("fsdp2", "fsdp"):
-                self.add("generator.run_engines_locally",
-                         "generator.run_engines_locally=false with trainer.strategy="
-                         f"{self.val('trainer.strategy')} is not supported yet: remote engines take their "
-                         "weights from a one-process trainer. Fix: trainer.strategy=single, or local engines "
-                         "(generator.run_engines_locally=true).")
             return
         if backend != "hf":
             return

@@ -77,10 +77,11 @@ class PlacementPlan:
 
 
 def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool, use_critic: bool,
-                   device: str) -> PlacementPlan:
+                   device: str, remote_engines: bool = False) -> PlacementPlan:
     """The pools of a run. `placement` is the `trainer.placement` section; `engine_tp` the devices
-    per engine (1 for the hf engine); `device` "GPU" or "CPU". Raises PlacementConfigError
-    naming the keys when colocation asks for counts that do not match."""
+    per engine (1 for the hf engine); `device` "GPU" or "CPU"; `remote_engines`: the engines are
+    servers elsewhere (`generator.run_engines_locally=false`), so none is placed. Raises
+    PlacementConfigError naming the keys when colocation asks for counts that do not match."""
     p = placement
     wanted = {"policy": True, "ref": use_ref, "critic": use_critic}
     nodes = {r: int(p[f"{r}_num_nodes"]) for r in ROLES if wanted[r]}
@@ -92,7 +93,14 @@ def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool
                 f"{per_node[role]}: each must be at least 1. Fix: e.g. trainer.placement.{role}_num_nodes=1 "
                 f"trainer.placement.{role}_num_gpus_per_node=2")
     ranks = {r: nodes[r] * per_node[r] for r in nodes}
-    if num_engines < 1:
+    if remote_engines:
+        if p["colocate_all"]:
+            raise PlacementConfigError(
+                "trainer.placement.colocate_all=true shares the policy's devices with the engines, but "
+                "generator.run_engines_locally=false makes them remote servers. Fix: "
+                "trainer.placement.colocate_all=false")
+        num_engines = 0
+    elif num_engines < 1:
         raise PlacementConfigError(f"generator.num_inference_engines={num_engines} must be at least 1")
     engine_devices = num_engines * engine_tp
     pools: list[Pool] = []
@@ -126,7 +134,8 @@ def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool
                 pools.append(Pool("ref", ("ref",), ranks["ref"], nodes["ref"]))
         if "critic" in ranks:
             pools.append(Pool("critic", ("critic",), ranks["critic"], nodes["critic"]))
-        pools.append(Pool("engines", ("engine",), engine_devices, 1))
+        if num_engines:
+            pools.append(Pool("engines", ("engine",), engine_devices, 1))
     return PlacementPlan(device=device, ranks=ranks, num_engines=num_engines, engine_devices=engine_tp,
                          pools=tuple(pools))
 

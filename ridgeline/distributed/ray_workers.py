@@ -126,6 +126,20 @@ class TrainingRank:
         names = dict(self.worker.model.named_parameters())  # tied weights once, as the engine names them
         return self.sender.send(((k, v) for k, v in state.items() if k in names), DTYPES[dtype], version=version)
 
+    def init_remote_push(self, settings: Any) -> None:
+        """Rank 0 opens its own client to the remote servers: it holds the full weights after the
+        gather, so it pushes them (the driver's client generates)."""
+        if self.rank == 0:
+            from ridgeline.inference.remote import RemoteEngine
+            self.remote = RemoteEngine(settings)
+
+    def push_remote(self, version: int) -> dict | None:  # collective
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        names = dict(self.worker.model.named_parameters())
+        return self.remote.update_weights([(k, v) for k, v in state.items() if k in names], version)
+
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)
         return probe_logprobs(self.worker.model, self.tokenizer)
 
@@ -346,6 +360,9 @@ class RayEngineGroup:
     def wake_up(self) -> None:
         self.ray.get([a.wake_up.remote() for a in self.actors])
 
+    def close(self) -> None:
+        """Nothing to release here: `RayWorkers.shutdown` kills the engine actors."""
+
 
 class RayWeightSync:
     """Policy rank 0 -> every engine over a standalone gloo/nccl group, then the stale-weights
@@ -397,7 +414,7 @@ class RayWorkers:
     policy: RayPolicyGroup
     ref: RayRefGroup | None
     critic: RayCriticGroup | None
-    engine: RayEngineGroup
+    engine: Any   # RayEngineGroup, or a RemoteEngine client (generator.run_engines_locally=false)
     weight_sync: RayWeightSync
     plan: PlacementPlan
     groups: dict[str, Any]
@@ -409,8 +426,9 @@ class RayWorkers:
         for group in [g for g in (self.policy, self.ref, self.critic) if g is not None]:
             for a in group.actors:
                 ray.kill(a)
-        for a in self.engine.actors:
+        for a in getattr(self.engine, "actors", []):  # a RemoteEngine has no actors: close its client
             ray.kill(a)
+        self.engine.close()
         for g in self.groups.values():
             remove_placement_group(g)
 
@@ -419,7 +437,8 @@ def placement_plan(cfg: DictConfig) -> PlacementPlan:
     g = cfg.generator
     device = "GPU" if torch.cuda.is_available() else "CPU"
     return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines), engine_tp=1,
-                          use_ref=needs_ref(cfg), use_critic=cfg.trainer.critic.model.path is not None, device=device)
+                          use_ref=needs_ref(cfg), use_critic=cfg.trainer.critic.model.path is not None, device=device,
+                          remote_engines=not g.run_engines_locally)
 
 
 def build_ray_workers(cfg: DictConfig) -> RayWorkers:
@@ -454,7 +473,7 @@ def build_ray_workers(cfg: DictConfig) -> RayWorkers:
                   if needs_ref(cfg) else [])
     critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"])
                       for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
-    engine_actors = [actor(EngineRank, "engine", i, plain, i) for i in range(plan.num_engines)]
+    engine_actors = [actor(EngineRank, "engine", i, plain, i) for i in range(plan.num_engines)]  # none if remote
     infos = []
     for actors in (policy_actors, ref_actors, critic_actors):
         if actors:
@@ -464,6 +483,8 @@ def build_ray_workers(cfg: DictConfig) -> RayWorkers:
     policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world), mini)
     ref = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
     critic = RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n) if critic_actors else None
+    if not cfg.generator.run_engines_locally:
+        return _with_remote_engines(cfg, ray, plan, groups, policy, ref, critic, int(infos[0]["parameters"]))
     engines = RayEngineGroup(ray, engine_actors)
     backend = cfg.generator.weight_sync_backend
     if plan.device == "CPU" and backend == "nccl":
@@ -474,4 +495,24 @@ def build_ray_workers(cfg: DictConfig) -> RayWorkers:
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
     workers = RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
     workers.weight_sync.sync(0)  # the engines start from the trainer's weights, checked by the probe
+    return workers
+
+
+def _with_remote_engines(cfg: DictConfig, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
+                         ref: RayRefGroup | None, critic: RayCriticGroup | None, parameters: int) -> RayWorkers:
+    """`generator.run_engines_locally=false`: the driver's client generates; policy rank 0 pushes the
+    gathered weights to the servers over its own weight-update group; the probe compares the
+    sharded policy with every server."""
+    from ridgeline.distributed.weight_sync import RemoteWeightSync
+    from ridgeline.inference.remote import RemoteEngine, RemoteSettings
+
+    settings = RemoteSettings.from_config(cfg)
+    engine = RemoteEngine(settings)
+    policy.call("init_remote_push", settings)
+    probe_ids = probe_tokens(load_tokenizer(policy_spec(cfg)))
+    sync = RemoteWeightSync(engine, push=lambda version: policy.call("push_remote", version)[0],
+                            trainer_probe=lambda: policy.call("probe")[0], probe_ids=probe_ids)
+    log.info("Ray workers up: %s; engines: %d remote server(s)", plan.describe(), len(engine.urls))
+    workers = RayWorkers(policy, ref, critic, engine, sync, plan, groups, parameters=parameters)
+    workers.weight_sync.sync(0)
     return workers

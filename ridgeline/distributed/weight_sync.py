@@ -3,7 +3,9 @@ here) and a cheap probe that checks the engines really use the weights they were
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+import time
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -16,8 +18,10 @@ from ridgeline.training.logprobs import response_logprobs
 __all__ = [
     "DEFAULT_CHUNK_BYTES", "GroupSpec", "SyncHeader", "SyncStats", "TensorBroadcaster", "TensorMeta",
     "WeightReceiver", "WeightSender", "WeightSyncError", "StaleWeightsError", "PROBE_TEXT", "ProbeTolerance",
-    "PROBE_TOLERANCE", "probe_tolerance", "probe_tokens", "probe_logprobs", "check_probe",
+    "PROBE_TOLERANCE", "probe_tolerance", "probe_tokens", "probe_logprobs", "check_probe", "RemoteWeightSync",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class StaleWeightsError(RuntimeError):
@@ -107,3 +111,31 @@ def check_probe(trainer_lp: torch.Tensor, engine_lp: torch.Tensor, tolerance: fl
                                 f"|diff| {diff:.3g} > tolerance {tolerance.value:g}; the engine is not running the "
                                 f"trainer's weights", diff)
     return diff
+
+
+class RemoteWeightSync:
+    """Remote engines (`generator.run_engines_locally=false`): `push(version)` sends the policy's
+    weights to every server (from this process, or from policy rank 0 on Ray) and returns
+    {"bytes", "seconds"}; then every server scores the probe and must agree with
+    `trainer_probe()`, since a server that silently kept old weights would otherwise go unnoticed
+    for the whole run. `engine` is the driver's `RemoteEngine` (`score_all`, `urls`, `retried`)."""
+
+    def __init__(self, engine, push: Callable[[int], dict], trainer_probe: Callable[[], torch.Tensor],
+                 probe_ids: tuple[list[int], list[int]]):
+        self.engine, self.push, self.trainer_probe, self.probe_ids = engine, push, trainer_probe, probe_ids
+        self.tolerance = probe_tolerance(engine.dtype)
+
+    def sync(self, version: int) -> dict[str, float]:
+        stats = self.push(version)
+        t0 = time.perf_counter()
+        trainer_lp = self.trainer_probe()
+        worst = max(check_probe(trainer_lp, torch.tensor(lp), self.tolerance, version)
+                    for lp in self.engine.score_all(*self.probe_ids))
+        mb = stats["bytes"] / 1e6
+        level = logging.INFO if version <= 1 else logging.DEBUG
+        log.log(level, "weight sync v%d: %.1f MB in %.3f s to %d remote engine(s), probe %s |diff| %.2g", version,
+                mb, stats["seconds"], len(self.engine.urls), self.tolerance.statistic, worst)
+        return {"weight_sync/seconds": stats["seconds"], "weight_sync/megabytes": mb,
+                "weight_sync/seconds_per_mb": stats["seconds"] / mb if mb else 0.0,
+                "weight_sync/probe_abs_diff": worst, "weight_sync/probe_seconds": time.perf_counter() - t0,
+                "remote/retries": float(self.engine.retried)}

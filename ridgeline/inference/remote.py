@@ -380,7 +380,14 @@ class _VLLMUpdateGroup(_UpdateGroup):
     def __init__(self, client: RemoteEngine):
         super().__init__(client)
         c = client
-        sizes = [len(self._rpc(u, "ridgeline_weights_version")) for u in c.urls]  # one result per worker
+        versions = [self._rpc(u, "ridgeline_weights_version") for u in c.urls]  # one result per worker
+        sizes = [len(v) for v in versions]
+        if c.settings.override_existing_update_group == "disable":
+            taken = [u for u, v in zip(c.urls, versions) if any(int(x or 0) > 0 for x in v)]
+            if taken:  # "auto" / "enable": joining closes the receiver another trainer left there
+                raise EngineError(f"remote inference engine(s) {', '.join(taken)} already hold weights pushed by "
+                                  "another trainer's update group, and generator.override_existing_update_group="
+                                  "disable. Fix: restart those servers, or override_existing_update_group=auto")
         offsets, world = self._world(sizes)
         spec = self._spec(world)
         calls = [lambda u=u, off=off: self._rpc(u, "ridgeline_init_receiver",

@@ -30,7 +30,7 @@ from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_
 from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, add_to_final, total_reward
-from ridgeline.distributed.weight_sync import check_probe, probe_logprobs, probe_tokens, probe_tolerance
+from ridgeline.distributed.weight_sync import RemoteWeightSync, probe_logprobs, probe_tokens
 from ridgeline.inference.build import build_engine
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
@@ -73,32 +73,6 @@ class InProcessWeightSync:
     def sync(self, version: int) -> dict[str, float]:
         self.engine.update_weights(self.policy.named_weights())
         return {}
-
-
-class RemoteWeightSync:
-    """Remote engines (`generator.run_engines_locally=false`): push the policy's weights to every
-    server over a weight-update group, then probe each server, since a server that silently kept
-    old weights would otherwise go unnoticed for the whole run."""
-
-    def __init__(self, policy: PolicyWorker, engine: RemoteEngine, tokenizer):
-        self.policy, self.engine = policy, engine
-        self.probe_ids = probe_tokens(tokenizer)
-        self.tolerance = probe_tolerance(engine.dtype)
-
-    def sync(self, version: int) -> dict[str, float]:
-        stats = self.engine.update_weights(self.policy.named_weights(), version)
-        t0 = time.perf_counter()
-        trainer_lp = probe_logprobs(self.policy.model, prompt_ids=self.probe_ids[0], response_ids=self.probe_ids[1])
-        worst = max(check_probe(trainer_lp, torch.tensor(lp), self.tolerance, version)
-                    for lp in self.engine.score_all(*self.probe_ids))
-        mb = stats["bytes"] / 1e6
-        level = logging.INFO if version <= 1 else logging.DEBUG
-        log.log(level, "weight sync v%d: %.1f MB in %.3f s to %d remote engine(s), probe %s |diff| %.2g", version,
-                mb, stats["seconds"], len(self.engine.urls), self.tolerance.statistic, worst)
-        return {"weight_sync/seconds": stats["seconds"], "weight_sync/megabytes": mb,
-                "weight_sync/seconds_per_mb": stats["seconds"] / mb if mb else 0.0,
-                "weight_sync/probe_abs_diff": worst, "weight_sync/probe_seconds": time.perf_counter() - t0,
-                "remote/retries": float(self.engine.retried)}
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -175,7 +149,14 @@ class Trainer:
             ref = build_ref_worker(cfg, tokenizer)
             engine = build_engine(cfg, tokenizer, policy.model)
             critic = build_critic(cfg, tokenizer, autocast)
-            weight_sync = RemoteWeightSync(policy, engine, tokenizer) if isinstance(engine, RemoteEngine) else None
+            weight_sync = None
+            if isinstance(engine, RemoteEngine):
+                probe_ids = probe_tokens(tokenizer)
+                weight_sync = RemoteWeightSync(
+                    engine, push=lambda version: engine.update_weights(policy.named_weights(), version),
+                    trainer_probe=lambda: probe_logprobs(policy.model, prompt_ids=probe_ids[0],
+                                                         response_ids=probe_ids[1]),
+                    probe_ids=probe_ids)
             shutdown = engine.close
             parameters = sum(p.numel() for p in policy.model.parameters())
             where = "one process"

@@ -98,3 +98,17 @@ def test_weight_update_through_the_worker_extension(client, local):
     client.reset_prefix_cache()
     client.sleep()   # vLLM's CPU worker ignores sleep mode (logged by the server); the routes answer
     client.wake_up()
+
+
+def test_disabled_override_refuses_a_server_another_trainer_updated(server, client, local):
+    """Runs after the update test: the server's workers hold version 2 from `client`'s group."""
+    from ridgeline.inference.types import EngineError
+
+    engine, tok = local
+    other = RemoteEngine(RemoteSettings(urls=(server,), api="openai", dtype=torch.float32, weight_sync_backend="gloo",
+                                        weight_sync_timeout_s=60.0, override_existing_update_group="disable"))
+    try:
+        with pytest.raises(EngineError, match="already hold weights pushed by another trainer"):
+            other.update_weights(build_tiny_model(NAME, tok, seed=SEED).named_parameters(), version=1)
+    finally:
+        other.close()
