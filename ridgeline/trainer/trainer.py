@@ -159,7 +159,8 @@ class Trainer:
                     probe_ids=probe_ids)
             shutdown = engine.close
             parameters = sum(p.numel() for p in policy.model.parameters())
-            where = "one process"
+            where = (f"one process, {len(engine.urls)} remote engine(s)" if isinstance(engine, RemoteEngine)
+                     else "one process")
         else:
             from ridgeline.distributed.ray_workers import build_ray_workers
             workers = build_ray_workers(cfg)
