@@ -149,7 +149,10 @@ class LibraryEngine:
 
     model_key: str = "model"
     length_key: str = "max_model_len"
+    sleep_kwarg: str = "enable_sleep_mode"   # the engine kwarg that lets sleep free device memory
     _asleep: bool = False
+    _device_sleeps: bool = False   # this platform has device memory to free (not a CPU)
+    _can_sleep: bool = False       # the engine was built with `sleep_kwarg`
 
     @staticmethod
     def engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -164,6 +167,25 @@ class LibraryEngine:
         kwargs = cls.engine_kwargs(cfg)
         check_context_fits(cfg, cls.length_key, kwargs[cls.model_key])
         return cls(kwargs, eos_token_ids=eos_token_ids(kwargs[cls.model_key], tokenizer))
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the device for training (level 1 keeps the weights in host memory where the engine
+        can, level 2 drops them: the next `update_weights` brings them back). On a CPU there is
+        nothing to free: the engine only refuses work until `wake_up`."""
+        if level not in (1, 2):
+            raise EngineError(f"sleep level must be 1 or 2, got {level}")
+        if self._asleep:
+            return
+        if self._device_sleeps:
+            if not self._can_sleep:
+                raise EngineError(f"{type(self).__name__}.sleep needs {self.sleep_kwarg}, which this engine was built "
+                                  "without. Fix: trainer.placement.colocate_all=true (or "
+                                  f"+generator.engine_init_kwargs.{self.sleep_kwarg}=true)")
+            self._release(level)
+        self._asleep = True
+
+    def _release(self, level: int) -> None:
+        raise NotImplementedError
 
     def _check_awake(self, what: str) -> None:
         if self._asleep:

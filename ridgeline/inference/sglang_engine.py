@@ -162,7 +162,7 @@ class SGLangEngine(LibraryEngine):
     seeded once per engine (`random_seed` <- trainer.seed)."""
 
     engine_kwargs = staticmethod(lambda cfg: sglang_engine_kwargs(cfg))
-    model_key, length_key = "model_path", "context_length"
+    model_key, length_key, sleep_kwarg = "model_path", "context_length", "enable_memory_saver"
 
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Sequence[int] = ()):
         kwargs = dict(engine_kwargs)
@@ -174,13 +174,13 @@ class SGLangEngine(LibraryEngine):
         self.dtype: torch.dtype = engine_torch_dtype(str(kwargs.get("dtype", "bfloat16")))
         self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
         self.engine_kwargs = kwargs
-        self._memory_saver = bool(kwargs.get("enable_memory_saver", False))
+        self._can_sleep = bool(kwargs.get("enable_memory_saver", False))
         # SGLang's memory saver pauses CUDA allocations; on its CPU backend there is no device
         # memory to hand to the trainer, so sleep is bookkeeping there (like the embedded engine)
         self._device_sleeps = str(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu"
-        if self._memory_saver and not self._device_sleeps:
+        if self._can_sleep and not self._device_sleeps:
             log.warning("SGLang runs on the CPU here: built without its memory saver; sleep()/wake_up() free nothing")
-            kwargs["enable_memory_saver"] = self._memory_saver = False
+            kwargs["enable_memory_saver"] = self._can_sleep = False
         self._weights_cpu_backup = bool(kwargs.get("enable_weights_cpu_backup", False))
         self._seeded = bool(kwargs.get("enable_deterministic_inference", False))
         self.update_batch_bytes = 512 * 1024 * 1024
@@ -268,18 +268,9 @@ class SGLangEngine(LibraryEngine):
             raise EngineError(f"SGLang {what} failed: {result[1]}")
 
     # -- sleep ---------------------------------------------------------------------------------
-    def sleep(self, level: int = 1) -> None:
-        tags = release_tags(level, self._weights_cpu_backup)
-        if self._asleep:
-            return
-        if self._device_sleeps:
-            if not self._memory_saver:
-                raise EngineError("SGLangEngine.sleep needs SGLang's memory saver, which this engine was built "
-                                  "without. Fix: trainer.placement.colocate_all=true (or "
-                                  "+generator.engine_init_kwargs.enable_memory_saver=true)")
-            self.engine.release_memory_occupation(tags=tags)
-            self._released = tags
-        self._asleep = True
+    def _release(self, level: int) -> None:
+        self._released = release_tags(level, self._weights_cpu_backup)
+        self.engine.release_memory_occupation(tags=self._released)
 
     def wake_up(self) -> None:
         self._resume(list(self._released))

@@ -192,13 +192,13 @@ class VLLMEngine(LibraryEngine):
         except ImportError as e:  # also a broken install (CUDA-only torchvision on CPU, ...)
             raise missing_package_error("vllm", "vllm", e) from e
         kwargs = dict(engine_kwargs)
-        self._sleep_mode = bool(kwargs.get("enable_sleep_mode", False))
-        self._platform_sleeps = bool(current_platform.is_sleep_mode_available())
-        if self._sleep_mode and not self._platform_sleeps:
+        self._can_sleep = bool(kwargs.get("enable_sleep_mode", False))
+        self._device_sleeps = bool(current_platform.is_sleep_mode_available())
+        if self._can_sleep and not self._device_sleeps:
             log.warning("vLLM has no sleep mode on this platform (%s): the engine is built without it and "
                         "sleep()/wake_up() free nothing (there is no device memory to hand to the trainer)",
                         current_platform.device_name)
-            kwargs["enable_sleep_mode"] = False
+            kwargs["enable_sleep_mode"] = self._can_sleep = False
         self.dtype: torch.dtype = engine_torch_dtype(str(kwargs.get("dtype", "bfloat16")))
         self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
         self.engine_kwargs = kwargs
@@ -279,21 +279,10 @@ class VLLMEngine(LibraryEngine):
             raise EngineError("vLLM refused to reset its prefix cache (requests still running)")
 
     # -- sleep ---------------------------------------------------------------------------------
-    def sleep(self, level: int = 1) -> None:
-        """Level 1: weights offloaded to host memory, KV cache dropped. Level 2: both dropped; the
-        next `update_weights` brings the weights back."""
-        if level not in (1, 2):
-            raise EngineError(f"sleep level must be 1 or 2, got {level}")
-        if self._asleep:
-            return
-        if self._platform_sleeps:
-            if not self._sleep_mode:
-                raise EngineError("VLLMEngine.sleep needs vLLM's sleep mode, which this engine was built without. "
-                                  "Fix: trainer.placement.colocate_all=true (or "
-                                  "+generator.engine_init_kwargs.enable_sleep_mode=true)")
-            self.llm.sleep(level=level)
-            self._asleep_tags = ["weights", "kv_cache"]
-        self._asleep = True
+    def _release(self, level: int) -> None:
+        """Level 1: weights offloaded to host memory, KV cache dropped. Level 2: both dropped."""
+        self.llm.sleep(level=level)
+        self._asleep_tags = ["weights", "kv_cache"]
 
     def wake_up(self) -> None:
         if self._asleep_tags:
