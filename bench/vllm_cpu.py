@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from ridgeline.data import encode_chat_prompt  # noqa: E402
-from ridgeline.distributed.launch import free_port  # noqa: E402
+from ridgeline.inference.weight_transport import free_port  # noqa: E402
 from ridgeline.inference.hf_engine import HFEngine  # noqa: E402
 from ridgeline.inference.launch import VLLM_CPU_ENV, ServerProcess, vllm_server_command  # noqa: E402
 from ridgeline.inference.remote import RemoteEngine, RemoteSettings  # noqa: E402

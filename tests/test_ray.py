@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from ridgeline.config import load_config
 from ridgeline.config.validate import ConfigError, base_config, config_problems
 from ridgeline.distributed.placement import PlacementConfigError, bundle_index, plan_placement
+from ridgeline.models.tiny import build_char_tokenizer
 from ridgeline.training.batch import data_parallel_rows, rank_rows
 
 
@@ -191,7 +192,7 @@ def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
                               "generator.num_inference_engines=2", "generator.model_dtype=bfloat16",
                               "trainer.placement.ref_num_gpus_per_node=2"])
     assert config_problems(cfg) == []
-    workers = build_ray_workers(cfg)
+    workers = build_ray_workers(cfg, build_char_tokenizer())  # tiny:// models use the char tokenizer
     try:
         assert [p.name for p in workers.plan.pools] == ["colocated"]
         state = workers.policy.full_state_dict()

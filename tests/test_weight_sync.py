@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import time
 
 import pytest
@@ -14,16 +13,21 @@ import torch.multiprocessing as mp
 
 from ridgeline.distributed.weight_sync import (GroupSpec, StaleWeightsError, WeightReceiver, WeightSender,
                                                WeightSyncError, check_probe, probe_logprobs, probe_tolerance)
+from ridgeline.inference.weight_transport import free_port
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GROUP_TIMEOUT_S = 20.0   # a bug fails the test within this, never hangs it
 REPLY_TIMEOUT_S = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _start_peer(target, *args) -> tuple[mp.Process, int, "mp.Queue"]:
+    """A spawned weight-sync peer running `target(port, *args, replies)`: (process, port, replies)."""
+    ctx = mp.get_context("spawn")
+    replies = ctx.Queue()
+    port = free_port()
+    proc = ctx.Process(target=target, args=(port, *args, replies), daemon=True)
+    proc.start()
+    return proc, port, replies
 
 
 def _to_bytes(obj) -> bytes:
@@ -77,11 +81,8 @@ def _idle_receiver_main(port: int, timeout_s: float, replies) -> None:
 
 @pytest.fixture(scope="module")
 def engine_proc():
-    ctx = mp.get_context("spawn")
-    commands, replies = ctx.Queue(), ctx.Queue()
-    port = _free_port()
-    proc = ctx.Process(target=_engine_main, args=(port, commands, replies), daemon=True)
-    proc.start()
+    commands = mp.get_context("spawn").Queue()
+    proc, port, replies = _start_peer(_engine_main, commands)
     try:
         assert replies.get(timeout=REPLY_TIMEOUT_S) == "ready"
         sender = WeightSender(GroupSpec(port=port, rank=0, world_size=2, timeout_s=GROUP_TIMEOUT_S))
@@ -180,11 +181,7 @@ def test_dead_or_stalled_receiver_raises_within_timeout(peer):
     """A receiver killed after joining fails the send at once (gloo sees the closed connection);
     one that is alive but never calls receive() fails it once the timeout passes."""
     timeout_s = 2.0
-    ctx = mp.get_context("spawn")
-    replies = ctx.Queue()
-    port = _free_port()
-    proc = ctx.Process(target=_idle_receiver_main, args=(port, timeout_s, replies), daemon=True)
-    proc.start()
+    proc, port, replies = _start_peer(_idle_receiver_main, timeout_s)
     try:
         assert replies.get(timeout=REPLY_TIMEOUT_S) == "ready"
         sender = WeightSender(GroupSpec(port=port, rank=0, world_size=2, timeout_s=timeout_s))
@@ -208,7 +205,7 @@ def test_dead_or_stalled_receiver_raises_within_timeout(peer):
 def test_receiver_that_never_joins_raises_within_timeout():
     start = time.perf_counter()
     with pytest.raises(WeightSyncError, match="did not form.*backend=gloo.*timeout 1.5s"):
-        WeightSender(GroupSpec(port=_free_port(), rank=0, world_size=2, timeout_s=1.5))
+        WeightSender(GroupSpec(port=free_port(), rank=0, world_size=2, timeout_s=1.5))
     assert time.perf_counter() - start < 1.5 + 3
 
 

@@ -172,20 +172,19 @@ class FSDPPolicyWorker(PolicyWorker):
     def _optimizer_step(self, mini: TrainingBatch, sums: dict[str, float], loss_sums: dict[str, float],
                         first_epoch: bool) -> float:
         self._sums = sums  # the base's raw sums: the logprob-mismatch mean needs its token count
-        check_uniform_forwards([decoder_forward_count(self.model, m, self.config.forward_options)
-                                for m in mini.chunks(self.config.micro_batch_size)])
+        check_micro_forwards(self.model, mini, self.config.micro_batch_size, self.config.forward_options)
         return super()._optimizer_step(mini, sums, loss_sums, first_epoch)
 
     def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:
-        return global_normalizers(float(mini.loss_mask.sum()), float(mini.batch_size))
+        return global_step_normalizers(mini)
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         was_training = self.model.training
         self.model.eval()  # as batch_logprobs runs it
-        passes = [decoder_forward_count(self.model, m, self.config.forward_options)
-                  for m in batch.chunks(self.config.micro_forward_batch_size)]
-        self.model.train(was_training)
-        check_uniform_forwards(passes)
+        try:
+            check_micro_forwards(self.model, batch, self.config.micro_forward_batch_size, self.config.forward_options)
+        finally:
+            self.model.train(was_training)
         return super().compute_logprobs(batch)
 
     def train(self, batch: TrainingBatch) -> dict[str, float]:
@@ -194,6 +193,16 @@ class FSDPPolicyWorker(PolicyWorker):
         sums = self._sums if self._sums is not None else defaultdict(float)
         return reduce_policy_metrics(metrics, local_tokens=float(batch.loss_mask.sum()) * self.config.update_epochs,
                                      mismatch=(sums["mismatch_sum"], sums["mismatch_tokens"], sums["mismatch_max"]))
+
+
+def check_micro_forwards(model, batch: TrainingBatch, micro_size: int, options) -> None:
+    """`check_uniform_forwards` for `batch` run in micro-batches of `micro_size` rows."""
+    check_uniform_forwards([decoder_forward_count(model, m, options) for m in batch.chunks(micro_size)])
+
+
+def global_step_normalizers(mini: TrainingBatch) -> tuple[float, float]:
+    """A mini-batch's loss normalisers (tokens, sequences) summed over every rank."""
+    return global_normalizers(float(mini.loss_mask.sum()), float(mini.batch_size))
 
 
 def check_uniform_forwards(passes: list[int]) -> None:
@@ -279,7 +288,7 @@ class FSDPCriticWorker(CriticWorker):
     head); the packed path calls the backbone directly, around the root's hooks."""
 
     def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:
-        return global_normalizers(float(mini.loss_mask.sum()), float(mini.batch_size))
+        return global_step_normalizers(mini)
 
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
         check_uniform_forwards([1] * math.ceil(batch.batch_size / self.config.micro_forward_batch_size))
@@ -297,5 +306,5 @@ class FSDPRefWorker(RefWorker):
     checking that every rank will run the same decoder forwards (see `FSDPPolicyWorker`)."""
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        check_uniform_forwards([decoder_forward_count(self.model, m, self.forward_options) for m in batch.chunks(self.micro)])
+        check_micro_forwards(self.model, batch, self.micro, self.forward_options)
         return super().compute_logprobs(batch)

@@ -31,14 +31,15 @@ from omegaconf import DictConfig, OmegaConf
 from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
-from ridgeline.distributed.weight_sync import (GroupSpec, SyncStats, WeightReceiver, WeightSender, check_probe,
-                                               probe_logprobs, probe_tokens, probe_tolerance)
+from ridgeline.distributed.weight_sync import (GroupSpec, SyncStats, WeightReceiver, WeightSender, probe_engines,
+                                               probe_logprobs, probe_tokens, probe_tolerance, sync_report)
 from ridgeline.inference.types import EngineOutput, EngineRequest
+from ridgeline.inference.weight_transport import usable_backend
 from ridgeline.models.loading import DTYPES, load_tokenizer, quiet_transformers, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE
 from ridgeline.training.batch import TrainingBatch, rank_rows
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
-                                     policy_train_config, seed_everything, training_autocast_dtype)
+                                     policy_train_config, seed_everything)
 from ridgeline.training.forward_path import PLAIN
 from ridgeline.training.optim import restore_optimizer
 from ridgeline.training.worker import PolicyTrainConfig
@@ -80,8 +81,7 @@ class TrainingRank:
             self.worker = build_policy_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPPolicyWorker,
                                               data_parallel=self.world_size)
         elif self.role == "critic":
-            self.worker = build_critic(self.cfg, self.tokenizer, training_autocast_dtype(t.mixed_precision),
-                                       shard=shard, worker_cls=FSDPCriticWorker, options=PLAIN,
+            self.worker = build_critic(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPCriticWorker, options=PLAIN,
                                        data_parallel=self.world_size)
         else:
             self.worker = build_ref_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPRefWorker)
@@ -119,12 +119,17 @@ class TrainingRank:
     def init_weight_sender(self, spec: GroupSpec) -> None:
         self.sender = WeightSender(spec)
 
-    def send_weights(self, dtype: str, version: int) -> SyncStats | None:  # collective
+    def _engine_weights(self) -> list[tuple[str, torch.Tensor]] | None:  # collective
+        """The gathered weights as engines name them (tied weights once) on rank 0; None elsewhere."""
         state = self.full_state_dict()
         if self.rank != 0:
             return None
-        names = dict(self.worker.model.named_parameters())  # tied weights once, as the engine names them
-        return self.sender.send(((k, v) for k, v in state.items() if k in names), DTYPES[dtype], version=version)
+        names = dict(self.worker.model.named_parameters())
+        return [(k, v) for k, v in state.items() if k in names]
+
+    def send_weights(self, dtype: str, version: int) -> SyncStats | None:  # collective
+        weights = self._engine_weights()
+        return None if weights is None else self.sender.send(weights, DTYPES[dtype], version=version)
 
     def init_remote_push(self, settings: Any) -> None:
         """Rank 0 opens its own client to the remote servers: it holds the full weights after the
@@ -134,11 +139,8 @@ class TrainingRank:
             self.remote = RemoteEngine(settings)
 
     def push_remote(self, version: int) -> dict | None:  # collective
-        state = self.full_state_dict()
-        if self.rank != 0:
-            return None
-        names = dict(self.worker.model.named_parameters())
-        return self.remote.update_weights([(k, v) for k, v in state.items() if k in names], version)
+        weights = self._engine_weights()
+        return None if weights is None else self.remote.update_weights(weights, version)
 
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)
         return probe_logprobs(self.worker.model, self.tokenizer)
@@ -202,12 +204,11 @@ class EngineRank:
     """One inference engine (hf, vllm or sglang: `generator.backend`) in its own process, run as a
     Ray actor; it receives weights over the weight-sync group and loads them with `update_weights`."""
 
-    def __init__(self, cfg: dict, index: int):
+    def __init__(self, cfg: dict):
         from ridgeline.inference.build import build_engine
 
         cfg = OmegaConf.create(cfg)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        self.index = index
         self.tokenizer = load_tokenizer(policy_spec(cfg))
         self.engine = build_engine(cfg, self.tokenizer)
         self.receiver: WeightReceiver | None = None
@@ -331,7 +332,9 @@ class RayRefGroup(_RankGroup):
 
     def load_from(self, policy: RayPolicyGroup) -> None:
         """`update_ref_every_epoch`: the policy's current weights."""
-        self.call("load_full_state_dict", self.ray.put(policy.full_state_dict()))
+        refs = [a.full_state_dict.remote() for a in policy.actors]  # collective over the policy ranks
+        self.call("load_full_state_dict", refs[0])  # Ray passes rank 0's weights actor to actor, not via here
+        self.ray.get(refs[1:])
 
 
 class RayEngineGroup:
@@ -390,22 +393,15 @@ class RayWeightSync:
             raise RuntimeError(f"engines report weight versions {versions} after sending version {version}")
         t0 = time.perf_counter()
         worst = self.probe(version)
-        metrics = {"weight_sync/seconds": stats.seconds, "weight_sync/megabytes": stats.bytes / 1e6,
-                   "weight_sync/seconds_per_mb": stats.seconds_per_mb, "weight_sync/probe_abs_diff": worst,
-                   "weight_sync/probe_seconds": time.perf_counter() - t0}
-        level = logging.INFO if version <= 1 else logging.DEBUG
-        log.log(level, "weight sync v%d: %.1f MB in %.3f s (%.2f ms/MB) to %d engine(s), probe %s |diff| %.2g",
-                version, stats.bytes / 1e6, stats.seconds, 1e3 * stats.seconds_per_mb, len(self.engines.actors),
-                self.tolerance.statistic, worst)
-        return metrics
+        return sync_report(version, stats.bytes, stats.seconds, worst, time.perf_counter() - t0,
+                           f"{len(self.engines.actors)} engine(s)", self.tolerance)
 
     def probe(self, version: int | None = None) -> float:
         """The worst engine's |logprob difference| from the trainer on the probe text (max over
         tokens for float32 engines, mean for bf16/fp16: `probe_tolerance`); `StaleWeightsError`
         when one exceeds the engine dtype's tolerance."""
-        trainer_lp = self.policy.call("probe")[0]
-        return max(check_probe(trainer_lp, lp, self.tolerance, version)
-                   for lp in self.ray.get([e.probe.remote() for e in self.engines.actors]))
+        return probe_engines(self.policy.call("probe")[0],
+                             self.ray.get([e.probe.remote() for e in self.engines.actors]), self.tolerance, version)
 
 
 # ------------------------------------------------------------------------------ building
@@ -441,10 +437,10 @@ def placement_plan(cfg: DictConfig) -> PlacementPlan:
                           remote_engines=not g.run_engines_locally)
 
 
-def build_ray_workers(cfg: DictConfig) -> RayWorkers:
-    """Start or join Ray, reserve the plan's pools, start every actor, build the sharded models,
-    connect the weight-sync group and push the policy's initial weights to the engines (which
-    also checks them with the probe)."""
+def build_ray_workers(cfg: DictConfig, tokenizer) -> RayWorkers:
+    """Start or join Ray, reserve the plan's pools, start every actor, build the sharded models and
+    connect the weight-sync group. The trainer pushes the first weights (`weight_sync.sync(0)`, or
+    the resumed checkpoint's)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     plan = placement_plan(cfg)
@@ -473,7 +469,7 @@ def build_ray_workers(cfg: DictConfig) -> RayWorkers:
                   if needs_ref(cfg) else [])
     critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"])
                       for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
-    engine_actors = [actor(EngineRank, "engine", i, plain, i) for i in range(plan.num_engines)]  # none if remote
+    engine_actors = [actor(EngineRank, "engine", i, plain) for i in range(plan.num_engines)]  # none if remote
     infos = []
     for actors in (policy_actors, ref_actors, critic_actors):
         if actors:
@@ -484,21 +480,16 @@ def build_ray_workers(cfg: DictConfig) -> RayWorkers:
     ref = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
     critic = RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n) if critic_actors else None
     if not cfg.generator.run_engines_locally:
-        return _with_remote_engines(cfg, ray, plan, groups, policy, ref, critic, int(infos[0]["parameters"]))
+        return _with_remote_engines(cfg, tokenizer, ray, plan, groups, policy, ref, critic,
+                                    int(infos[0]["parameters"]))
     engines = RayEngineGroup(ray, engine_actors)
-    backend = cfg.generator.weight_sync_backend
-    if plan.device == "CPU" and backend == "nccl":
-        # the base default names the GPU transport; CPUs speak gloo
-        log.info("generator.weight_sync_backend=nccl on a machine without GPUs: weight sync uses gloo")
-        backend = "gloo"
-    sync = RayWeightSync(ray, policy, engines, backend, float(cfg.generator.weight_sync_timeout))
+    sync = RayWeightSync(ray, policy, engines, usable_backend(cfg.generator.weight_sync_backend),
+                         float(cfg.generator.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
-    workers = RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
-    workers.weight_sync.sync(0)  # the engines start from the trainer's weights, checked by the probe
-    return workers
+    return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
 
 
-def _with_remote_engines(cfg: DictConfig, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
+def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
                          ref: RayRefGroup | None, critic: RayCriticGroup | None, parameters: int) -> RayWorkers:
     """`generator.run_engines_locally=false`: the driver's client generates; policy rank 0 pushes the
     gathered weights to the servers over its own weight-update group; the probe compares the
@@ -509,10 +500,7 @@ def _with_remote_engines(cfg: DictConfig, ray, plan: PlacementPlan, groups: dict
     settings = RemoteSettings.from_config(cfg)
     engine = RemoteEngine(settings)
     policy.call("init_remote_push", settings)
-    probe_ids = probe_tokens(load_tokenizer(policy_spec(cfg)))
-    sync = RemoteWeightSync(engine, push=lambda version: policy.call("push_remote", version)[0],
-                            trainer_probe=lambda: policy.call("probe")[0], probe_ids=probe_ids)
+    sync = RemoteWeightSync(engine, tokenizer, push=lambda version: policy.call("push_remote", version)[0],
+                            trainer_probe=lambda: policy.call("probe")[0])
     log.info("Ray workers up: %s; engines: %d remote server(s)", plan.describe(), len(engine.urls))
-    workers = RayWorkers(policy, ref, critic, engine, sync, plan, groups, parameters=parameters)
-    workers.weight_sync.sync(0)
-    return workers
+    return RayWorkers(policy, ref, critic, engine, sync, plan, groups, parameters=parameters)

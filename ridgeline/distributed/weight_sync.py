@@ -18,7 +18,7 @@ from ridgeline.training.logprobs import response_logprobs
 __all__ = [
     "DEFAULT_CHUNK_BYTES", "GroupSpec", "SyncHeader", "SyncStats", "TensorBroadcaster", "TensorMeta",
     "WeightReceiver", "WeightSender", "WeightSyncError", "StaleWeightsError", "PROBE_TEXT", "ProbeTolerance",
-    "PROBE_TOLERANCE", "probe_tolerance", "probe_tokens", "probe_logprobs", "check_probe", "RemoteWeightSync",
+    "PROBE_TOLERANCE", "probe_tolerance", "probe_tokens", "probe_logprobs", "check_probe", "probe_engines", "sync_report", "RemoteWeightSync",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,23 @@ def check_probe(trainer_lp: torch.Tensor, engine_lp: torch.Tensor, tolerance: fl
     return diff
 
 
+def probe_engines(trainer_lp: torch.Tensor, engine_lps, tolerance: ProbeTolerance, version: int | None) -> float:
+    """The worst engine's probe difference (`check_probe` on each: `StaleWeightsError` past the tolerance)."""
+    return max(check_probe(trainer_lp, torch.as_tensor(lp), tolerance, version) for lp in engine_lps)
+
+
+def sync_report(version: int, nbytes: int, seconds: float, worst: float, probe_seconds: float, engines: str,
+                tolerance: ProbeTolerance) -> dict[str, float]:
+    """The `weight_sync/*` metrics of one sync, logged once at start (INFO) and then at DEBUG."""
+    mb = nbytes / 1e6
+    per_mb = seconds / mb if mb else 0.0
+    level = logging.INFO if version <= 1 else logging.DEBUG
+    log.log(level, "weight sync v%d: %.1f MB in %.3f s (%.2f ms/MB) to %s, probe %s |diff| %.2g", version, mb,
+            seconds, 1e3 * per_mb, engines, tolerance.statistic, worst)
+    return {"weight_sync/seconds": seconds, "weight_sync/megabytes": mb, "weight_sync/seconds_per_mb": per_mb,
+            "weight_sync/probe_abs_diff": worst, "weight_sync/probe_seconds": probe_seconds}
+
+
 class RemoteWeightSync:
     """Remote engines (`generator.run_engines_locally=false`): `push(version)` sends the policy's
     weights to every server (from this process, or from policy rank 0 on Ray) and returns
@@ -120,22 +137,15 @@ class RemoteWeightSync:
     `trainer_probe()`, since a server that silently kept old weights would otherwise go unnoticed
     for the whole run. `engine` is the driver's `RemoteEngine` (`score_all`, `urls`, `retried`)."""
 
-    def __init__(self, engine, push: Callable[[int], dict], trainer_probe: Callable[[], torch.Tensor],
-                 probe_ids: tuple[list[int], list[int]]):
-        self.engine, self.push, self.trainer_probe, self.probe_ids = engine, push, trainer_probe, probe_ids
+    def __init__(self, engine, tokenizer, push: Callable[[int], dict], trainer_probe: Callable[[], torch.Tensor]):
+        self.engine, self.push, self.trainer_probe = engine, push, trainer_probe
+        self.probe_ids = probe_tokens(tokenizer)
         self.tolerance = probe_tolerance(engine.dtype)
 
     def sync(self, version: int) -> dict[str, float]:
         stats = self.push(version)
         t0 = time.perf_counter()
-        trainer_lp = self.trainer_probe()
-        worst = max(check_probe(trainer_lp, torch.tensor(lp), self.tolerance, version)
-                    for lp in self.engine.score_all(*self.probe_ids))
-        mb = stats["bytes"] / 1e6
-        level = logging.INFO if version <= 1 else logging.DEBUG
-        log.log(level, "weight sync v%d: %.1f MB in %.3f s to %d remote engine(s), probe %s |diff| %.2g", version,
-                mb, stats["seconds"], len(self.engine.urls), self.tolerance.statistic, worst)
-        return {"weight_sync/seconds": stats["seconds"], "weight_sync/megabytes": mb,
-                "weight_sync/seconds_per_mb": stats["seconds"] / mb if mb else 0.0,
-                "weight_sync/probe_abs_diff": worst, "weight_sync/probe_seconds": time.perf_counter() - t0,
-                "remote/retries": float(self.engine.retried)}
+        worst = probe_engines(self.trainer_probe(), self.engine.score_all(*self.probe_ids), self.tolerance, version)
+        metrics = sync_report(version, stats["bytes"], stats["seconds"], worst, time.perf_counter() - t0,
+                              f"{len(self.engine.urls)} remote engine(s)", self.tolerance)
+        return {**metrics, "remote/retries": float(self.engine.retried)}

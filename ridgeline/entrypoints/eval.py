@@ -190,27 +190,45 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
 def engine_tokenizer(cfg: DictConfig, checkpoint: Path | None):
     """The tokenizer for an engine that loads its own weights; `checkpoint` (a Hugging Face folder
     or a training checkpoint) becomes `trainer.policy.model.path` for vLLM / SGLang."""
+    from ridgeline.models.loading import load_tokenizer, policy_spec
+
+    if checkpoint is None:
+        return load_tokenizer(policy_spec(cfg))
+    if not cfg.generator.run_engines_locally:
+        raise CheckpointArgumentError("--checkpoint with remote engines: the servers score the weights they "
+                                      "hold. Load the checkpoint on the servers (e.g. `ridgeline serve "
+                                      "trainer.policy.model.path=CHECKPOINT`) and run eval without --checkpoint.")
+    tokenizer = _use_hf_checkpoint(cfg, _checkpoint_folder(checkpoint))
+    if tokenizer is None:
+        raise CheckpointArgumentError(f"--checkpoint {checkpoint}: generator.backend={cfg.generator.backend} "
+                                      "loads a Hugging Face model folder (config.json + weights); export one "
+                                      "with `ridgeline export`, or use generator.backend=hf")
+    return tokenizer
+
+
+def _checkpoint_folder(checkpoint: Path) -> Path:
+    """`--checkpoint` as the folder to read: a training checkpoint's policy, or the folder itself."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise CheckpointArgumentError(f"--checkpoint {checkpoint}: no such folder")
+    return _training_checkpoint_policy(checkpoint)
+
+
+def _use_hf_checkpoint(cfg: DictConfig, folder: Path):
+    """When `folder` holds a Hugging Face model (config.json + weights): name it as the policy in
+    `cfg`, so the saved config.yaml says which model was scored, and return its tokenizer (the base
+    model's when it saved none). Otherwise None."""
     from omegaconf import open_dict
 
-    from ridgeline.models.loading import ModelSpec, load_tokenizer
-    from ridgeline.training.build import policy_spec
+    from ridgeline.models.loading import ModelSpec, load_tokenizer, policy_spec
 
-    if checkpoint is not None:
-        if not cfg.generator.run_engines_locally:
-            raise CheckpointArgumentError("--checkpoint with remote engines: the servers score the weights they "
-                                          "hold. Load the checkpoint on the servers (e.g. `ridgeline serve "
-                                          "trainer.policy.model.path=CHECKPOINT`) and run eval without --checkpoint.")
-        folder = _training_checkpoint_policy(Path(checkpoint))
-        if not (folder / "config.json").exists():
-            raise CheckpointArgumentError(f"--checkpoint {checkpoint}: generator.backend={cfg.generator.backend} "
-                                          "loads a Hugging Face model folder (config.json + weights); export one "
-                                          "with `ridgeline export`, or use generator.backend=hf")
-        has_tokenizer = any((folder / f).exists() for f in TOKENIZER_FILES)
-        tokenizer = load_tokenizer(ModelSpec(str(folder)) if has_tokenizer else policy_spec(cfg))
-        with open_dict(cfg):
-            cfg.trainer.policy.model.path, cfg.trainer.policy.model.gguf_file = str(folder), None
-        return tokenizer
-    return load_tokenizer(policy_spec(cfg))
+    if not ((folder / "config.json").exists() and any((folder / f).exists() for f in HF_WEIGHT_FILES)):
+        return None
+    has_tokenizer = any((folder / f).exists() for f in TOKENIZER_FILES)
+    tokenizer = load_tokenizer(ModelSpec(path=str(folder), seed=cfg.trainer.seed) if has_tokenizer else policy_spec(cfg))
+    with open_dict(cfg):
+        cfg.trainer.policy.model.path, cfg.trainer.policy.model.gguf_file = str(folder), None
+    return tokenizer
 
 
 def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
@@ -221,29 +239,20 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
     tokenizer too when saved there, else the base model's), or bare `*.safetensors` files holding
     the state dict of the model `trainer.policy.model.path` names. `cfg` is updated to name what
     was loaded, so the saved config.yaml says which model was scored."""
-    from omegaconf import open_dict
-
-    from ridgeline.models.loading import ModelSpec, load_model, load_safetensors_into, load_tokenizer
+    from ridgeline.models.loading import ModelSpec, load_model, load_safetensors_into, load_tokenizer, policy_spec
     from ridgeline.trainer.builders import engine_dtype
 
-    t = cfg.trainer
     dtype = engine_dtype(cfg.generator.model_dtype)
-    base = ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
+    base = policy_spec(cfg)
     if checkpoint is None:
         tokenizer = load_tokenizer(base)
         return tokenizer, load_model(base, dtype, tokenizer)
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_dir():
-        raise CheckpointArgumentError(f"--checkpoint {checkpoint}: no such folder")
-    checkpoint = _training_checkpoint_policy(checkpoint)
-    has_tokenizer = any((checkpoint / f).exists() for f in TOKENIZER_FILES)
-    if (checkpoint / "config.json").exists() and any((checkpoint / f).exists() for f in HF_WEIGHT_FILES):
-        spec = ModelSpec(path=str(checkpoint), seed=t.seed)
-        tokenizer = load_tokenizer(spec if has_tokenizer else base)
-        with open_dict(cfg):
-            t.policy.model.path, t.policy.model.gguf_file = str(checkpoint), None
+    checkpoint = _checkpoint_folder(checkpoint)
+    tokenizer = _use_hf_checkpoint(cfg, checkpoint)
+    if tokenizer is not None:
         log.info("scoring the Hugging Face model in %s", checkpoint)
-        return tokenizer, load_model(spec, dtype, tokenizer)
+        return tokenizer, load_model(ModelSpec(path=str(checkpoint), seed=cfg.trainer.seed), dtype, tokenizer)
+    has_tokenizer = any((checkpoint / f).exists() for f in TOKENIZER_FILES)
     shards = sorted(checkpoint.glob("*.safetensors"))
     if not shards:
         raise CheckpointArgumentError(f"--checkpoint {checkpoint}: holds neither a Hugging Face model "

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 import requests
 import torch
 
-from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port
+from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port, usable_backend
 from ridgeline.inference.launch import WORKER_EXTENSION
 from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest
 
@@ -61,15 +61,12 @@ class RemoteSettings:
         from ridgeline.models.loading import DTYPES
 
         g = cfg.generator
-        backend = g.weight_sync_backend
-        if backend == "nccl" and not torch.cuda.is_available():
-            backend = "gloo"  # the same fallback as local engines: no GPU, no nccl
         return cls(urls=tuple(normalize_url(u) for u in g.remote_inference_engine_urls),
                    api="openai" if g.backend == "vllm" else "sglang", dtype=DTYPES[g.model_dtype],
                    timeout_s=float(g.remote_request_timeout_s), max_retries=int(g.remote_max_retries),
                    api_key=os.environ.get(API_KEY_ENV) or None,
                    override_existing_update_group=str(g.override_existing_update_group),
-                   weight_sync_backend=backend, weight_sync_timeout_s=float(g.weight_sync_timeout),
+                   weight_sync_backend=usable_backend(g.weight_sync_backend), weight_sync_timeout_s=float(g.weight_sync_timeout),
                    trainer_host=os.environ.get("RIDGELINE_TRAINER_HOST", "127.0.0.1"))
 
 

@@ -180,7 +180,7 @@ class VLLMEngine(LibraryEngine):
       device memory to free: both are bookkeeping only, like the embedded engine on CPU.
     """
 
-    engine_kwargs = staticmethod(lambda cfg: vllm_engine_kwargs(cfg))
+    engine_kwargs = staticmethod(vllm_engine_kwargs)
     model_key, length_key = "model", "max_model_len"
 
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Sequence[int] = ()):

@@ -27,6 +27,7 @@ one, the group is broken and must be rebuilt (`close()` then a new sender / rece
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -35,6 +36,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 # Every tensor starts on this byte boundary, so a receiver can view its bytes as the tensor's
@@ -194,6 +197,15 @@ class _Endpoint:
                 pass
         self.pg = None
         self._store = None
+
+
+def usable_backend(requested: str) -> str:
+    """`generator.weight_sync_backend` as this machine can run it: the base default names the GPU
+    transport (nccl), and a machine without CUDA speaks gloo instead (logged)."""
+    if requested == "nccl" and not torch.cuda.is_available():
+        log.info("generator.weight_sync_backend=nccl on a machine without GPUs: weight sync uses gloo")
+        return "gloo"
+    return requested
 
 
 def free_port() -> int:

@@ -30,7 +30,7 @@ from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_
 from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, add_to_final, total_reward
-from ridgeline.distributed.weight_sync import RemoteWeightSync, probe_logprobs, probe_tokens
+from ridgeline.distributed.weight_sync import RemoteWeightSync, probe_logprobs
 from ridgeline.inference.build import build_engine
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
@@ -148,22 +148,19 @@ class Trainer:
             policy = build_policy_worker(cfg, tokenizer)
             ref = build_ref_worker(cfg, tokenizer)
             engine = build_engine(cfg, tokenizer, policy.model)
-            critic = build_critic(cfg, tokenizer, autocast)
+            critic = build_critic(cfg, tokenizer)
             weight_sync = None
             if isinstance(engine, RemoteEngine):
-                probe_ids = probe_tokens(tokenizer)
                 weight_sync = RemoteWeightSync(
-                    engine, push=lambda version: engine.update_weights(policy.named_weights(), version),
-                    trainer_probe=lambda: probe_logprobs(policy.model, prompt_ids=probe_ids[0],
-                                                         response_ids=probe_ids[1]),
-                    probe_ids=probe_ids)
+                    engine, tokenizer, push=lambda version: engine.update_weights(policy.named_weights(), version),
+                    trainer_probe=lambda: probe_logprobs(policy.model, tokenizer))
             shutdown = engine.close
             parameters = sum(p.numel() for p in policy.model.parameters())
             where = (f"one process, {len(engine.urls)} remote engine(s)" if isinstance(engine, RemoteEngine)
                      else "one process")
         else:
             from ridgeline.distributed.ray_workers import build_ray_workers
-            workers = build_ray_workers(cfg)
+            workers = build_ray_workers(cfg, tokenizer)
             policy, ref, critic, engine = workers.policy, workers.ref, workers.critic, workers.engine
             weight_sync, shutdown = workers.weight_sync, workers.shutdown
             parameters = workers.parameters
@@ -190,7 +187,9 @@ class Trainer:
             trainer.run_id = run_id
             trainer.fingerprint = fingerprint
             if resume_from is not None:
-                checkpoint.load_checkpoint(trainer, resume_from)
+                checkpoint.load_checkpoint(trainer, resume_from)  # syncs the engines to the resumed policy
+            elif weight_sync is not None:
+                weight_sync.sync(0)  # engines in other processes start from the trainer's weights, probed
         except BaseException:
             if shutdown is not None:
                 shutdown()

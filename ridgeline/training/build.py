@@ -105,7 +105,7 @@ def build_ref_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = No
                       forward_options=forward_options(cfg))
 
 
-def build_critic(cfg: DictConfig, tokenizer, autocast: torch.dtype | None, *, shard: ModelHook | None = None,
+def build_critic(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
                  worker_cls: type[CriticWorker] = CriticWorker,
                  options: ForwardOptions | None = None, data_parallel: int = 1) -> CriticWorker | None:
     """The value model and its worker, when `trainer.critic.model.path` names one. `shard`,
@@ -114,6 +114,7 @@ def build_critic(cfg: DictConfig, tokenizer, autocast: torch.dtype | None, *, sh
     t, alg = cfg.trainer, cfg.trainer.algorithm
     if t.critic.model.path is None:
         return None
+    autocast = training_autocast_dtype(t.mixed_precision)
     spec = ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed)
     model = load_value_model(spec, torch.float32, tokenizer, value_head_prefix=alg.value_head_prefix)
     if t.gradient_checkpointing:

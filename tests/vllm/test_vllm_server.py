@@ -11,7 +11,7 @@ import torch
 
 from ridgeline.distributed.weight_sync import probe_logprobs
 from ridgeline.inference.hf_engine import HFEngine
-from ridgeline.distributed.launch import free_port
+from ridgeline.inference.weight_transport import free_port
 from ridgeline.inference.launch import VLLM_CPU_ENV, ServerProcess, vllm_server_command
 from ridgeline.inference.remote import RemoteEngine, RemoteSettings
 from ridgeline.inference.types import EngineRequest, SamplingParams
