@@ -276,6 +276,26 @@ def test_eval_through_a_remote_server_scores_like_the_embedded_engine(server, tm
         evaluate_model(load_config(remote_cfg), checkpoint=tmp_path, output=tmp_path / "x")
 
 
+def test_a_run_starts_by_pushing_its_weights_to_the_servers(server, tmp_path):
+    """A server launched with other weights is corrected before the first rollout."""
+    from ridgeline.config import load_config
+    from ridgeline.trainer.trainer import Trainer
+
+    client = _client(server)
+    client.update_weights(_perturbed(3).named_parameters())
+    client.close()
+    cfg = load_config(["+experiment=tiny", f"trainer.run_dir={tmp_path}", "generator.model_dtype=float32",
+                       "generator.run_engines_locally=false", f"generator.remote_inference_engine_urls=['{server}']"])
+    trainer = Trainer.from_config(cfg)
+    try:
+        tok = trainer.tokenizer
+        prompt, response = chat_ids(tok, "What is 2 + 3?"), chat_ids(tok, "5")
+        want = probe_logprobs(trainer.policy.model, prompt_ids=prompt, response_ids=response)
+        assert torch.allclose(torch.tensor(trainer.engine.score(prompt, response)), want, atol=1e-5)
+    finally:
+        trainer.close()
+
+
 def test_training_with_rollouts_from_a_remote_server(server, tmp_path):
     """A tiny GRPO run whose engine is the server: weights are pushed and probed after every step."""
     from ridgeline.config import load_config
