@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ridgeline.models.forward import activation_checkpointing_on, forward_last_logits, positions_from_mask
+from ridgeline.models.forward import activation_checkpointing_on, positions_from_mask
+from ridgeline.training.lm_head import lm_head_logprobs
 
 
 def prompt_groups(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
@@ -42,46 +43,31 @@ def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention
     positions = positions_from_mask(attention_mask)
     groups = prompt_groups(model, sequences, attention_mask, response_width) if share_prompts else None
     if groups is None:
-        out = forward_last_logits(model, response_width + 1, input_ids=sequences, attention_mask=attention_mask,
-                                  position_ids=positions, use_cache=False)
-        logits = out.logits[:, :-1]
+        out = model.get_decoder()(input_ids=sequences, attention_mask=attention_mask, position_ids=positions,
+                                  use_cache=False)
+        hidden = out.last_hidden_state[:, -response_width - 1:-1]
     else:
         unique, inverse = groups
-        logits = _shared_prompt_logits(model, unique[:, :prompt_width], unique[:, prompt_width:], inverse,
+        hidden = _shared_prompt_hidden(model, unique[:, :prompt_width], unique[:, prompt_width:], inverse,
                                        sequences[:, prompt_width:], attention_mask, positions[:, prompt_width:])
-    return token_logprobs(logits.float(), sequences[:, -response_width:], temperature, with_entropy)
+    # the LM head only at the response's predicting positions, a vocabulary chunk at a time
+    return lm_head_logprobs(model, hidden, sequences[:, -response_width:], temperature, with_entropy)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(logits / temperature) at `targets` (`logits` [..., V], `targets` [...]), and
-    the entropy of that distribution when asked. Shared by the padded, shared-prompt and packed
-    paths so they agree to the last bit of arithmetic."""
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_z = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - log_z
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = log_z - (probs * logits).sum(-1)
-    return logprobs, entropy
-
-
-def _shared_prompt_logits(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+def _shared_prompt_hidden(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                           inverse: torch.Tensor, response_ids: torch.Tensor, attention_mask: torch.Tensor,
                           response_positions: torch.Tensor) -> torch.Tensor:
-    """Logits [B, R, V] predicting each response token: the prompt's last position (run once per
-    distinct prompt), then the response positions 0..R-2 attending to the fanned-out prompt cache."""
-    prompt_positions = positions_from_mask(prompt_mask)
-    out = forward_last_logits(model, 1, input_ids=prompt_ids, attention_mask=prompt_mask,
-                              position_ids=prompt_positions, use_cache=True)
+    """Last hidden states [B, R, H] at the positions predicting each response token: the prompt's
+    last position (run once per distinct prompt, then fanned out), then the response positions
+    0..R-2 attending to the fanned-out prompt cache."""
+    decoder = model.get_decoder()
+    out = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
+                  use_cache=True)
     cache = out.past_key_values
     cache.reorder_cache(inverse)  # index_select per layer: differentiable
-    first = out.logits[inverse]   # [B, 1, V]
+    first = out.last_hidden_state[inverse, -1:]   # [B, 1, H]
     if response_ids.shape[1] == 1:
         return first
-    rest = forward_last_logits(model, response_ids.shape[1] - 1, input_ids=response_ids[:, :-1],
-                               attention_mask=attention_mask[:, :-1], position_ids=response_positions[:, :-1],
-                               past_key_values=cache, use_cache=True).logits
+    rest = decoder(input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                   position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).last_hidden_state
     return torch.cat([first, rest], dim=1)

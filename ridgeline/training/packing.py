@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ridgeline.training.logprobs import token_logprobs
+from ridgeline.training.lm_head import lm_head_logprobs
 
 EXPLICIT_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
 PAD_SEGMENT = -1  # segment of the padding at the tail of a pack: one causal block of its own
@@ -185,8 +185,7 @@ def packed_response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, at
     packed, hidden = packed_response_hidden(model.get_decoder(), sequences, attention_mask, response_width,
                                             max_tokens_per_pack)
     # Only the predicting positions go through the (large) output embedding.
-    logits = model.get_output_embeddings()(hidden).float()
-    logprobs, entropy = token_logprobs(logits, packed.targets, temperature, with_entropy)
+    logprobs, entropy = lm_head_logprobs(model, hidden, packed.targets, temperature, with_entropy)
     batch = sequences.shape[0]
     return (scatter_response(packed, logprobs, batch, response_width),
             scatter_response(packed, entropy, batch, response_width) if entropy is not None else None)
