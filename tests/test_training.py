@@ -103,6 +103,29 @@ def test_warmup_schedule_is_linear_then_constant(tiny_model):
     assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
 
+def test_matrices_decay_and_vectors_do_not_with_the_fused_kernel(tiny_model):
+    tiny_model.model.norm.weight.requires_grad_(False)  # frozen: in no group
+    opt = build_optimizer(tiny_model, lr=0.1, betas=(0.9, 0.999), weight_decay=0.5)
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.5 and plain["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
+    trainable = {id(p) for p in tiny_model.parameters() if p.requires_grad}
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == trainable
+    assert opt.defaults["fused"] is True  # torch's fused AdamW runs on CPU
+    # with zero gradients only the decay moves a weight: lr * wd * w for matrices, nothing for vectors
+    matrix, vector = decayed["params"][0], plain["params"][0]
+    before_m, before_v = matrix.detach().clone(), vector.detach().clone()
+    for p in trainable_params(tiny_model):
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    torch.testing.assert_close(matrix, before_m * (1 - 0.1 * 0.5))
+    assert torch.equal(vector, before_v)
+
+
+def trainable_params(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def test_gradient_checkpointing_falls_back_to_the_plain_forward(tiny_model, tiny_tokenizer):
     sequences, attention, width = _grouped_batch(len(tiny_tokenizer))
     tiny_model.train()

@@ -7,10 +7,29 @@ from typing import Callable
 import torch
 
 
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The trainable parameters in two groups: matrices (linear and embedding weights) decay, vectors
+    (biases, norm scales) do not: the split of SkyRL, OpenRLHF and transformers' Trainer, by shape
+    rather than by name so it holds for any architecture. Empty groups are left out."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def fused_adamw_supported(model: torch.nn.Module) -> bool:
+    """torch's fused AdamW kernel (one kernel per step instead of ~10 elementwise passes per
+    tensor: 0.12 s against 0.69 s per step for SmolLM2-135M on one CPU core) takes floating-point
+    parameters on CPU and CUDA."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    devices = set(_get_fused_kernels_supported_devices())
+    return all(p.device.type in devices and p.is_floating_point() for p in model.parameters() if p.requires_grad)
+
+
 def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float],
                     weight_decay: float) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas,
+                             fused=fused_adamw_supported(model) or None)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, num_warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
