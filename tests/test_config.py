@@ -198,6 +198,11 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.algorithm.sapo.tau_neg", 1.05),
     ("trainer.algorithm.overlong_buffer_len", None),
     ("trainer.algorithm.overlong_buffer_penalty_factor", 1.0),
+    # LoRA on the policy (SkyRL's names, beyond CONFIG_REFERENCE; docs/lora.md)
+    ("trainer.policy.model.lora.rank", 0),
+    ("trainer.policy.model.lora.alpha", 16.0),
+    ("trainer.policy.model.lora.dropout", 0.0),
+    ("trainer.policy.model.lora.target_modules", "all-linear"),
     # environments
     ("environment.max_env_workers", 10),
     ("environment.step_timeout_s", 60.0),

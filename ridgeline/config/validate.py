@@ -43,6 +43,8 @@ HF_ENGINE_KWARGS: tuple[str, ...] = ("attn_implementation",)
 # built-in estimators that ignore critic values (a user's estimator may read them)
 CRITIC_FREE_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce++")
 LOGGERS: tuple[str, ...] = ("wandb", "console", "tensorboard", "mlflow", "jsonl")
+LORA = "trainer.policy.model.lora"
+LORA_TARGETS = f"{LORA}.target_modules"
 
 _PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
 _MISSING = object()  # key absent, or its value could not be resolved (already reported)
@@ -312,6 +314,12 @@ class _Checker:
         rec(self.c, _base_tree(), "")
 
     def _unknown(self, key: str, value: Any) -> None:
+        if key.startswith("trainer.critic.model.lora") or key.startswith("trainer.ref.model.lora"):
+            role = key.split(".")[1]
+            self.add(key, f"{key}={_show(value)}: LoRA is built for the policy only ({LORA}.*); the {role} "
+                          f"{'trains all its weights' if role == 'critic' else 'is the frozen base of a LoRA policy'}. "
+                          "Fix: remove it.")
+            return
         guess = suggest_key(key)
         if guess:
             fix = (f"did you mean {guess}? Fix: rename it, e.g. {guess}={_show(value)}"
@@ -360,6 +368,10 @@ class _Checker:
             if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
                 return None
             return "a tracker name or a non-empty list of tracker names"
+        if key == LORA_TARGETS:
+            if isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                return None  # an empty list or name is refused by lora(), with its own fix
+            return "'all-linear' or a list of module names"
         if key in FREE_FORM and default is not None:
             return None if isinstance(value, dict) else "a map"
         if default is None:
@@ -787,6 +799,43 @@ class _Checker:
                          "tokens whose covariance lies between them are candidates for clipping. "
                          f"Fix: e.g. {a}.clip_cov.clip_cov_lb=1.0 {a}.clip_cov.clip_cov_ub=5.0.")
 
+    # LoRA -----------------------------------------------------------------------------
+    def lora(self) -> None:
+        rank = self.num(f"{LORA}.rank")
+        if rank is not None and rank < 0:
+            self.add(f"{LORA}.rank", f"{LORA}.rank={_show(rank)} must be 0 (LoRA off: every weight trains) or a "
+                                     f"positive adapter rank. Fix: {LORA}.rank=0, or e.g. {LORA}.rank=16.")
+        alpha = self.num(f"{LORA}.alpha")
+        if alpha is not None and alpha <= 0:
+            self.add(f"{LORA}.alpha", f"{LORA}.alpha={_show(alpha)} must be greater than 0: the adapters' update is "
+                                      f"scaled by alpha / rank. Fix: e.g. {LORA}.alpha=16 (or twice the rank).")
+        dropout = self.num(f"{LORA}.dropout")
+        if dropout is not None and not 0 <= dropout < 1:
+            self.add(f"{LORA}.dropout", f"{LORA}.dropout={_show(dropout)} must be in [0, 1): the probability of "
+                                        f"dropping an adapter input. Fix: {LORA}.dropout=0.0 (or e.g. 0.05).")
+        targets = self.val(LORA_TARGETS)
+        if (isinstance(targets, list) and (not targets or not all(t.strip() for t in targets))) or \
+                (isinstance(targets, str) and not targets.strip()):
+            self.add(LORA_TARGETS, f"{LORA_TARGETS}={_show(targets)} names no module to adapt. Fix: "
+                                   f"{LORA_TARGETS}=all-linear (every linear layer but the output head), or a "
+                                   f"list such as {LORA_TARGETS}=[q_proj,k_proj,v_proj,o_proj].")
+        if not (isinstance(rank, int) and rank > 0):
+            return
+        strategy = self.val("trainer.strategy")
+        if strategy in ("fsdp2", "fsdp"):
+            self.add(f"{LORA}.rank", f"{LORA}.rank={rank} with trainer.strategy={strategy}: LoRA is built for one "
+                                     "process only so far (the FSDP ranks would need the reference served by the "
+                                     "policy ranks and the merged weights gathered for the engines). Fix: "
+                                     f"trainer.strategy=single, or {LORA}.rank=0 for full fine-tuning.")
+        a = "trainer.algorithm"
+        uses_ref = self.val(f"{a}.use_kl_loss") is True or self.val(f"{a}.use_kl_in_reward") is True
+        if self.val("trainer.update_ref_every_epoch") is True and uses_ref:
+            self.add("trainer.update_ref_every_epoch",
+                     f"trainer.update_ref_every_epoch=true with {LORA}.rank={rank}: with LoRA the reference "
+                     "model is the frozen base the adapters sit on (the policy with its adapters off, no "
+                     "second copy), so it cannot follow the policy. Fix: trainer.update_ref_every_epoch=false, "
+                     f"or {LORA}.rank=0 to train (and refresh the reference from) the full model.")
+
     # 7. features not built yet ----------------------------------------------------------
     def not_yet(self) -> None:
         for key, allowed in support.SUPPORTED_VALUES.items():
@@ -888,6 +937,7 @@ class _Checker:
         self.kl()
         self.tis()
         self.algorithm_features()
+        self.lora()
         self.placement()
         self.engines()
         self.not_yet()

@@ -63,8 +63,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 def _add_arguments(parser: argparse.ArgumentParser, overrides_nargs: str = "*") -> None:
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="folder with the policy weights to score: a Hugging Face model folder "
-                             "(config.json + weights), or safetensors files for the model of "
-                             "trainer.policy.model.path")
+                             "(config.json + weights), safetensors files or LoRA adapters for the model "
+                             "of trainer.policy.model.path, or a training checkpoint")
     parser.add_argument("--output", type=Path, default=None,
                         help="where metrics.json and eval_results.jsonl go (default: <trainer.run_dir>/eval)")
     parser.add_argument("overrides", nargs=overrides_nargs,
@@ -239,6 +239,9 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
     tokenizer too when saved there, else the base model's), or bare `*.safetensors` files holding
     the state dict of the model `trainer.policy.model.path` names. `cfg` is updated to name what
     was loaded, so the saved config.yaml says which model was scored."""
+    import torch
+
+    from ridgeline.models import lora
     from ridgeline.models.loading import ModelSpec, load_model, load_safetensors_into, load_tokenizer, policy_spec
     from ridgeline.trainer.builders import engine_dtype
 
@@ -253,6 +256,10 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
         log.info("scoring the Hugging Face model in %s", checkpoint)
         return tokenizer, load_model(ModelSpec(path=str(checkpoint), seed=cfg.trainer.seed), dtype, tokenizer)
     has_tokenizer = any((checkpoint / f).exists() for f in TOKENIZER_FILES)
+    if lora.is_adapter_folder(checkpoint):  # a LoRA run's checkpoint: its adapters merged into the base
+        tokenizer = load_tokenizer(ModelSpec(path=str(checkpoint)) if has_tokenizer else base)
+        log.info("scoring %s with the LoRA adapters of %s merged in", base.path, checkpoint)
+        return tokenizer, lora.load_merged(load_model(base, torch.float32, tokenizer), checkpoint).to(dtype)
     shards = sorted(checkpoint.glob("*.safetensors"))
     if not shards:
         raise CheckpointArgumentError(f"--checkpoint {checkpoint}: holds neither a Hugging Face model "
@@ -270,10 +277,13 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
 
 def _training_checkpoint_policy(folder: Path) -> Path:
     """A training checkpoint (`global_step_N`, or a `ckpt_path` holding some: the latest complete
-    one) -> its `policy` Hugging Face folder; any other folder is returned as it is."""
+    one) -> its `policy` folder (Hugging Face model, or LoRA adapters); any other folder is
+    returned as it is."""
+    from ridgeline.models.lora import is_adapter_folder
     from ridgeline.trainer import checkpoint as ckpt
 
-    if (folder / "policy" / "config.json").exists() or ckpt.latest_checkpoint(folder) is not None:
+    policy = folder / "policy"
+    if (policy / "config.json").exists() or is_adapter_folder(policy) or ckpt.latest_checkpoint(folder) is not None:
         try:
             return ckpt.resolve_checkpoint(folder) / "policy"
         except ckpt.CheckpointError as err:

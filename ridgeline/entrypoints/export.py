@@ -4,7 +4,8 @@ CHECKPOINT is a checkpoint folder (`<trainer.ckpt_path>/global_step_N`) or a `tr
 (its latest complete checkpoint is taken). OUT receives the same layout as the periodic exports
 (`trainer.hf_save_interval`): `OUT/policy` (weights, config, generation config, tokenizer; loads
 with `transformers.AutoModelForCausalLM.from_pretrained`) and, when the run had a critic,
-`OUT/critic`. Nothing is loaded into memory: the checkpoint's folders are copied.
+`OUT/critic`. Nothing is loaded into memory: the checkpoint's folders are copied; except for a LoRA
+run's checkpoint, whose adapters are merged into the base model its run named (docs/lora.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ def build_engine(cfg, tokenizer, model=None) -> InferenceEngine:
     """The engine for `cfg`: remote servers, or a local hf / vllm / sglang engine.
 
     `model` is the policy model already in this process: the embedded engine copies it instead of
-    loading the weights again (vLLM and SGLang load the model folder themselves)."""
+    loading the weights again (vLLM and SGLang load the model folder themselves). A LoRA policy
+    is copied with its adapters merged in: engines run plain weights under the base model's names."""
     g = cfg.generator
     if not g.run_engines_locally:
         from ridgeline.inference.remote import RemoteEngine, RemoteSettings
@@ -36,10 +37,13 @@ def build_hf_engine(cfg, tokenizer, model=None):
 
     from ridgeline.inference.hf_engine import HFEngine
     from ridgeline.models.loading import engine_dtype, load_model, policy_spec
+    from ridgeline.models.lora import is_lora, merged_copy
 
     g = cfg.generator
     if model is None:
         model = load_model(policy_spec(cfg), torch.float32, tokenizer)
+    elif is_lora(model):
+        model = merged_copy(model)
     if g.inference_engine_tensor_parallel_size != 1:
         log.info("generator.inference_engine_tensor_parallel_size=%s is not used: the embedded hf engine "
                  "runs on one device", g.inference_engine_tensor_parallel_size)

@@ -4,7 +4,8 @@ A checkpoint is the folder `<trainer.ckpt_path>/global_step_<N>`, holding everyt
 to go on as if it had never stopped (docs/checkpointing.md):
 
     policy/             Hugging Face folder: weights (safetensors), config, generation config,
-                        tokenizer files
+                        tokenizer files; with LoRA the adapters instead of the weights
+                        (adapter_model.safetensors, adapter_config.json) and the tokenizer files
     policy_optim.pt     AdamW state + learning-rate schedule state
     critic/             the value model (backbone + value_head.safetensors) and the tokenizer, if any
     critic_optim.pt     the critic's AdamW + schedule state, if any
@@ -43,7 +44,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
-from ridgeline.models.loading import load_safetensors_into, quiet_transformers, save_hf_model
+from ridgeline.models import lora
+from ridgeline.models.loading import load_model, load_safetensors_into, policy_spec, quiet_transformers, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE
 from ridgeline.training.optim import restore_optimizer
 
@@ -162,7 +164,7 @@ def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, A
     """What identifies a run: a resume that changes any of it is refused (unless
     `trainer.resume_ignore_config_changes`). Data files are compared by content, not path."""
     t = cfg.trainer
-    return {
+    fingerprint = {
         "trainer.policy.model.path": t.policy.model.path,
         "trainer.policy.model.gguf_file": t.policy.model.get("gguf_file"),
         "trainer.critic.model.path": t.critic.model.path,
@@ -171,6 +173,15 @@ def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, A
         "trainer.seed": t.seed,
         "trainer.train_batch_size": t.train_batch_size,
     }
+    settings = lora.lora_settings(cfg)
+    if settings is not None:  # only with LoRA on, so checkpoints written before LoRA existed still resume
+        fingerprint["trainer.policy.model.lora"] = {"rank": settings.rank, "alpha": settings.alpha,
+                                                    "target_modules": _plain(settings.target_modules)}
+    return fingerprint
+
+
+def _plain(targets: str | tuple[str, ...]) -> str | list[str]:
+    return targets if isinstance(targets, str) else list(targets)
 
 
 def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -301,11 +312,24 @@ def _sharded(worker) -> bool:
 
 
 def save_policy(trainer: "Trainer", folder: Path) -> None:
-    """The policy as a Hugging Face folder (with the tokenizer)."""
+    """The policy as a Hugging Face folder (with the tokenizer); a LoRA policy with its adapters
+    merged in, so the folder loads with plain transformers."""
     if _sharded(trainer.policy):
         trainer.policy.save_hf(folder)
+    elif lora.is_lora(trainer.policy.model):
+        lora.save_merged(trainer.policy.model, trainer.tokenizer, folder)
     else:
         save_hf_model(trainer.policy.model, trainer.tokenizer, folder)
+
+
+def _save_policy_state(trainer: "Trainer", folder: Path) -> None:
+    """A checkpoint's `policy/`: what resuming needs. With LoRA only the adapters (and the
+    tokenizer): the frozen base is rebuilt from `trainer.policy.model.path`."""
+    if not _sharded(trainer.policy) and lora.is_lora(trainer.policy.model):
+        lora.save_adapter(trainer.policy.model, folder)
+        trainer.tokenizer.save_pretrained(folder)
+    else:
+        save_policy(trainer, folder)
 
 
 def save_critic(trainer: "Trainer", folder: Path) -> None:
@@ -374,7 +398,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
 def write_checkpoint_contents(trainer: "Trainer", folder: Path) -> None:
     """Everything but the COMPLETE marker, into `folder`."""
     _save_torch(_rng_state(), folder / "rng_state.pt")  # first: nothing below may move an RNG first
-    save_policy(trainer, folder / "policy")
+    _save_policy_state(trainer, folder / "policy")
     if _sharded(trainer.policy):
         trainer.policy.save_optimizer(folder / "policy_optim.pt")
     else:
@@ -484,6 +508,23 @@ def _load_weights(model: torch.nn.Module, folder: Path, skip: tuple[str, ...] = 
                               "(was it written by a run with another model?)") from None
 
 
+def _load_policy_state(model: torch.nn.Module, folder: Path) -> None:
+    """A checkpoint's `policy/` into the one-process policy: full weights, or LoRA adapters."""
+    saved_adapters, ours = lora.is_adapter_folder(folder), lora.is_lora(model)
+    if saved_adapters != ours:
+        held = "LoRA adapters" if saved_adapters else "full weights (no LoRA)"
+        raise CheckpointError(f"{folder} holds {held}, but this run has trainer.policy.model.lora.rank "
+                              f"{'> 0' if ours else '= 0'}. Fix: resume with the run's own "
+                              "trainer.policy.model.lora.* settings, or start afresh (trainer.resume_mode=none)")
+    if not ours:
+        _load_weights(model, folder)
+        return
+    try:
+        lora.load_adapter(model, folder)
+    except ValueError as err:
+        raise CheckpointError(f"{err}. Fix: resume with the run's own trainer.policy.model.lora.* settings") from None
+
+
 def _load_optim(worker, path: Path) -> None:
     """Moments, step counts and schedule position from the checkpoint; hyperparameters from this
     run's config (`restore_optimizer`)."""
@@ -505,7 +546,7 @@ def load_checkpoint(trainer: "Trainer", folder: Path) -> None:
         trainer.policy.load_hf(folder / "policy")
         trainer.policy.load_optimizer(folder / "policy_optim.pt")
     else:
-        _load_weights(trainer.policy.model, folder / "policy")
+        _load_policy_state(trainer.policy.model, folder / "policy")
         _load_optim(trainer.policy, folder / "policy_optim.pt")
     trainer.policy.skipped_steps = state["policy_skipped_steps"]
     if trainer.critic is not None:
@@ -585,7 +626,8 @@ def export_models(trainer: "Trainer", out: Path) -> Path:
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     """The same folders as a periodic export (`out/policy`, `out/critic`), copied from a checkpoint
-    folder or from the latest checkpoint under a ckpt_path. `out` must not hold anything yet."""
+    folder or from the latest checkpoint under a ckpt_path. `out` must not hold anything yet. A
+    LoRA checkpoint's adapters are merged into its base model (`_export_adapters`)."""
     folder = resolve_checkpoint(checkpoint)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -594,7 +636,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     tmp = out.with_name(f".tmp_{out.name}_{secrets.token_hex(4)}")
     try:
         tmp.mkdir()
-        shutil.copytree(folder / "policy", tmp / "policy")
+        if lora.is_adapter_folder(folder / "policy"):
+            _export_adapters(folder, tmp / "policy")
+        else:
+            shutil.copytree(folder / "policy", tmp / "policy")
         if (folder / "critic").is_dir():
             shutil.copytree(folder / "critic", tmp / "critic")
         _fsync_tree(tmp)
@@ -605,6 +650,16 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+def _export_adapters(folder: Path, out: Path) -> None:
+    """A LoRA checkpoint's policy as a merged Hugging Face folder: the base model its run named
+    (`trainer.policy.model.*` in the checkpoint's config.yaml), its adapters merged in, its tokenizer."""
+    from transformers import AutoTokenizer
+
+    spec = policy_spec(OmegaConf.load(folder / "config.yaml"))
+    tokenizer = AutoTokenizer.from_pretrained(folder / "policy")
+    save_hf_model(lora.load_merged(load_model(spec, torch.float32, tokenizer), folder / "policy"), tokenizer, out)
 
 
 # ------------------------------------------------------------------------------------ Ctrl-C

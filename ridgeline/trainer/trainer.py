@@ -146,7 +146,7 @@ class Trainer:
         autocast = training_autocast_dtype(t.mixed_precision)
         if t.strategy == "single":
             policy = build_policy_worker(cfg, tokenizer)
-            ref = build_ref_worker(cfg, tokenizer)
+            ref = build_ref_worker(cfg, tokenizer, policy=policy)
             engine = build_engine(cfg, tokenizer, policy.model)
             critic = build_critic(cfg, tokenizer)
             weight_sync = None

@@ -13,11 +13,12 @@ from omegaconf import DictConfig
 from ridgeline.algorithms import resolve_kl_estimator
 from ridgeline.models.forward import enable_activation_checkpointing
 from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model, policy_spec
+from ridgeline.models.lora import lora_settings, wrap
 from ridgeline.models.value_model import load_value_model
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import ForwardOptions
 from ridgeline.training.optim import build_optimizer, build_scheduler
-from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
+from ridgeline.training.worker import BaseModelRefWorker, PolicyTrainConfig, PolicyWorker, RefWorker
 
 
 def seed_everything(seed: int) -> None:
@@ -69,14 +70,19 @@ ModelHook = Callable[[torch.nn.Module], torch.nn.Module]
 
 def build_policy_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
                         worker_cls: type[PolicyWorker] = PolicyWorker, data_parallel: int = 1) -> PolicyWorker:
-    """The policy model (float32 master weights) with its optimizer and schedule. `shard` (FSDP2)
-    runs after activation checkpointing is set up and before the optimizer is built, so the
-    optimizer holds the sharded parameters."""
+    """The policy model (float32 master weights) with its optimizer and schedule. With
+    `trainer.policy.model.lora.rank > 0` the model is wrapped with LoRA adapters (after activation
+    checkpointing is set up, which peft needs to know) and the optimizer holds only the adapters.
+    `shard` (FSDP2) runs after that and before the optimizer is built, so the optimizer holds the
+    sharded parameters."""
     t = cfg.trainer
     model = load_model(policy_spec(cfg), torch.float32, tokenizer)
     if t.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False
+    lora = lora_settings(cfg)
+    if lora is not None:
+        model = wrap(model, lora, seed=t.seed)
     if shard is not None:
         model = shard(model)
     opt = t.policy.optimizer_config
@@ -90,14 +96,22 @@ def needs_ref(cfg: DictConfig) -> bool:
     return bool(alg.use_kl_loss or alg.use_kl_in_reward)
 
 
-def build_ref_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
-                     worker_cls: type[RefWorker] = RefWorker) -> RefWorker | None:
+def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None = None,
+                     shard: ModelHook | None = None, worker_cls: type[RefWorker] = RefWorker) -> RefWorker | None:
     """The reference model when a KL option needs one. It only runs forward passes, so it is
-    loaded in the training compute dtype."""
+    loaded in the training compute dtype. With LoRA the reference is the frozen base the policy
+    wraps: `policy`'s own model with its adapters switched off, no second copy loaded."""
     if not needs_ref(cfg):
         return None
     t = cfg.trainer
     autocast = training_autocast_dtype(t.mixed_precision)
+    if lora_settings(cfg) is not None:
+        if policy is None:
+            raise ValueError("with trainer.policy.model.lora.rank > 0 the reference is the policy's base model: "
+                             "build_ref_worker needs the policy worker (policy=...)")
+        return BaseModelRefWorker(policy.model, t.micro_forward_batch_size_per_gpu,
+                                  cfg.generator.sampling_params.temperature, autocast,
+                                  forward_options=forward_options(cfg))
     model = load_model(policy_spec(cfg), autocast or torch.float32, tokenizer)
     if shard is not None:
         model = shard(model)

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from ridgeline.algorithms import POLICY_LOSSES, kl_penalty, loss_normalizers, masked_mean, reduce_loss
 from ridgeline.algorithms.off_policy import logprob_mismatch
+from ridgeline.models.lora import adapters_disabled, is_lora, merged_named_parameters
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.forward_path import PLAIN, ForwardOptions, micro_logprobs
@@ -140,6 +141,29 @@ class RefWorker:
         self.model.load_state_dict(policy.model.state_dict())
 
 
+class BaseModelRefWorker(RefWorker):
+    """The reference of a LoRA policy: the policy's own model with its adapters switched off,
+    which is the frozen base model it started from. No second copy of the weights exists, and the
+    logprobs are those of the base model loaded alone (bit for bit in fp32: a disabled LoRA layer
+    runs its base layer only)."""
+
+    def __init__(self, policy_model: PreTrainedModel, micro_forward_batch_size: int, temperature: float,
+                 autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN):
+        # Not RefWorker.__init__: it would switch the shared model to eval mode and freeze the
+        # policy's adapters. batch_logprobs sets (and restores) eval mode around each pass.
+        self.model = policy_model
+        self.micro, self.temperature = micro_forward_batch_size, temperature
+        self.autocast_dtype, self.forward_options = autocast_dtype, forward_options
+
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        with adapters_disabled(self.model):
+            return super().compute_logprobs(batch)
+
+    def load_from(self, policy: "PolicyWorker") -> None:
+        raise RuntimeError("a LoRA policy's reference is its frozen base model and cannot take the policy's weights "
+                           "(trainer.update_ref_every_epoch=true is refused with trainer.policy.model.lora.rank > 0)")
+
+
 class PolicyWorker:
     def __init__(self, model: PreTrainedModel, config: PolicyTrainConfig,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler):
@@ -156,7 +180,11 @@ class PolicyWorker:
                               c.forward_options)
 
     def named_weights(self):
-        """What the engine needs after an update: every parameter, by name."""
+        """What the engine needs after an update: every parameter, by name. With LoRA the merged
+        weights W + scaling * B @ A under the base model's names, computed one tensor at a time
+        without touching the training weights (ridgeline.models.lora)."""
+        if is_lora(self.model):
+            return merged_named_parameters(self.model)
         return self.model.named_parameters()
 
     def train(self, batch: TrainingBatch) -> dict[str, float]:

@@ -1,0 +1,295 @@
+"""LoRA on the policy (trainer.policy.model.lora.*, docs/lora.md), on the tiny preset: config
+errors; only the adapters train; the reference is the frozen base without a second copy; the engine
+runs the merged weights and the probe agrees; checkpoints hold adapters and resume exactly; exports
+are merged Hugging Face folders; a real `ridgeline train` run with LoRA."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from ridgeline import cli
+from ridgeline.config import ConfigError, load_config
+from ridgeline.data import encode_chat_prompt
+from ridgeline.distributed.weight_sync import (StaleWeightsError, check_probe, probe_logprobs, probe_tokens,
+                                               probe_tolerance)
+from ridgeline.models.forward import activation_checkpointing_on
+from ridgeline.models.loading import ModelSpec, load_model
+from ridgeline.models.lora import LoraSettings, merged_state_dict, wrap
+from ridgeline.trainer import checkpoint
+from ridgeline.trainer.trainer import Trainer
+from ridgeline.training.batch import build_training_batch
+from ridgeline.training.build import build_policy_worker
+from ridgeline.training.logprobs import response_logprobs
+from ridgeline.training.worker import batch_logprobs
+
+LORA = "trainer.policy.model.lora"
+
+
+def tiny(out, *extra):
+    """Two steps of the tiny preset with LoRA rank 8 (alpha 16: scaling 2) and the KL loss, so a
+    reference model is needed."""
+    return load_config(["+experiment=tiny", f"trainer.export_path={out}", "data.prepare.num_train=32",
+                        "data.prepare.num_val=4", "trainer.eval_before_train=false", "trainer.logger=jsonl",
+                        f"{LORA}.rank=8", *extra])
+
+
+def live_models() -> set[int]:
+    """Causal LMs alive in this process (not their inner decoders, also PreTrainedModels)."""
+    gc.collect()
+    with warnings.catch_warnings():  # isinstance on every object touches deprecated torch aliases
+        warnings.simplefilter("ignore")
+        return {id(m) for m in gc.get_objects() if isinstance(m, PreTrainedModel) and hasattr(m, "lm_head")}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished LoRA run: a checkpoint after each of its 2 steps, an HF export after step 2.
+    `models_before` holds the models alive before it was built."""
+    out = tmp_path_factory.mktemp("lora")
+    before = live_models()
+    trainer = Trainer.from_config(tiny(out, "trainer.ckpt_interval=1", "trainer.hf_save_interval=2"))
+    trainer.models_before = before
+    trainer.train()
+    return trainer
+
+
+def base_model(trainer) -> PreTrainedModel:
+    """The tiny base model as a run without LoRA loads it."""
+    return load_model(ModelSpec("tiny://llama", seed=trainer.cfg.trainer.seed), torch.float32, trainer.tokenizer)
+
+
+def probe_batch(tokenizer):
+    """Four rows, two prompts sharing their responses' group (the shared-prompt path runs too)."""
+    prompts = [encode_chat_prompt(tokenizer, [{"role": "user", "content": t}]) for t in ("1+2=", "13+24=")]
+    responses = [tokenizer.encode(t) for t in ("3<|im_end|>", "37<|im_end|>", "4", "36<|im_end|>")]
+    return build_training_batch([prompts[0], prompts[0], prompts[1], prompts[1]], responses,
+                                [[1] * len(r) for r in responses], [1.0, 0.0, 0.0, 1.0], ["a", "a", "b", "b"],
+                                None, tokenizer.pad_token_id)
+
+
+def lora_tensors(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+# ------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("overrides, key", [
+    ([f"{LORA}.rank=-1"], f"{LORA}.rank"),
+    ([f"{LORA}.alpha=0"], f"{LORA}.alpha"),
+    ([f"{LORA}.dropout=1.0"], f"{LORA}.dropout"),
+    ([f"{LORA}.dropout=-0.1"], f"{LORA}.dropout"),
+    ([f"{LORA}.target_modules=[]"], f"{LORA}.target_modules"),
+    ([f"{LORA}.rank=8", "trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=1",
+      "trainer.placement.ref_num_gpus_per_node=1", "trainer.micro_train_batch_size_per_gpu=16"], f"{LORA}.rank"),
+    ([f"{LORA}.rank=8", "trainer.update_ref_every_epoch=true"], "trainer.update_ref_every_epoch"),
+    (["+trainer.critic.model.lora.rank=8"], "trainer.critic.model.lora"),
+])
+def test_bad_lora_settings_are_config_errors_naming_the_key_and_the_fix(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(["+experiment=tiny", *overrides])
+    assert len(err.value.problems) == 1, err.value.problems
+    assert err.value.problems[0].startswith(key) and "Fix: " in err.value.problems[0]
+
+
+def test_lora_defaults_and_a_list_of_targets_are_accepted():
+    cfg = load_config(["+experiment=tiny", f"{LORA}.rank=4", f"{LORA}.target_modules=[q_proj,v_proj]"])
+    assert dict(cfg.trainer.policy.model.lora) == {"rank": 4, "alpha": 16.0, "dropout": 0.0,
+                                                   "target_modules": ["q_proj", "v_proj"]}
+    assert load_config(["+experiment=tiny"]).trainer.policy.model.lora.rank == 0  # off by default
+
+
+def test_adapting_a_tied_output_head_is_refused(tiny_model):
+    with pytest.raises(ValueError, match=r"adapts lm_head, whose weight is tied to \['model.embed_tokens.weight'\]"), \
+            pytest.warns(UserWarning, match="tie_word_embeddings=True"):  # peft only warns
+        wrap(tiny_model, LoraSettings(rank=4, target_modules=("q_proj", "lm_head")), seed=0)
+
+
+# ------------------------------------------------------------------------------------ training
+def test_only_the_adapters_train_and_the_base_weights_stay_bit_identical(run):
+    model = run.policy.model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    # all-linear on 2 Llama layers: q, k, v, o, gate, up, down -> 7 x 2 layers x (A, B)
+    assert len(trainable) == 28 and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if n in trainable)
+    optimized = {id(p) for g in run.policy.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(p) for n, p in model.named_parameters() if n in trainable}
+    # the base never moved: a checkpoint-free comparison with a freshly built base model
+    fresh = base_model(run).state_dict()
+    merged_names = merged_state_dict(model)
+    base = {n.replace("base_model.model.", "").replace(".base_layer", ""): p
+            for n, p in model.named_parameters() if "lora_" not in n}
+    assert set(base) | {"lm_head.weight"} == set(fresh) == set(merged_names)
+    for name, p in base.items():
+        assert torch.equal(p, fresh[name]), name
+    # the adapters did: B starts at 0 and A at its seeded draw, both trained for 2 steps
+    b = [p for n, p in model.named_parameters() if ".lora_B." in n]
+    assert all(float(p.detach().abs().max()) > 0 for p in b)
+    rows = [r for r in run.history if "policy/policy_loss" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["policy/optimizer_steps"] == 1.0 for r in rows)
+    assert rows[0]["policy/kl_loss"] == 0.0 < rows[1]["policy/kl_loss"]  # the base is the reference
+
+
+def test_activation_checkpointing_gives_the_adapters_the_same_gradients(tmp_path, tiny_tokenizer):
+    grads = {}
+    for checkpointing in (False, True):
+        cfg = tiny(tmp_path, f"trainer.gradient_checkpointing={str(checkpointing).lower()}")
+        tokenizer = tiny_tokenizer
+        worker = build_policy_worker(cfg, tokenizer)
+        model = worker.model
+        assert activation_checkpointing_on(model) is checkpointing
+        with torch.no_grad():  # a trained-looking adapter, so A gets gradient too (B = 0 blocks it)
+            gen = torch.Generator().manual_seed(1)
+            for n, p in model.named_parameters():
+                if ".lora_B." in n:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        batch = probe_batch(tokenizer)
+        model.train()
+        lp, _ = response_logprobs(model, batch.sequences, batch.attention_mask, batch.response_width)
+        (lp * batch.response_mask).sum().backward()
+        grads[checkpointing] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    assert len(grads[True]) == 28
+    for name, g in grads[False].items():
+        assert g is not None and float(g.abs().max()) > 0, name
+        assert torch.allclose(grads[True][name], g, atol=1e-6, rtol=1e-5), name
+
+
+# ------------------------------------------------------------------------------------ reference
+def test_the_reference_is_the_base_model_without_a_second_copy(run):
+    assert run.ref.model is run.policy.model
+    # the run made two models: the policy's (under its adapters) and the engine's merged copy
+    assert live_models() - run.models_before == {id(run.policy.model.get_base_model()), id(run.engine.model)}
+    batch = probe_batch(run.tokenizer)
+    ref = run.ref.compute_logprobs(batch)
+    fresh = batch_logprobs(base_model(run), batch, 64, 1.0, None)
+    assert torch.equal(ref, fresh)  # fp32: the adapter-disabled forward is the base's, bit for bit
+    policy = run.policy.compute_logprobs(batch)
+    assert float((policy - ref).abs().max()) > 1e-3  # while the policy itself has moved
+    assert sum(p.requires_grad for p in run.policy.model.parameters()) == 28  # the ref froze nothing
+
+
+# ------------------------------------------------------------------------------------ engine
+def test_the_engine_runs_the_merged_weights_and_the_probe_passes(run):
+    reference = copy.deepcopy(run.policy.model).merge_and_unload().state_dict()  # peft's own merge
+    engine = run.engine.model.state_dict()
+    assert set(engine) == set(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(engine[name], tensor), name
+    tokenizer = run.tokenizer
+    trainer_lp = probe_logprobs(run.policy.model, tokenizer)  # with the adapters
+    engine_lp = torch.tensor(run.engine.score(*probe_tokens(tokenizer)))
+    tolerance = probe_tolerance(run.engine.dtype)
+    assert tolerance.statistic == "max" and check_probe(trainer_lp, engine_lp, tolerance, version=2) < 1e-5
+    # the probe does see weights without the adapters: the base model fails it
+    base_lp = probe_logprobs(base_model(run), tokenizer)
+    with pytest.raises(StaleWeightsError):
+        check_probe(trainer_lp, base_lp, tolerance, version=2)
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state(run):
+    folder = run.last_checkpoint
+    assert folder.name == "global_step_2"
+    policy = folder / "policy"
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= {p.name for p in policy.iterdir()}
+    assert not list(policy.glob("model*.safetensors"))
+    saved = load_file(str(policy / "adapter_model.safetensors"))
+    assert len(saved) == 28 and all(".lora_A." in k or ".lora_B." in k for k in saved)
+    live = {n.replace(".default", ""): p for n, p in run.policy.model.named_parameters() if "lora_" in n}
+    assert all(torch.equal(saved[k], live[k]) for k in saved)
+    config = json.loads((policy / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["bias"], config["task_type"]) == (8, 16.0, "none", "CAUSAL_LM")
+    # peft writes "all-linear" out: every linear layer of the 2 blocks, not the output head
+    assert sorted(config["target_modules"]) == sorted(f"model.layers.{i}.{m}" for i in (0, 1) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+        "mlp.up_proj", "mlp.down_proj"))
+    optim = torch.load(folder / "policy_optim.pt", weights_only=True)["optimizer"]
+    shapes = sorted(tuple(s["exp_avg"].shape) for s in optim["state"].values())
+    assert shapes == sorted(tuple(p.shape) for p in live.values())
+    fingerprint = json.loads((folder / "fingerprint.json").read_text())
+    assert fingerprint[LORA] == {"rank": 8, "alpha": 16.0, "target_modules": "all-linear"}
+
+
+def test_resume_from_a_checkpoint_is_exact(run, tmp_path):
+    ckpt = run.last_checkpoint.parent / "global_step_1"
+    resumed = Trainer.from_config(tiny(tmp_path, "trainer.resume_mode=from_path", f"trainer.resume_path={ckpt}"))
+    assert resumed.global_step == 1
+    resumed.train()
+    for a, b in ((run.policy.model, resumed.policy.model), (run.engine.model, resumed.engine.model)):
+        for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(p, q), name
+    sa, sb = run.policy.optimizer.state_dict(), resumed.policy.optimizer.state_dict()
+    assert all(torch.equal(v, sb["state"][i][k]) for i, s in sa["state"].items() for k, v in s.items())
+
+    def rows(trainer):
+        return [{k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))
+                 and not k.endswith("_seconds")}
+                for r in trainer.history if r["step"] >= 2]
+    assert rows(resumed) == rows(run) and len(rows(run)) == 2  # step 2 and the final eval, exactly
+
+
+def test_resuming_a_lora_checkpoint_without_lora_is_refused(run, tmp_path):
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=32",
+                       "data.prepare.num_val=4", "trainer.resume_mode=from_path",
+                       f"trainer.resume_path={run.last_checkpoint}"])
+    with pytest.raises(checkpoint.CheckpointError, match="holds LoRA adapters.*Fix: "):
+        Trainer.from_config(cfg)
+
+
+# ------------------------------------------------------------------------------------ exports
+def test_exports_are_merged_weights_that_plain_transformers_loads(run, tmp_path):
+    assert checkpoint.export_checkpoint(run.cfg.trainer.ckpt_path, tmp_path / "out") == run.last_checkpoint
+    merged = merged_state_dict(run.policy.model)
+    batch = probe_batch(run.tokenizer)
+    run.policy.model.eval()
+    with torch.no_grad():
+        ours = run.policy.model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits
+    run.policy.model.train()
+    for folder in (run.run_dir / "final_model", run.run_dir / "exports" / "global_step_2" / "policy",
+                   tmp_path / "out" / "policy"):
+        assert not list(folder.glob("adapter_*")), folder
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        assert type(model).__name__ == "LlamaForCausalLM" and model.config.use_cache
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(tensor, merged[name]), (folder, name)
+        with torch.no_grad():
+            theirs = model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits
+        assert torch.allclose(theirs, ours, atol=1e-5, rtol=0), (folder, float((theirs - ours).abs().max()))
+
+
+def test_eval_scores_a_lora_checkpoint_as_the_trainer_did(run, tmp_path):
+    from ridgeline.entrypoints.eval import evaluate_model
+
+    adapters = evaluate_model(run.cfg, checkpoint=run.last_checkpoint, output=tmp_path / "adapters")
+    exported = evaluate_model(run.cfg, checkpoint=run.run_dir / "final_model", output=tmp_path / "final")
+    assert adapters.results.read_text() == exported.results.read_text()
+    final_eval = next(r for r in reversed(run.history) if "eval/all/pass_at_1" in r)
+    scores = {k: v for k, v in adapters.metrics.items() if k.startswith("eval/")}
+    assert scores and scores == {k: v for k, v in final_eval.items() if k.startswith("eval/")}
+
+
+# ------------------------------------------------------------------------------------ a real run
+def test_ridgeline_train_with_lora_learns_through_the_adapters(tmp_path):
+    assert cli.main(["train", "+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=48",
+                     "trainer.eval_before_train=false", "trainer.logger=jsonl", f"{LORA}.rank=8",
+                     f"{LORA}.alpha=16", f"{LORA}.dropout=0.05", "trainer.gradient_checkpointing=true"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "policy/policy_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:
+        for key in ("policy/policy_loss", "policy/final_loss", "policy/kl_loss", "policy/grad_norm",
+                    "reward/avg_raw_reward", "policy/policy_entropy"):
+            assert torch.isfinite(torch.tensor(r[key])), (r["step"], key)
+        assert r["policy/grad_norm"] > 0 and r["policy/skipped_steps"] == 0
+    # the final model is the merged policy: its adapted weights moved away from the base, the rest did not
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny" / "final_model", dtype=torch.float32)
+    fresh = load_model(ModelSpec("tiny://llama", seed=42), torch.float32).state_dict()
+    moved = {n for n, t in final.state_dict().items() if not torch.equal(t, fresh[n])}
+    assert moved == {n for n in fresh if n.endswith("proj.weight")}  # all-linear: q k v o gate up down
