@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ridgeline.config.validate import base_config
-from ridgeline.models.forward import enable_activation_checkpointing
+from ridgeline.models.forward import EAGER_ATTENTION_MAX_TOKENS, enable_activation_checkpointing, prefer_eager_attention
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.logprobs import response_logprobs
 from ridgeline.training.optim import build_optimizer, build_scheduler
@@ -135,3 +135,17 @@ def test_gradient_checkpointing_falls_back_to_the_plain_forward(tiny_model, tiny
     checkpointed.sum().backward()
     mask = attention[:, -width:].bool()
     assert torch.allclose(checkpointed[mask], plain[mask].detach(), atol=1e-5)
+
+
+def test_short_rows_on_cpu_switch_sdpa_to_eager_with_the_same_numbers(tiny_model, tiny_tokenizer):
+    sequences, attention, width = _grouped_batch(len(tiny_tokenizer))
+    assert tiny_model.config._attn_implementation == "sdpa"
+    sdpa, _ = response_logprobs(tiny_model, sequences, attention, width, share_prompts=False)
+    assert not prefer_eager_attention(tiny_model, EAGER_ATTENTION_MAX_TOKENS + 1)   # long rows keep SDPA
+    assert tiny_model.config._attn_implementation == "sdpa"
+    assert prefer_eager_attention(tiny_model, EAGER_ATTENTION_MAX_TOKENS)
+    assert tiny_model.config._attn_implementation == "eager"
+    eager, _ = response_logprobs(tiny_model, sequences, attention, width, share_prompts=False)
+    mask = attention[:, -width:].bool()
+    assert torch.allclose(eager[mask], sdpa[mask], atol=1e-5)
+    assert not prefer_eager_attention(tiny_model, 8)                                  # already eager

@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from ridgeline.algorithms import resolve_kl_estimator
-from ridgeline.models.forward import enable_activation_checkpointing
+from ridgeline.models.forward import enable_activation_checkpointing, prefer_eager_attention
 from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model, policy_spec
 from ridgeline.models.lora import lora_settings, wrap
 from ridgeline.models.value_model import load_value_model
@@ -34,6 +34,21 @@ def training_autocast_dtype(mixed_precision: str) -> torch.dtype | None:
         return torch.bfloat16
     fast = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_fast_bf16()
     return torch.bfloat16 if fast else None
+
+
+def training_max_tokens(cfg: DictConfig) -> int:
+    """The longest row a training forward can see: the longest prompt (or multi-turn input) plus
+    the longest generation."""
+    g = cfg.generator
+    return max(int(cfg.trainer.max_prompt_length), int(g.max_input_length)) + int(g.sampling_params.max_generate_length)
+
+
+def load_training_model(cfg: DictConfig, spec: ModelSpec, dtype: torch.dtype, tokenizer):
+    """A model for the training-side workers: eager attention on a CPU when rows are short
+    (`prefer_eager_attention`: SDPA's CPU kernel is slower there)."""
+    model = load_model(spec, dtype, tokenizer)
+    prefer_eager_attention(model, training_max_tokens(cfg))
+    return model
 
 
 def forward_options(cfg: DictConfig) -> ForwardOptions:
@@ -76,7 +91,7 @@ def build_policy_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None =
     `shard` (FSDP2) runs after that and before the optimizer is built, so the optimizer holds the
     sharded parameters."""
     t = cfg.trainer
-    model = load_model(policy_spec(cfg), torch.float32, tokenizer)
+    model = load_training_model(cfg, policy_spec(cfg), torch.float32, tokenizer)
     if t.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False
@@ -112,7 +127,7 @@ def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None 
         return BaseModelRefWorker(policy.model, t.micro_forward_batch_size_per_gpu,
                                   cfg.generator.sampling_params.temperature, autocast,
                                   forward_options=forward_options(cfg))
-    model = load_model(policy_spec(cfg), autocast or torch.float32, tokenizer)
+    model = load_training_model(cfg, policy_spec(cfg), autocast or torch.float32, tokenizer)
     if shard is not None:
         model = shard(model)
     return worker_cls(model, t.micro_forward_batch_size_per_gpu, cfg.generator.sampling_params.temperature, autocast,
@@ -131,6 +146,7 @@ def build_critic(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
     autocast = training_autocast_dtype(t.mixed_precision)
     spec = ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed)
     model = load_value_model(spec, torch.float32, tokenizer, value_head_prefix=alg.value_head_prefix)
+    prefer_eager_attention(model.backbone, training_max_tokens(cfg))
     if t.gradient_checkpointing:
         model.enable_activation_checkpointing()
     if shard is not None:
