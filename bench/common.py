@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -38,3 +40,42 @@ def median_seconds(fn, repeats: int, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BENCHMARKS_DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+RUN_LOG_HEADING = "## Run log (`make bench`)"
+
+
+def machine_info() -> dict[str, str]:
+    """What a figure depends on: CPU, core count, threads, torch/transformers versions, bf16 support."""
+    import platform
+
+    import transformers
+
+    from ridgeline.models.loading import cpu_has_fast_bf16
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu": cpu, "cpus": str(os.cpu_count()), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+            "torch_threads": str(torch.get_num_threads()), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "fast_bf16": str(cpu_has_fast_bf16()), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
+
+
+def write_result(name: str, payload: dict, summary: str) -> Path:
+    """bench/results/<name>-<UTC time>.json, and one line in docs/benchmarks.md's run log: the date,
+    the benchmark, `summary` (its headline figures), the machine and versions, the JSON's name."""
+    stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}-{stamp}.json"
+    info = payload.setdefault("machine", machine_info())
+    payload.setdefault("date", stamp)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    doc = BENCHMARKS_DOC.read_text()
+    if RUN_LOG_HEADING not in doc:
+        doc = doc.rstrip("\n") + f"\n\n{RUN_LOG_HEADING}\nOne line per benchmark run, appended by the scripts; JSONs in `bench/results/`.\n\n"
+    line = (f"- {stamp[:10]} `{name}`: {summary} — {info['cpu']}, {info['cpus']} vCPU, threads {info['torch_threads']}, "
+            f"torch {info['torch']}, transformers {info['transformers']} (`{path.name}`)\n")
+    BENCHMARKS_DOC.write_text(doc + line if doc.endswith("\n") else doc + "\n" + line)
+    print(f"wrote {path.relative_to(RESULTS.parent.parent)} and a line in docs/benchmarks.md")
+    return path
