@@ -39,9 +39,10 @@ def test_every_step_logs_the_promised_metrics(tiny_run):
     for key in ["reward/avg_raw_reward", "reward/accuracy", "generate/avg_num_tokens", "policy/policy_loss",
                 "policy/kl_loss", "policy/policy_entropy", "policy/ppo_clip_ratio", "policy/grad_norm",
                 "policy/policy_lr", "timing/generate", "timing/logprobs", "timing/policy_train",
-                "timing/sync_weights", "timing/step", "throughput/tokens_per_second"]:
+                "timing/sync_weights", "timing/step", "throughput/tokens_per_second", "memory/peak_rss_gib"]:
         assert key in step and step[key] is not None, key
     assert step["policy/policy_lr"] == pytest.approx(1e-2)
+    assert 0.1 < step["memory/peak_rss_gib"] < 64  # GiB: torch alone is a few hundred MB
     evals = [r for r in rows if "eval/all/pass_at_1" in r]
     assert [r["step"] for r in evals] == [0, 3]  # before training and at the end
     assert "eval/arithmetic/pass_at_1" in evals[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import resource
 import statistics
 import time
 from collections import defaultdict
@@ -457,6 +458,8 @@ class Trainer:
         generated = float(batch.response_mask.sum())
         metrics["throughput/tokens_per_second"] = trained_tokens / timer.seconds["step"]
         metrics["throughput/generate_tokens_per_second"] = generated / max(timer.seconds["generate"], 1e-9)
+        # Linux reports KiB. This process only: Ray ranks and engine servers are not in it.
+        metrics["memory/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         return metrics
 
     def _shape_rewards(self, batch) -> dict[str, float]:
