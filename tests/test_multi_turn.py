@@ -3,6 +3,7 @@ rewards, context limits, and environments that raise, hang or return junk."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -202,6 +203,27 @@ def test_env_runner_bounds_time_and_reports_failures():
     assert runner.stragglers == 0
     inline = EnvRunner(max_workers=0)
     assert inline.run([lambda: 2, boom])[0] == 2
+
+
+def test_env_runner_keeps_one_pool_and_replaces_stuck_threads():
+    """Calls run on a fixed pool of max_workers threads (no thread per call); a call past its limit
+    gives up its thread's place, so stuck calls never lower the concurrency of later runs."""
+    runner = EnvRunner(max_workers=2, timeout_s=0.3)
+    before = threading.active_count()
+    for _ in range(5):
+        assert runner.run([lambda: 1] * 8) == [1] * 8
+    assert threading.active_count() - before == 2
+    release = threading.Event()
+    stuck = runner.run([lambda: release.wait(10), lambda: release.wait(10)])
+    assert [r.kind for r in stuck] == ["timeout", "timeout"] and runner.stragglers == 2
+    meet = threading.Barrier(2, timeout=2.0)   # passes only if both calls run at the same time
+    assert runner.run([meet.wait, meet.wait]) in ([0, 1], [1, 0])
+    release.set()
+    deadline = time.monotonic() + 5
+    while runner.stragglers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.stragglers == 0
+    assert threading.active_count() - before == 2   # the released stragglers' threads ended
 
 
 def test_a_run_survives_a_reward_function_that_raises_and_hangs(tmp_path):

@@ -27,6 +27,7 @@ traceback; the run goes on.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -147,6 +148,7 @@ class Generator:
         """Build each trajectory's environment and prompt ids; an env that fails to build or to
         `init` leaves its trajectory done with reward 0."""
         trajectories = []
+        encoded: dict[str, list[int]] = {}   # a GRPO group's samples share one prompt: template it once
         for env_class, extras, prompt in zip(inp.env_classes, inp.env_extras, inp.prompts):
             settings = dict(self.env_settings.get(env_class, {}))
             settings.setdefault("max_turns", self.max_turns)
@@ -159,7 +161,10 @@ class Generator:
                 self._failure(env_class, EnvCallFailure("error", f"{type(exc).__name__}: {exc}",
                                                         traceback.format_exc()), counts)
                 messages = prompt
-            traj = Trajectory(env, env_class, self.encode_prompt(messages))
+            key = json.dumps(messages, sort_keys=True, default=str)
+            if key not in encoded:
+                encoded[key] = self.encode_prompt(messages)
+            traj = Trajectory(env, env_class, list(encoded[key]))
             traj.done = traj.failed = failed
             trajectories.append(traj)
         return trajectories
