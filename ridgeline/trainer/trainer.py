@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ridgeline.allocator import active_allocator
 from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, count_singleton_groups, whiten_advantages
 from ridgeline.algorithms.kl_control import KLController, build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_punishment
@@ -174,9 +175,9 @@ class Trainer:
             env_override = load_environments(cfg.environment)
             generator = build_generator(cfg, engine, tokenizer)
             loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-            log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s)", t.policy.model.path,
-                     parameters / 1e6, autocast or torch.float32, engine.dtype,
-                     f", critic {t.critic.model.path}" if critic is not None else "", where)
+            log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s; memory allocator %s)",
+                     t.policy.model.path, parameters / 1e6, autocast or torch.float32, engine.dtype,
+                     f", critic {t.critic.model.path}" if critic is not None else "", where, active_allocator())
             checkpoint.prepare_metrics(run_dir, resume_from)  # before a tracker opens metrics.jsonl
             run_id = checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id()
             trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
