@@ -53,13 +53,15 @@ def machine_info() -> dict[str, str]:
 
     import transformers
 
+    from ridgeline.allocator import active_allocator
     from ridgeline.models.loading import cpu_has_fast_bf16
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     return {"cpu": cpu, "cpus": str(os.cpu_count()), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
             "torch_threads": str(torch.get_num_threads()), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "fast_bf16": str(cpu_has_fast_bf16()), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
+            "fast_bf16": str(cpu_has_fast_bf16()), "amx": str(torch.cpu._is_amx_tile_supported()),
+            "allocator": active_allocator(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
 
 
 def write_result(name: str, payload: dict, summary: str) -> Path:
@@ -75,6 +77,7 @@ def write_result(name: str, payload: dict, summary: str) -> Path:
     if RUN_LOG_HEADING not in doc:
         doc = doc.rstrip("\n") + f"\n\n{RUN_LOG_HEADING}\nOne line per benchmark run, appended by the scripts; JSONs in `bench/results/`.\n\n"
     line = (f"- {stamp[:10]} `{name}`: {summary} — {info['cpu']}, {info['cpus']} vCPU, threads {info['torch_threads']}, "
+            f"{'AMX, ' if info.get('amx') == 'True' else ''}allocator {info.get('allocator', '?')}, "
             f"torch {info['torch']}, transformers {info['transformers']} (`{path.name}`)\n")
     BENCHMARKS_DOC.write_text(doc + line if doc.endswith("\n") else doc + "\n" + line)
     print(f"wrote {path.relative_to(RESULTS.parent.parent)} and a line in docs/benchmarks.md")

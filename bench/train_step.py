@@ -4,7 +4,7 @@
 
 First the matmul rate: `torch.mm` at 2048^3 and at a prefill-shaped 2048 x 576 x 1536, fp32 and
 bf16, measured in this run. Then one optimizer step of the real `PolicyWorker.train` on SmolLM2-135M
-(forward, backward, AdamW; the quickstart's settings: micro-batch 16, entropy on) for:
+(forward, backward, AdamW; the quickstart's settings: its micro-batch, entropy on) for:
   quickstart: its batch, 8 prompts x 8 samples, ~47-token prompts, 17 response tokens (the
               shared-prompt forward: each distinct prompt runs once);
   distinct  : 16 distinct prompts (sums and GSM8K questions, 45-150 tokens) x 64 response tokens
@@ -21,6 +21,11 @@ Writes bench/results/train_step-<time>.json and a line in docs/benchmarks.md.
 """
 
 from __future__ import annotations
+
+from ridgeline.allocator import reexec_with_tcmalloc
+
+if __name__ == "__main__":
+    reexec_with_tcmalloc()  # measure what `ridgeline train` runs on (RIDGELINE_ALLOCATOR=system: glibc's)
 
 import argparse
 import statistics

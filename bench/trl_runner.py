@@ -167,6 +167,7 @@ def main() -> None:
     import accelerate
     import transformers
     record["versions"].update(transformers=transformers.__version__, accelerate=accelerate.__version__)
+    record["allocator"] = "tcmalloc" if "libtcmalloc" in Path("/proc/self/maps").read_text() else "system"
 
     # The tokenizer as GRPOTrainer loads it itself (left padding and truncation), from the same folder.
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left", truncation_side="left")

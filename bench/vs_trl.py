@@ -17,7 +17,7 @@ in the same order (the quickstart's arithmetic data; TRL gets Ridgeline's epoch-
 shuffling off), the same reward (Ridgeline's `arithmetic` env, imported by the TRL runner), 8
 prompts x 8 samples, 16 new tokens at temperature 0.7, lr 2e-5 constant, AdamW (0.9, 0.999),
 weight decay 0.01, clip 1.0, no KL, GRPO group std normalisation, token-mean loss over the 64
-completions, micro-batches of 16, one optimizer step per batch, bf16 autocast with fp32 master
+completions, the quickstart's micro-batch (64: one per batch), one optimizer step per batch, bf16 autocast with fp32 master
 weights, no gradient checkpointing. What cannot be made equal is listed in `NOT_EQUAL` and goes
 into the JSON and the docs line.
 
@@ -86,8 +86,8 @@ NOT_EQUAL = [
     "generation: TRL samples with its training model through transformers `generate` (fp32 weights under "
     "bf16 autocast, see lm_head_output_dtype), Ridgeline with its embedded engine on a bf16 copy "
     "(generator.model_dtype=bfloat16) refreshed by an in-process weight sync after every step (part of its step)",
-    "micro-batches: TRL shuffles the 64 completions before cutting 4 micro-batches of 16; Ridgeline keeps each "
-    "prompt's group together (its shared-prompt forward runs each prompt once)",
+    "micro-batches (when smaller than the batch): TRL shuffles the completions before cutting micro-batches; "
+    "Ridgeline keeps each prompt's group together (its shared-prompt forward runs each prompt once)",
     "random streams differ, so the sampled completions (and their lengths, hence tokens per step) differ; "
     "completion lengths are reported per framework",
     "eval (time to accuracy only): TRL has no generation eval; a callback runs greedy `generate` on TRL's model "
@@ -130,7 +130,7 @@ def settings_table(q: dict[str, Any]) -> list[Setting]:
         Setting("prompts per optimizer step", q["prompts"],
                 {"steps_per_generation": per_step // q["micro"]},
                 {"trainer.train_batch_size": q["prompts"], "trainer.policy_mini_batch_size": q["prompts"]},
-                "TRL: generation batch = 16 x 4 = 64 completions = 8 prompts"),
+                f"TRL: generation batch = {q['micro']} x {per_step // q['micro']} = {per_step} completions = {q['prompts']} prompts"),
         Setting("samples per prompt (group)", q["n"], {"num_generations": q["n"]},
                 {"generator.n_samples_per_prompt": q["n"]}),
         Setting("micro-batch (rows per forward/backward)", q["micro"],
@@ -292,6 +292,7 @@ def same_work_checks(trl: dict[str, Any], rl: dict[str, Any], files: "TaskFiles"
         "trl_steps_per_generation": trl["grpo_config"].get("steps_per_generation"),
         "trl_generation_batch_size": trl["grpo_config"].get("generation_batch_size"),
         "trl_versions": trl["versions"], "trl_parameters": trl.get("parameters"),
+        "same_allocator": trl.get("allocator") == rl.get("allocator"), "allocator": rl.get("allocator"),
         "ridgeline_engine_dtype": rl.get("engine_dtype"), "ridgeline_parameters": rl.get("parameters"),
     }
     checks["same_parameter_count"] = checks["trl_parameters"] == checks["ridgeline_parameters"]
@@ -328,8 +329,14 @@ def first_prompt_ids(model: str, trl_train: Path) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------ runs
+ALLOCATOR_LIBRARY: str | None = None   # --allocator: the library both frameworks' processes preload
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if ALLOCATOR_LIBRARY:
+        env["LD_PRELOAD"] = ALLOCATOR_LIBRARY
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", BENCH_T_SPAWN=repr(time.time()))
     env.pop("VIRTUAL_ENV", None)
@@ -378,6 +385,7 @@ def ridgeline_child(stamps: Path, overrides: list[str]) -> int:
     """`ridgeline train OVERRIDES`, plus wall-clock stamps: when training starts (`Trainer.train`)
     and when each step's metrics are logged (`Trainer._log`, right after the step and its eval)."""
     from ridgeline import cli
+    from ridgeline.allocator import active_allocator
     from ridgeline.trainer import trainer as trainer_module
     import torch
     rec: dict[str, Any] = {"framework": "ridgeline", "t_spawn": float(os.environ.get("BENCH_T_SPAWN", T_START)),
@@ -388,6 +396,7 @@ def ridgeline_child(stamps: Path, overrides: list[str]) -> int:
     def train(self):
         rec["t_train_begin"] = time.time()
         rec["parameters"] = sum(p.numel() for p in self.policy.model.parameters())
+        rec["allocator"] = active_allocator()
         rec["engine_dtype"] = str(getattr(self.engine, "dtype", ""))
         try:
             return original_train(self)
@@ -572,6 +581,7 @@ def not_equal(args) -> list[str]:
 
 def short_not_equal(args) -> str:
     optim = f"; TRL optim={args.trl_optim}" if args.trl_optim else ""
+    optim += f"; allocator {args.allocator} on both"
     return ("TRL generates with its fp32 training model under bf16 autocast, Ridgeline with a bf16 engine copy"
             f"{optim}; sampled completions differ")
 
@@ -601,10 +611,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="TRL's held-out eval every N steps, plus before training and at the end (time to accuracy)")
     parser.add_argument("--trl-optim", default=None,
                         help="TRL's `optim` (default: TRL's own, adamw_torch_fused, the kernel Ridgeline uses too)")
+    parser.add_argument("--allocator", choices=["tcmalloc", "system"], default=None,
+                        help="memory allocator of both frameworks' processes (default: tcmalloc when installed, as "
+                             "`ridgeline train` picks it; TRL gets the same preload)")
     parser.add_argument("--no-record", action="store_true",
                         help="print only: no JSON in bench/results, no line in docs/benchmarks.md (smoke runs)")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
+    from ridgeline.allocator import find_tcmalloc
+    global ALLOCATOR_LIBRARY
+    args.allocator = args.allocator or ("tcmalloc" if find_tcmalloc() else "system")
+    if args.allocator == "tcmalloc":
+        ALLOCATOR_LIBRARY = find_tcmalloc()
+        if ALLOCATOR_LIBRARY is None:
+            raise SystemExit("--allocator tcmalloc: no tcmalloc library found (make tcmalloc)")
     ensure_trl_venv()
     q = quickstart_values()
     table = settings_table(q)
