@@ -71,3 +71,26 @@ def test_zero_reward_on_non_stop(tiny_model, tiny_tokenizer):
         r != "stop" and x != 0 for r, x in zip(strict_out.stop_reasons, loose_out.rewards))
     if not any(r != "stop" and x != 0 for r, x in zip(strict_out.stop_reasons, loose_out.rewards)):
         pytest.fail("test input produced no truncated rewarded response; pick another seed")
+
+
+def test_each_distinct_prompt_is_chat_templated_once_per_batch(tiny_model, tiny_tokenizer):
+    """A GRPO group sends one prompt n times: the generator templates it once and gives every
+    trajectory its own copy of the ids (equal to templating each alone)."""
+    calls = []
+
+    class Counting(SingleTurnGenerator):
+        def encode_prompt(self, messages):
+            calls.append(messages[-1]["content"])
+            return super().encode_prompt(messages)
+
+    gen = Counting(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer)
+    questions = ["What is 3 + 4?", "What is 1 + 1?"]
+    prompts = [[{"role": "user", "content": q}] for q in questions for _ in range(4)]
+    inp = GeneratorInput(prompts=prompts, env_classes=["arithmetic"] * 8, env_extras=[ROW] * 8,
+                         trajectory_ids=[TrajectoryID(str(i // 4), i % 4) for i in range(8)],
+                         sampling_params=SamplingParams(max_generate_length=2))
+    out = gen.generate(inp, seed=0)
+    assert sorted(calls) == sorted(questions)
+    for prompt, ids in zip(prompts, out.prompt_token_ids):
+        assert ids == SingleTurnGenerator.encode_prompt(gen, prompt)
+    assert out.prompt_token_ids[0] is not out.prompt_token_ids[1]
