@@ -41,6 +41,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 sys.path.insert(0, str(REPO))  # ridgeline.envs only (standard library): the reward both sides use
 from ridgeline import envs  # noqa: E402
+from ridgeline.allocator import active_allocator  # noqa: E402  (standard library only, like envs)
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -167,7 +168,7 @@ def main() -> None:
     import accelerate
     import transformers
     record["versions"].update(transformers=transformers.__version__, accelerate=accelerate.__version__)
-    record["allocator"] = "tcmalloc" if "libtcmalloc" in Path("/proc/self/maps").read_text() else "system"
+    record["allocator"] = active_allocator()
 
     # The tokenizer as GRPOTrainer loads it itself (left padding and truncation), from the same folder.
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left", truncation_side="left")

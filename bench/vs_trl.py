@@ -623,11 +623,11 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     from ridgeline.allocator import find_tcmalloc
     global ALLOCATOR_LIBRARY
-    args.allocator = args.allocator or ("tcmalloc" if find_tcmalloc() else "system")
-    if args.allocator == "tcmalloc":
-        ALLOCATOR_LIBRARY = find_tcmalloc()
-        if ALLOCATOR_LIBRARY is None:
-            raise SystemExit("--allocator tcmalloc: no tcmalloc library found (make tcmalloc)")
+    library = find_tcmalloc()
+    args.allocator = args.allocator or ("tcmalloc" if library else "system")
+    if args.allocator == "tcmalloc" and library is None:
+        raise SystemExit("--allocator tcmalloc: no tcmalloc library found (make tcmalloc)")
+    ALLOCATOR_LIBRARY = library if args.allocator == "tcmalloc" else None
     ensure_trl_venv()
     q = quickstart_values()
     table = settings_table(q)

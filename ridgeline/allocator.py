@@ -52,11 +52,14 @@ def active_allocator() -> str:
     return "tcmalloc" if "libtcmalloc" in maps else "system"
 
 
-def wanted() -> bool:
+def requested() -> str:
+    """`RIDGELINE_ALLOCATOR`: "auto" (the default, and what an unknown value falls back to),
+    "tcmalloc" or "system"."""
     choice = os.environ.get(SWITCH, "auto").strip().lower()
     if choice not in ("auto", "tcmalloc", "system"):
         print(f"ridgeline: {SWITCH}={choice!r} is not one of auto, tcmalloc, system; using auto", file=sys.stderr)
-    return choice != "system" and sys.platform.startswith("linux")
+        return "auto"
+    return choice
 
 
 def reexec_with_tcmalloc() -> None:
@@ -69,11 +72,12 @@ def reexec_with_tcmalloc() -> None:
         else:
             os.environ.pop("LD_PRELOAD", None)
         return
-    if not wanted() or active_allocator() == "tcmalloc":
+    choice = requested()
+    if choice == "system" or not sys.platform.startswith("linux") or active_allocator() == "tcmalloc":
         return
     library = find_tcmalloc()
     if library is None:
-        if os.environ.get(SWITCH, "").strip().lower() == "tcmalloc":
+        if choice == "tcmalloc":
             print(f"ridgeline: {SWITCH}=tcmalloc but no tcmalloc library was found (apt-get install "
                   f"libtcmalloc-minimal4, or set {LIBRARY}); using the system allocator", file=sys.stderr)
         return

@@ -120,7 +120,8 @@ class EnvRunner:
                 self._stragglers += 1
                 self._workers -= 1
             expired.append(job)
-        self._fill_pool()
+        if expired:
+            self._fill_pool()
         return expired
 
     def _fill_pool(self) -> None:
