@@ -50,15 +50,15 @@ def test_preset_runs_end_to_end(name: str, tmp_path) -> None:
     extra = ("trainer.algorithm.overlong_buffer_len=2",) if name == "dapo" else ()
     trainer, steps = run_preset(name, tmp_path, *extra)
     cfg, alg = trainer.cfg, trainer.cfg.trainer.algorithm
-    assert trainer.global_step == 2 and len(steps) == 2
+    assert trainer.run.global_step == 2 and len(steps) == 2
     assert cfg.trainer.run_name == name
     for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/grad_norm", "policy/ppo_clip_ratio",
                 "policy/ratio_mean", "policy/ratio_max", "policy/policy_kl",
                 "rollout/logprob_abs_diff_mean", "rollout/logprob_abs_diff_max"):
         finite(steps, key)
     # the reference model exists exactly when a KL option needs it
-    assert (trainer.ref is not None) == bool(alg.use_kl_loss or alg.use_kl_in_reward)
-    assert (trainer.critic is not None) == (name == "ppo")
+    assert (trainer.workers.ref is not None) == bool(alg.use_kl_loss or alg.use_kl_in_reward)
+    assert (trainer.workers.critic is not None) == (name == "ppo")
     mini_steps = cfg.trainer.train_batch_size // cfg.trainer.policy_mini_batch_size
     assert all(r["policy/optimizer_steps"] == mini_steps for r in steps)
     assert (trainer.run_dir / "final_model" / "config.json").exists()
@@ -100,9 +100,9 @@ def test_adaptive_kl_in_reward_moves_the_coefficient(tmp_path) -> None:
 def test_update_ref_every_epoch_copies_the_policy(tmp_path) -> None:
     trainer, _ = run_preset("grpo", tmp_path, "trainer.epochs=2", "trainer.update_ref_every_epoch=true",
                             "data.prepare.num_train=8")
-    policy = dict(trainer.policy.model.named_parameters())
+    policy = dict(trainer.workers.policy.model.named_parameters())
     # refreshed after epoch 1, then the policy trained one more step: close but not equal
-    diffs = [float((p - policy[name]).detach().abs().max()) for name, p in trainer.ref.model.named_parameters()]
+    diffs = [float((p - policy[name]).detach().abs().max()) for name, p in trainer.workers.ref.model.named_parameters()]
     assert max(diffs) > 0.0 and max(diffs) < 0.1
 
 
@@ -111,10 +111,10 @@ def test_update_ref_every_epoch_sets_ref_to_policy(tmp_path) -> None:
                        "trainer.update_ref_every_epoch=true"])
     trainer = Trainer.from_config(cfg)
     with torch.no_grad():
-        for p in trainer.policy.model.parameters():
+        for p in trainer.workers.policy.model.parameters():
             p.add_(0.01)
     trainer.update_ref()
-    for (name, ref), (_, pol) in zip(trainer.ref.model.named_parameters(), trainer.policy.model.named_parameters()):
+    for (name, ref), (_, pol) in zip(trainer.workers.ref.model.named_parameters(), trainer.workers.policy.model.named_parameters()):
         assert torch.equal(ref, pol), name
 
 

@@ -9,6 +9,8 @@ import os
 import signal
 
 import pytest
+from pathlib import Path
+
 import torch
 
 from ridgeline.config import load_config
@@ -55,34 +57,35 @@ def test_a_checkpoint_holds_everything_and_loads_back_exactly(critic_run):
     assert fingerprint["trainer.policy.model.path"] == "tiny://llama" and len(fingerprint["data.train_data"]) == 1
 
     resumed = Trainer.from_config(tiny(out, *CRITIC, "trainer.resume_mode=latest"))
-    assert resumed.global_step == 2 and resumed.data_position == (1, 0) and resumed.run_id == done.run_id
-    for a, b in [(done.policy.model, resumed.policy.model), (done.critic.model, resumed.critic.model),
-                 (done.policy.model, resumed.engine.model)]:
+    assert resumed.run.global_step == 2 and resumed.run.data_position == (1, 0) and resumed.run.run_id == done.run.run_id
+    for a, b in [(done.workers.policy.model, resumed.workers.policy.model), (done.workers.critic.model, resumed.workers.critic.model),
+                 (done.workers.policy.model, resumed.engine.model)]:
         for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(p, q), name
     for worker in ("policy", "critic"):
-        sa, sb = getattr(done, worker).optimizer.state_dict(), getattr(resumed, worker).optimizer.state_dict()
+        sa, sb = getattr(done.workers, worker).optimizer.state_dict(), getattr(resumed.workers, worker).optimizer.state_dict()
         for key in sa["state"]:
             for k, v in sa["state"][key].items():
                 assert torch.equal(v, sb["state"][key][k]), (worker, key, k)
         assert sa["param_groups"] == sb["param_groups"]
-        assert getattr(done, worker).scheduler.state_dict() == getattr(resumed, worker).scheduler.state_dict()
-    assert resumed.state.kl_controller == done.state.kl_controller
-    assert done.state.kl_controller.value != cfg.trainer.algorithm.kl_loss_coef  # it did adapt
-    assert resumed.state.reward_std == done.state.reward_std and done.state.reward_std.count == 256
+        assert getattr(done.workers, worker).scheduler.state_dict() == getattr(resumed.workers, worker).scheduler.state_dict()
+    assert resumed.run.algorithm.kl_controller == done.run.algorithm.kl_controller
+    assert done.run.algorithm.kl_controller.value != cfg.trainer.algorithm.kl_loss_coef  # it did adapt
+    assert resumed.run.algorithm.reward_std == done.run.algorithm.reward_std
+    assert done.run.algorithm.reward_std.count == 256
     assert torch.equal(torch.get_rng_state(), torch.load(folder / "rng_state.pt", weights_only=True)["torch"])
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint_and_stops_the_run(tmp_path, monkeypatch):
     trainer = Trainer.from_config(tiny(tmp_path, "trainer.ckpt_interval=1", "trainer.epochs=2"))
-    save = checkpoint._save_torch
+    save = torch.save
 
-    def disk_full_on_the_second_checkpoint(obj, path):
-        if trainer.global_step == 2 and path.name == "policy_optim.pt":
+    def disk_full_on_the_second_checkpoint(obj, path, *args, **kwargs):
+        if trainer.run.global_step == 2 and Path(path).name == "policy_optim.pt":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        save(obj, path)
+        save(obj, path, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "_save_torch", disk_full_on_the_second_checkpoint)
+    monkeypatch.setattr(torch, "save", disk_full_on_the_second_checkpoint)
     with pytest.raises(CheckpointError) as info:
         trainer.train()
     root = tmp_path / "tiny" / "ckpts"
@@ -91,7 +94,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_stops_the_run(tmp_path
     assert "global_step_1" in msg  # the checkpoint to resume from
     assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "latest"]  # temp folder removed
     assert (root / "latest").read_text().strip() == "global_step_1" and checkpoint.is_complete(root / "global_step_1")
-    assert trainer.global_step == 2  # stopped right there
+    assert trainer.run.global_step == 2  # stopped right there
 
 
 def test_incomplete_folders_are_never_loaded_and_the_pointer_wins(tmp_path):
@@ -145,10 +148,10 @@ def test_resuming_another_run_is_refused_unless_told(critic_run, tmp_path, caplo
     trainer = Trainer.from_config(tiny(out, *CRITIC, "trainer.resume_mode=latest", "trainer.seed=7",
                                        "trainer.resume_ignore_config_changes=true",
                                        "trainer.policy.optimizer_config.lr=0.5"))
-    assert trainer.global_step == 2
+    assert trainer.run.global_step == 2
     assert "although the run differs" in caplog.text and "trainer.policy.optimizer_config.lr: 0.01 -> 0.5" in caplog.text
-    assert trainer.policy.optimizer.param_groups[0]["lr"] == 0.5 == trainer.policy.scheduler.get_last_lr()[0]
-    assert trainer.policy.optimizer.state_dict()["state"][0]["step"] == 2  # moments kept
+    assert trainer.workers.policy.optimizer.param_groups[0]["lr"] == 0.5 == trainer.workers.policy.scheduler.get_last_lr()[0]
+    assert trainer.workers.policy.optimizer.state_dict()["state"][0]["step"] == 2  # moments kept
 
 
 def _nan_loss(fn):
@@ -161,31 +164,31 @@ def _nan_loss(fn):
 def test_a_nonfinite_loss_is_dropped_before_backward(tmp_path, monkeypatch):
     from ridgeline.training import critic_worker
     trainer = Trainer.from_config(tiny(tmp_path, *CRITIC))
-    trainer.policy.policy_loss_fn = _nan_loss(trainer.policy.policy_loss_fn)
+    trainer.workers.policy.policy_loss_fn = _nan_loss(trainer.workers.policy.policy_loss_fn)
     monkeypatch.setattr(critic_worker, "value_loss", _nan_loss(critic_worker.value_loss))
-    before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
-    critic_before = {k: v.clone() for k, v in trainer.critic.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.workers.policy.model.state_dict().items()}
+    critic_before = {k: v.clone() for k, v in trainer.workers.critic.model.state_dict().items()}
     backward_calls = []
     backward = torch.Tensor.backward
     monkeypatch.setattr(torch.Tensor, "backward", lambda t, *a, **k: backward_calls.append(1) or backward(t, *a, **k))
     rows = next(trainer.train_data.batches(16, seed=0, epoch=0))
-    trainer.global_step = 1
+    trainer.run.global_step = 1
     metrics = trainer.train_step(rows)
     assert metrics["policy/skipped_steps"] == 1.0 and metrics["critic/skipped_steps"] == 1.0
     assert backward_calls == []  # caught before backward
-    for model, saved in [(trainer.policy.model, before), (trainer.critic.model, critic_before)]:
+    for model, saved in [(trainer.workers.policy.model, before), (trainer.workers.critic.model, critic_before)]:
         for name, value in model.state_dict().items():
             assert torch.equal(value, saved[name]), name
         assert all(p.grad is None for p in model.parameters())
-    assert trainer.policy.optimizer.state_dict()["state"] == {}  # no optimizer step either
+    assert trainer.workers.policy.optimizer.state_dict()["state"] == {}  # no optimizer step either
 
 
 def test_a_nonfinite_loss_stops_the_run_when_asked(tmp_path):
     trainer = Trainer.from_config(tiny(tmp_path, "trainer.nonfinite_loss=stop"))
-    trainer.policy.policy_loss_fn = _nan_loss(trainer.policy.policy_loss_fn)
+    trainer.workers.policy.policy_loss_fn = _nan_loss(trainer.workers.policy.policy_loss_fn)
     with pytest.raises(NonFiniteLossError, match=r"step 1: policy loss is nan \(trainer.nonfinite_loss=stop\)"):
         trainer.train()
-    assert all(p.grad is None for p in trainer.policy.model.parameters())
+    assert all(p.grad is None for p in trainer.workers.policy.model.parameters())
 
 
 class CtrlCAt(Trainer):
@@ -194,7 +197,7 @@ class CtrlCAt(Trainer):
     at, raise_now = 2, False
 
     def train_step(self, rows):
-        if self.global_step == self.at:
+        if self.run.global_step == self.at:
             if self.raise_now:
                 raise KeyboardInterrupt
             os.kill(os.getpid(), signal.SIGINT)
@@ -208,11 +211,11 @@ def test_ctrl_c_finishes_the_step_then_checkpoints_it(tmp_path):
         trainer.train()
     root = tmp_path / "tiny" / "ckpts"
     assert sorted(p.name for p in root.iterdir()) == ["global_step_2", "latest"]
-    assert trainer.global_step == 2 and signal.getsignal(signal.SIGINT) is handler
+    assert trainer.run.global_step == 2 and signal.getsignal(signal.SIGINT) is handler
     steps = [json.loads(line)["step"] for line in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
     resumed = Trainer.from_config(tiny(tmp_path, "trainer.resume_mode=latest", "trainer.epochs=2"))
-    assert resumed.global_step == 2 and resumed.data_position == (1, 0)
+    assert resumed.run.global_step == 2 and resumed.run.data_position == (1, 0)
 
 
 def test_an_interrupt_inside_a_step_saves_no_half_done_state(tmp_path, caplog):

@@ -177,6 +177,8 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.critic.model.gguf_file", None),
     ("trainer.run_dir", "$HOME/exports//test_run"),
     ("trainer.mixed_precision", "auto"),
+    ("trainer.device", "auto"),
+    ("trainer.flash_attn", True),
     # multi-process runs (docs/distributed.md)
     ("trainer.placement.timeout_s", 180),
     # remote engines (docs/engines.md)

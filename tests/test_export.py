@@ -50,9 +50,9 @@ def assert_same_logprobs(folder, trainer):
     assert tokenizer.chat_template == trainer.tokenizer.chat_template
     assert model.config.use_cache and model.generation_config.eos_token_id == trainer.tokenizer.eos_token_id
     ids, mask, width = sequences(tokenizer)
-    trainer.policy.model.eval()
+    trainer.workers.policy.model.eval()
     with torch.no_grad():
-        ours, _ = response_logprobs(trainer.policy.model, ids, mask, width)
+        ours, _ = response_logprobs(trainer.workers.policy.model, ids, mask, width)
         theirs, _ = response_logprobs(model, ids, mask, width)
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
 
@@ -64,10 +64,10 @@ def test_periodic_exports_load_with_transformers(run):
     assert_same_logprobs(exports / "global_step_2" / "policy", run)
     critic = load_value_model(ModelSpec(str(exports / "global_step_2" / "critic")))
     ids, mask, width = sequences(run.tokenizer)
-    run.critic.model.eval()
+    run.workers.critic.model.eval()
     with torch.no_grad():
         assert torch.allclose(response_values(critic, ids, mask, width),
-                              response_values(run.critic.model, ids, mask, width), atol=1e-5, rtol=0)
+                              response_values(run.workers.critic.model, ids, mask, width), atol=1e-5, rtol=0)
 
 
 def test_export_command_writes_the_same_folders_from_a_checkpoint(run, tmp_path, capsys):

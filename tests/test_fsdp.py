@@ -42,13 +42,14 @@ def _batch(tok) -> TrainingBatch:
     return batch
 
 
-def _worker(cls, model, mini: int):
+def _worker(model, mini: int, parallel=None):
+    """The one PolicyWorker class: in one process (a world of one), or on an FSDP2 rank."""
     algorithm = OmegaConf.merge(base_config().trainer.algorithm, {"loss_reduction": "token_mean"})
     cfg = PolicyTrainConfig(mini_batch_size=mini, micro_batch_size=MICRO, micro_forward_batch_size=MICRO,
                             loss_reduction="token_mean", algorithm=algorithm, max_grad_norm=0.5,
                             use_kl_loss=True, kl_loss_coef=0.1, use_entropy_loss=True, entropy_loss_coef=0.01)
     opt = build_optimizer(model, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)
-    return cls(model, cfg, opt, build_scheduler(opt, 2))
+    return PolicyWorker(model, cfg, opt, build_scheduler(opt, 2), parallel)
 
 
 def _full_params(model) -> dict[str, torch.Tensor]:
@@ -58,16 +59,17 @@ def _full_params(model) -> dict[str, torch.Tensor]:
 def _rank_train(batch: TrainingBatch, fsdp_size: int | None):
     """One rank: its contiguous half of the rows, the sharded tiny Llama, three steps."""
     import torch.distributed as dist
-    from ridgeline.distributed.fsdp import FSDPPolicyWorker, full_state_dict, shard_model
+    from ridgeline.distributed.fsdp import FSDPGroup
 
     rank, world = dist.get_rank(), dist.get_world_size()
     tok = build_char_tokenizer()
-    model = shard_model(build_tiny_model("llama", tok, seed=0), fsdp_size=fsdp_size)
+    group = FSDPGroup(torch.device("cpu"), fsdp_size=fsdp_size)
+    model = group.place(build_tiny_model("llama", tok, seed=0))
     local = batch.select(slice(rank * ROWS // world, (rank + 1) * ROWS // world))
-    worker = _worker(FSDPPolicyWorker, model, mini=ROWS // world)
+    worker = _worker(model, mini=ROWS // world, parallel=group)
     metrics = [worker.train(local) for _ in range(STEPS)]
     logprobs = worker.compute_logprobs(batch)  # every rank the whole batch: a sharded forward
-    state = full_state_dict(model)
+    state = worker.full_state_dict()
     return metrics, state, logprobs
 
 
@@ -75,12 +77,13 @@ def _rank_mismatched_forwards(batch: TrainingBatch) -> str:
     """Rank 0's micro-batch shares a prompt (two decoder forwards), rank 1's does not (one):
     without the check the ranks' all-gathers would pair up wrongly and deadlock."""
     import torch.distributed as dist
-    from ridgeline.distributed.fsdp import FSDPPolicyWorker, shard_model
+    from ridgeline.distributed.fsdp import FSDPGroup
 
-    model = shard_model(build_tiny_model("llama", build_char_tokenizer(), seed=0))
+    group = FSDPGroup(torch.device("cpu"))
+    model = group.place(build_tiny_model("llama", build_char_tokenizer(), seed=0))
     rows = [0, 1] if dist.get_rank() == 0 else [1, 2]
     try:
-        _worker(FSDPPolicyWorker, model, mini=2).compute_logprobs(batch.select(torch.tensor(rows)))
+        _worker(model, mini=2, parallel=group).compute_logprobs(batch.select(torch.tensor(rows)))
     except RuntimeError as exc:
         return str(exc)
     return "no error"
@@ -97,7 +100,7 @@ def runs():
     tok = build_char_tokenizer()
     batch = _batch(tok)
     model = build_tiny_model("llama", tok, seed=0)
-    worker = _worker(PolicyWorker, model, mini=ROWS)
+    worker = _worker(model, mini=ROWS)
     reference = [worker.train(batch) for _ in range(STEPS)]
     ranks = run_ranks(_rank_all, WORLD, batch, timeout_s=240)
     return tok, batch, model, worker, reference, ranks
@@ -128,7 +131,7 @@ def test_full_state_dict_loads_into_a_fresh_model_with_identical_logprobs(runs):
     fresh = build_tiny_model("llama", tok, seed=1)
     fresh.load_state_dict(ranks[0]["fsdp"][1])
     want = worker.compute_logprobs(batch)
-    got = _worker(PolicyWorker, fresh, mini=ROWS).compute_logprobs(batch)
+    got = _worker(fresh, mini=ROWS).compute_logprobs(batch)
     assert torch.allclose(got, want, atol=1e-5)
     for rank in ranks:  # and the sharded model's own logprobs, on every rank
         assert torch.allclose(rank["fsdp"][2], want, atol=1e-5)

@@ -30,6 +30,7 @@ from ridgeline.training.batch import build_training_batch
 from ridgeline.training.build import build_policy_worker
 from ridgeline.training.logprobs import response_logprobs
 from ridgeline.training.worker import batch_logprobs
+from ridgeline.training.parallel import SingleProcess
 
 LORA = "trainer.policy.model.lora"
 
@@ -66,7 +67,7 @@ def base_model(trainer) -> PreTrainedModel:
     """The tiny base model as a run without LoRA loads it (eager attention, as the training
     workers load it for short rows: bit-equal comparisons need the same kernels)."""
     return load_training_model(trainer.cfg, ModelSpec("tiny://llama", seed=trainer.cfg.trainer.seed), torch.float32,
-                               trainer.tokenizer)
+                               trainer.tokenizer, torch.device("cpu"))
 
 
 def probe_batch(tokenizer):
@@ -116,12 +117,12 @@ def test_adapting_a_tied_output_head_is_refused(tiny_model):
 
 # ------------------------------------------------------------------------------------ training
 def test_only_the_adapters_train_and_the_base_weights_stay_bit_identical(run):
-    model = run.policy.model
+    model = run.workers.policy.model
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     # all-linear on 2 Llama layers: q, k, v, o, gate, up, down -> 7 x 2 layers x (A, B)
     assert len(trainable) == 28 and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if n in trainable)
-    optimized = {id(p) for g in run.policy.optimizer.param_groups for p in g["params"]}
+    optimized = {id(p) for g in run.workers.policy.optimizer.param_groups for p in g["params"]}
     assert optimized == {id(p) for n, p in model.named_parameters() if n in trainable}
     # the base never moved: a checkpoint-free comparison with a freshly built base model
     fresh = base_model(run).state_dict()
@@ -166,27 +167,27 @@ def test_activation_checkpointing_gives_the_adapters_the_same_gradients(tmp_path
 
 # ------------------------------------------------------------------------------------ reference
 def test_the_reference_is_the_base_model_without_a_second_copy(run):
-    assert run.ref.model is run.policy.model
+    assert run.workers.ref.model is run.workers.policy.model
     # the run made two models: the policy's (under its adapters) and the engine's merged copy
-    assert live_models() - run.models_before == {id(run.policy.model.get_base_model()), id(run.engine.model)}
+    assert live_models() - run.models_before == {id(run.workers.policy.model.get_base_model()), id(run.engine.model)}
     batch = probe_batch(run.tokenizer)
-    ref = run.ref.compute_logprobs(batch)
-    fresh = batch_logprobs(base_model(run), batch, 64, 1.0, None)
+    ref = run.workers.ref.compute_logprobs(batch)
+    fresh = batch_logprobs(base_model(run), batch, 64, 1.0, None, SingleProcess())
     assert torch.equal(ref, fresh)  # fp32: the adapter-disabled forward is the base's, bit for bit
-    policy = run.policy.compute_logprobs(batch)
+    policy = run.workers.policy.compute_logprobs(batch)
     assert float((policy - ref).abs().max()) > 1e-3  # while the policy itself has moved
-    assert sum(p.requires_grad for p in run.policy.model.parameters()) == 28  # the ref froze nothing
+    assert sum(p.requires_grad for p in run.workers.policy.model.parameters()) == 28  # the ref froze nothing
 
 
 # ------------------------------------------------------------------------------------ engine
 def test_the_engine_runs_the_merged_weights_and_the_probe_passes(run):
-    reference = copy.deepcopy(run.policy.model).merge_and_unload().state_dict()  # peft's own merge
+    reference = copy.deepcopy(run.workers.policy.model).merge_and_unload().state_dict()  # peft's own merge
     engine = run.engine.model.state_dict()
     assert set(engine) == set(reference)
     for name, tensor in reference.items():
         assert torch.equal(engine[name], tensor), name
     tokenizer = run.tokenizer
-    trainer_lp = probe_logprobs(run.policy.model, tokenizer)  # with the adapters
+    trainer_lp = probe_logprobs(run.workers.policy.model, tokenizer)  # with the adapters
     engine_lp = torch.tensor(run.engine.score(*probe_tokens(tokenizer)))
     tolerance = probe_tolerance(run.engine.dtype)
     assert tolerance.statistic == "max" and check_probe(trainer_lp, engine_lp, tolerance, version=2) < 1e-5
@@ -198,14 +199,14 @@ def test_the_engine_runs_the_merged_weights_and_the_probe_passes(run):
 
 # ------------------------------------------------------------------------------------ checkpoints
 def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state(run):
-    folder = run.last_checkpoint
+    folder = run.checkpointer.last
     assert folder.name == "global_step_2"
     policy = folder / "policy"
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= {p.name for p in policy.iterdir()}
     assert not list(policy.glob("model*.safetensors"))
     saved = load_file(str(policy / "adapter_model.safetensors"))
     assert len(saved) == 28 and all(".lora_A." in k or ".lora_B." in k for k in saved)
-    live = {n.replace(".default", ""): p for n, p in run.policy.model.named_parameters() if "lora_" in n}
+    live = {n.replace(".default", ""): p for n, p in run.workers.policy.model.named_parameters() if "lora_" in n}
     assert all(torch.equal(saved[k], live[k]) for k in saved)
     config = json.loads((policy / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["bias"], config["task_type"]) == (8, 16.0, "none", "CAUSAL_LM")
@@ -221,14 +222,14 @@ def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state(run):
 
 
 def test_resume_from_a_checkpoint_is_exact(run, tmp_path):
-    ckpt = run.last_checkpoint.parent / "global_step_1"
+    ckpt = run.checkpointer.last.parent / "global_step_1"
     resumed = Trainer.from_config(tiny(tmp_path, "trainer.resume_mode=from_path", f"trainer.resume_path={ckpt}"))
-    assert resumed.global_step == 1
+    assert resumed.run.global_step == 1
     resumed.train()
-    for a, b in ((run.policy.model, resumed.policy.model), (run.engine.model, resumed.engine.model)):
+    for a, b in ((run.workers.policy.model, resumed.workers.policy.model), (run.engine.model, resumed.engine.model)):
         for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(p, q), name
-    sa, sb = run.policy.optimizer.state_dict(), resumed.policy.optimizer.state_dict()
+    sa, sb = run.workers.policy.optimizer.state_dict(), resumed.workers.policy.optimizer.state_dict()
     assert all(torch.equal(v, sb["state"][i][k]) for i, s in sa["state"].items() for k, v in s.items())
 
     def rows(trainer):
@@ -241,20 +242,20 @@ def test_resume_from_a_checkpoint_is_exact(run, tmp_path):
 def test_resuming_a_lora_checkpoint_without_lora_is_refused(run, tmp_path):
     cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=32",
                        "data.prepare.num_val=4", "trainer.resume_mode=from_path",
-                       f"trainer.resume_path={run.last_checkpoint}"])
+                       f"trainer.resume_path={run.checkpointer.last}"])
     with pytest.raises(checkpoint.CheckpointError, match="holds LoRA adapters.*Fix: "):
         Trainer.from_config(cfg)
 
 
 # ------------------------------------------------------------------------------------ exports
 def test_exports_are_merged_weights_that_plain_transformers_loads(run, tmp_path):
-    assert checkpoint.export_checkpoint(run.cfg.trainer.ckpt_path, tmp_path / "out") == run.last_checkpoint
-    merged = merged_state_dict(run.policy.model)
+    assert checkpoint.export_checkpoint(run.cfg.trainer.ckpt_path, tmp_path / "out") == run.checkpointer.last
+    merged = merged_state_dict(run.workers.policy.model)
     batch = probe_batch(run.tokenizer)
-    run.policy.model.eval()
+    run.workers.policy.model.eval()
     with torch.no_grad():
-        ours = run.policy.model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits
-    run.policy.model.train()
+        ours = run.workers.policy.model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits
+    run.workers.policy.model.train()
     for folder in (run.run_dir / "final_model", run.run_dir / "exports" / "global_step_2" / "policy",
                    tmp_path / "out" / "policy"):
         assert not list(folder.glob("adapter_*")), folder
@@ -271,7 +272,7 @@ def test_exports_are_merged_weights_that_plain_transformers_loads(run, tmp_path)
 def test_eval_scores_a_lora_checkpoint_as_the_trainer_did(run, tmp_path):
     from ridgeline.entrypoints.eval import evaluate_model
 
-    adapters = evaluate_model(run.cfg, checkpoint=run.last_checkpoint, output=tmp_path / "adapters")
+    adapters = evaluate_model(run.cfg, checkpoint=run.checkpointer.last, output=tmp_path / "adapters")
     exported = evaluate_model(run.cfg, checkpoint=run.run_dir / "final_model", output=tmp_path / "final")
     assert adapters.results.read_text() == exported.results.read_text()
     final_eval = next(r for r in reversed(run.history) if "eval/all/pass_at_1" in r)

@@ -42,7 +42,7 @@ def test_the_loop_reports_mismatch_and_applies_tis(tmp_path):
                        "trainer.algorithm.tis_imp_ratio_cap=2.0"])
     trainer = Trainer.from_config(cfg)
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
-    trainer.global_step = 1
+    trainer.run.global_step = 1
     metrics = trainer.train_step(rows)
     # the tiny preset runs engine and trainer in fp32: the same numbers, up to kernel rounding
     assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4

@@ -20,6 +20,8 @@ from ridgeline.training.packing import (PAD_SEGMENT, block_causal_mask, pack_inp
                                         packing_stats, plan_packs)
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
 
+CPU = torch.device("cpu")
+
 TEMPERATURE = 0.7
 
 
@@ -246,8 +248,8 @@ def test_grouped_rows_keep_the_shared_prompt_path(tiny_model, tiny_tokenizer):
     assert choose(ragged, on) is ForwardPath.PACKED
     assert choose(ragged, PLAIN) is ForwardPath.PLAIN
     with torch.no_grad():
-        assert torch.equal(micro_logprobs(tiny_model, grouped, 0.7, on)[0],
-                           micro_logprobs(tiny_model, grouped, 0.7, PLAIN)[0])
+        assert torch.equal(micro_logprobs(tiny_model, grouped, 0.7, on, CPU)[0],
+                           micro_logprobs(tiny_model, grouped, 0.7, PLAIN, CPU)[0])
     enable_activation_checkpointing(tiny_model.train())  # no KV cache: no shared prompts in training
     assert choose(grouped, on) is ForwardPath.PACKED
     assert choose(grouped, PLAIN) is ForwardPath.PLAIN
@@ -278,7 +280,7 @@ def test_decoder_forward_count_predicts_the_forwards(tiny_model, tiny_tokenizer,
     for micro in batch.chunks(3):
         predicted = decoder_forward_count(tiny_model, micro, options)
         assert predicted == (expected if response_width > 1 else 1)
-        assert predicted == _count_decoder_forwards(tiny_model, lambda: micro_logprobs(tiny_model, micro, 1.0, options))
+        assert predicted == _count_decoder_forwards(tiny_model, lambda: micro_logprobs(tiny_model, micro, 1.0, options, CPU))
 
 
 def test_pack_cap_defaults_to_the_longest_row():

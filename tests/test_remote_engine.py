@@ -290,7 +290,7 @@ def test_a_run_starts_by_pushing_its_weights_to_the_servers(server, tmp_path):
     try:
         tok = trainer.tokenizer
         prompt, response = chat_ids(tok, "What is 2 + 3?"), chat_ids(tok, "5")
-        want = probe_logprobs(trainer.policy.model, prompt_ids=prompt, response_ids=response)
+        want = probe_logprobs(trainer.workers.policy.model, prompt_ids=prompt, response_ids=response)
         assert torch.allclose(torch.tensor(trainer.engine.score(prompt, response)), want, atol=1e-5)
     finally:
         trainer.close()

@@ -84,7 +84,7 @@ class Recording(Trainer):
 
     def train_step(self, rows):
         self.seen = getattr(self, "seen", {})
-        self.seen[self.global_step] = [r.prompt[-1]["content"] for r in rows]
+        self.seen[self.run.global_step] = [r.prompt[-1]["content"] for r in rows]
         return super().train_step(rows)
 
 
@@ -97,7 +97,7 @@ def test_a_resume_at_an_epoch_boundary_trains_the_next_epoch_once(tmp_path):
     resumed = Recording.from_config(load_config([*EPOCHS, f"trainer.export_path={tmp_path / 'resumed'}",
                                                  "trainer.resume_mode=from_path",
                                                  f"trainer.resume_path={ckpts / 'global_step_2'}"]))
-    assert resumed.global_step == 2 and resumed.data_position == (1, 0) and resumed.ref_updated
+    assert resumed.run.global_step == 2 and resumed.run.data_position == (1, 0) and resumed.run.ref_updated
     resumed.train()
     assert sorted(resumed.seen) == [3, 4]
     assert {k: full.seen[k] for k in (3, 4)} == resumed.seen  # epoch 2, neither skipped nor repeated

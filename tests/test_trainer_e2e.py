@@ -66,13 +66,13 @@ def test_weights_reach_the_engine_after_a_step(tiny_run, tmp_path):
     trainer = Trainer.from_config(cfg)
     before = {k: v.clone() for k, v in trainer.engine.model.named_parameters()}
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
-    trainer.global_step = 1
+    trainer.run.global_step = 1
     metrics = trainer.train_step(rows)
     # two mini-batches: two optimizer steps, so the old-policy logprobs come from their own pass
     assert metrics["policy/optimizer_steps"] == 2.0
     # ... and the second mini-batch sees a policy that moved: ratio != 1 (exactly 0 without that pass)
     assert metrics["policy/policy_kl"] != 0.0
-    policy = dict(trainer.policy.model.named_parameters())
+    policy = dict(trainer.workers.policy.model.named_parameters())
     changed = [k for k, v in trainer.engine.model.named_parameters() if not torch.equal(v, before[k])]
     assert changed, "no engine weight changed after an optimizer step"
     for name, p in trainer.engine.model.named_parameters():
@@ -104,13 +104,13 @@ def test_overlong_filtering_drops_truncated_responses_from_the_loss(tmp_path):
                                      "generator.apply_overlong_filtering=true"))
     trainer = Trainer.from_config(cfg)
     seen = {}
-    train = trainer.policy.train
+    train = trainer.workers.policy.train
 
     def keep_batch(batch):
         seen["batch"] = batch
         return train(batch)
 
-    trainer.policy.train = keep_batch
+    trainer.workers.policy.train = keep_batch
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
     metrics = trainer.train_step(rows)
     batch = seen["batch"]
@@ -132,7 +132,7 @@ def test_other_estimators_run_a_real_step(tmp_path, overrides):
                                      *overrides))
     trainer = Trainer.from_config(cfg)
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
-    trainer.global_step = 1
+    trainer.run.global_step = 1
     metrics = trainer.train_step(rows)
     assert metrics["policy/grad_norm"] > 0 and metrics["advantages/singleton_groups"] == 0.0
 
@@ -144,7 +144,7 @@ def test_single_sample_groups_are_counted(tmp_path):
                                      "trainer.micro_forward_batch_size_per_gpu=16"))
     trainer = Trainer.from_config(cfg)
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
-    trainer.global_step = 1
+    trainer.run.global_step = 1
     assert trainer.train_step(rows)["advantages/singleton_groups"] == 16.0
 
 

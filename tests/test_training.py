@@ -14,6 +14,8 @@ from ridgeline.training.logprobs import response_logprobs
 from ridgeline.training.optim import build_optimizer, build_scheduler
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker
 
+CPU = torch.device("cpu")
+
 
 def test_batch_layout_left_pads_prompts_and_right_pads_responses():
     batch = build_training_batch(prompt_ids=[[5, 6, 7], [8]], response_ids=[[9, 2], [10, 11, 2]],
@@ -141,11 +143,11 @@ def test_short_rows_on_cpu_switch_sdpa_to_eager_with_the_same_numbers(tiny_model
     sequences, attention, width = _grouped_batch(len(tiny_tokenizer))
     assert tiny_model.config._attn_implementation == "sdpa"
     sdpa, _ = response_logprobs(tiny_model, sequences, attention, width, share_prompts=False)
-    assert not prefer_eager_attention(tiny_model, EAGER_ATTENTION_MAX_TOKENS + 1)   # long rows keep SDPA
+    assert not prefer_eager_attention(tiny_model, EAGER_ATTENTION_MAX_TOKENS + 1, CPU)   # long rows keep SDPA
     assert tiny_model.config._attn_implementation == "sdpa"
-    assert prefer_eager_attention(tiny_model, EAGER_ATTENTION_MAX_TOKENS)
+    assert prefer_eager_attention(tiny_model, EAGER_ATTENTION_MAX_TOKENS, CPU)
     assert tiny_model.config._attn_implementation == "eager"
     eager, _ = response_logprobs(tiny_model, sequences, attention, width, share_prompts=False)
     mask = attention[:, -width:].bool()
     assert torch.allclose(eager[mask], sdpa[mask], atol=1e-5)
-    assert not prefer_eager_attention(tiny_model, 8)                                  # already eager
+    assert not prefer_eager_attention(tiny_model, 8, CPU)                                  # already eager

@@ -38,7 +38,7 @@ def test_config_accepts_a_user_estimator_and_runs_a_step(user_module, tmp_path):
                        "trainer.eval_before_train=false",
                        f"trainer.algorithm.advantage_estimator={user_module}:constant_advantage"])
     trainer = Trainer.from_config(cfg)
-    trainer.global_step = 1
+    trainer.run.global_step = 1
     metrics = trainer.train_step(next(trainer.train_data.batches(16, seed=0, epoch=0)))
     assert metrics["policy/grad_norm"] > 0
 

@@ -34,10 +34,11 @@ def _safe_denominator(count: Tensor) -> Tensor:
 def _as_count(value: float | Tensor | None, default: Tensor, like: Tensor) -> Tensor:
     if value is None:
         return _safe_denominator(default)
-    count = torch.as_tensor(value, dtype=like.dtype, device=like.device)
-    if bool((count < 0).any()):
+    # checked on the host when it is a number (the workers' normalisers are): no device sync
+    negative = bool((value < 0).any()) if isinstance(value, Tensor) else value < 0
+    if negative:
         raise ValueError(f"normaliser must be non-negative, got {value}")
-    return _safe_denominator(count)
+    return _safe_denominator(torch.as_tensor(value, dtype=like.dtype, device=like.device))
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

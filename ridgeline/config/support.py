@@ -43,8 +43,8 @@ _MULTI = "multi-process training (issue 6)"
 # dotted key (or prefix.*) -> what to use today / which issue brings it
 NOT_YET: dict[str, str] = {
     # strategies, engines, trackers: only some values built
-    "trainer.strategy": "single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors, on CPU "
-    "workers so far) are built; deepspeed and megatron are not planned",
+    "trainer.strategy": "single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on "
+    "CPU workers, NCCL on GPUs) are built; deepspeed and megatron are not planned",
     # placement and sharding
     "trainer.critic.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
     "trainer.policy.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
@@ -70,10 +70,6 @@ HINTS: dict[str, str] = {
     "generator.enforce_eager": "vllm option (CUDA graphs off)",
     "generator.gpu_memory_utilization": "vllm/sglang KV-cache budget",
     "generator.max_num_seqs": "vllm/sglang scheduler option",
-    "trainer.policy.optimizer_config.offload_after_step": "optimizer-state offload for "
-    "colocated GPU runs",
-    "trainer.critic.optimizer_config.offload_after_step": "optimizer-state offload for "
-    "colocated GPU runs",
     "trainer.gradient_checkpointing": "activation recomputation; a memory option",
     "trainer.algorithm.clip_ratio_c": "read only by the dual_clip policy loss",
 }

@@ -654,6 +654,16 @@ class _Checker:
                      f"={tbs} x generator.n_samples_per_prompt={n} = {tbs * n} samples evenly. Fix: give the "
                      "reference the policy's placement (trainer.placement.ref_* = policy_*).")
 
+    def device(self) -> None:
+        value = self.val("trainer.device")
+        if not isinstance(value, str):
+            return  # a wrong type was reported by types()
+        from ridgeline.models.device import resolve_device
+        try:
+            resolve_device(value)
+        except ValueError as exc:
+            self.add("trainer.device", str(exc))
+
     # inference engines -----------------------------------------------------------------
     def engines(self) -> None:
         backend, local = self.val("generator.backend"), self.val("generator.run_engines_locally")
@@ -939,6 +949,7 @@ class _Checker:
         self.algorithm_features()
         self.lora()
         self.placement()
+        self.device()
         self.engines()
         self.not_yet()
         self.extensions()

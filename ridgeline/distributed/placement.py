@@ -65,6 +65,12 @@ class PlacementPlan:
         """The fraction of one bundle's device an actor of `role` asks for."""
         return COLOCATED_SHARE if self.pool_of(role).colocated else 1.0
 
+    def actor_resources(self, role: str) -> dict[str, float]:
+        """What an actor of `role` asks of its bundle: its share of the bundle's GPU (Ray then
+        sets CUDA_VISIBLE_DEVICES to that GPU, which the actor sees as cuda:0) and of its CPU."""
+        share = self.actor_share(role)
+        return {"num_gpus": share, "num_cpus": share} if self.device == "GPU" else {"num_cpus": share}
+
     @property
     def total_bundles(self) -> int:
         return sum(p.bundles for p in self.pools)

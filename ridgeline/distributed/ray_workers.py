@@ -20,14 +20,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from ridgeline.distributed.fsdp import FSDPGroup, rank_device
 from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
@@ -35,27 +35,31 @@ from ridgeline.distributed.weight_sync import (GroupSpec, SyncStats, WeightRecei
                                                probe_logprobs, probe_tokens, probe_tolerance, sync_report)
 from ridgeline.inference.types import EngineOutput, EngineRequest
 from ridgeline.inference.weight_transport import usable_backend
-from ridgeline.models.loading import DTYPES, load_tokenizer, quiet_transformers, save_hf_model
-from ridgeline.models.value_model import VALUE_HEAD_FILE
+from ridgeline.models.device import resolve_device
+from ridgeline.models.loading import DTYPES, load_tokenizer
 from ridgeline.training.batch import TrainingBatch, rank_rows
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
-                                     policy_train_config, seed_everything)
+                                     policy_train_config, seed_everything, training_autocast_dtype)
+from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
-from ridgeline.training.optim import restore_optimizer
-from ridgeline.training.worker import PolicyTrainConfig
+from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
+
+if TYPE_CHECKING:
+    from ridgeline.inference.remote import RemoteSettings
 
 log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------- actors
 class TrainingRank:
-    """One data-parallel rank of the policy or the reference model, run as a Ray actor. Methods
-    marked "collective" must be called on every rank of the group at once."""
+    """One data-parallel rank of the policy, reference or critic, run as a Ray actor: the same
+    worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
+    called on every rank of the group at once."""
 
     def __init__(self, cfg: dict, role: str, rank: int, world_size: int):
         self.cfg: DictConfig = OmegaConf.create(cfg)
         self.role, self.rank, self.world_size = role, rank, world_size
-        self.worker: Any = None
+        self.worker: PolicyWorker | RefWorker | CriticWorker | None = None
         self.sender: WeightSender | None = None
 
     def master_address(self) -> tuple[str, int]:
@@ -64,27 +68,27 @@ class TrainingRank:
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, host: str, port: int) -> dict[str, float]:
-        """Collective: join the group, then build this rank's sharded model (and optimizer)."""
-        from ridgeline.distributed.fsdp import FSDPCriticWorker, FSDPPolicyWorker, FSDPRefWorker, shard_model
-
+        """Collective: join the group (NCCL on a GPU, gloo on a CPU), then build this rank's
+        sharded model (and optimizer)."""
         t = self.cfg.trainer
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
-                                world_size=self.world_size,
+        device = rank_device(t.device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{host}:{port}",
+                                rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=float(t.placement.timeout_s)))
         seed_everything(t.seed)
         self.tokenizer = load_tokenizer(policy_spec(self.cfg))
         fsdp = t[self.role].fsdp_config
-        shard = partial(shard_model, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
-                        cpu_offload=fsdp.cpu_offload)
+        compute = training_autocast_dtype(t.mixed_precision, device)
+        group = FSDPGroup(device, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
+                          cpu_offload=fsdp.cpu_offload, param_dtype=compute if device.type == "cuda" else None)
         if self.role == "policy":
-            self.worker = build_policy_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPPolicyWorker,
-                                              data_parallel=self.world_size)
+            self.worker = build_policy_worker(self.cfg, self.tokenizer, group)
         elif self.role == "critic":
-            self.worker = build_critic(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPCriticWorker, options=PLAIN,
-                                       data_parallel=self.world_size)
+            # the padded forward: the packed one calls the backbone around the FSDP root's hooks
+            self.worker = build_critic(self.cfg, self.tokenizer, parallel=group, options=PLAIN)
         else:
-            self.worker = build_ref_worker(self.cfg, self.tokenizer, shard=shard, worker_cls=FSDPRefWorker)
+            self.worker = build_ref_worker(self.cfg, self.tokenizer, parallel=group)
         return {"parameters": float(sum(p.numel() for p in self.worker.model.parameters()))}
 
     # -- training --------------------------------------------------------------------------
@@ -105,16 +109,10 @@ class TrainingRank:
 
     # -- weights ---------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:  # collective; rank 0 gets the weights
-        from ridgeline.distributed.fsdp import full_state_dict
-        return full_state_dict(self.worker.model)
+        return self.worker.full_state_dict()
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # collective
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        model = self.worker.model
-        missing = set(model.state_dict()) - set(state)
-        if missing - _tied_names(model):
-            raise ValueError(f"weights for {self.role} lack {sorted(missing)[:5]}")
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        self.worker.parallel.load_full_state_dict(self.worker.model, state)
 
     def init_weight_sender(self, spec: GroupSpec) -> None:
         self.sender = WeightSender(spec)
@@ -131,7 +129,7 @@ class TrainingRank:
         weights = self._engine_weights()
         return None if weights is None else self.sender.send(weights, DTYPES[dtype], version=version)
 
-    def init_remote_push(self, settings: Any) -> None:
+    def init_remote_push(self, settings: RemoteSettings) -> None:
         """Rank 0 opens its own client to the remote servers: it holds the full weights after the
         gather, so it pushes them (the driver's client generates)."""
         if self.rank == 0:
@@ -143,61 +141,29 @@ class TrainingRank:
         return None if weights is None else self.remote.update_weights(weights, version)
 
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)
-        return probe_logprobs(self.worker.model, self.tokenizer)
+        return probe_logprobs(self.worker.model, self.tokenizer, device=self.worker.parallel.device)
 
-    # -- checkpoints -------------------------------------------------------------------------
-    def save_hf(self, folder: str) -> None:  # collective; rank 0 writes
-        state = self.full_state_dict()
-        if self.rank != 0:
-            return
-        if self.role == "critic":  # backbone folder + value_head.safetensors, as one process writes it
-            with quiet_transformers():
-                self.worker.model.save_pretrained(folder, state_dict=state)
-            self.tokenizer.save_pretrained(folder)
-        else:
-            save_hf_model(self.worker.model, self.tokenizer, Path(folder), state_dict=state)
+    # -- checkpoints: the worker's own methods, world-size-free files ---------------------------
+    def save_weights(self, folder: str) -> None:  # collective; rank 0 writes
+        self.worker.save_weights(Path(folder))
 
-    def load_hf(self, folder: str) -> None:  # collective; every rank reads the folder
-        from safetensors.torch import load_file
-        state: dict[str, torch.Tensor] = {}
-        prefix = "backbone." if self.role == "critic" else ""
-        for file in sorted(Path(folder).glob("*.safetensors")):
-            if file.name == VALUE_HEAD_FILE:  # keys already carry the head's prefix
-                state.update(load_file(str(file)))
-            else:
-                state.update({prefix + k: v for k, v in load_file(str(file)).items()})
-        self.load_full_state_dict(state)
+    def export_weights(self, folder: str) -> None:  # collective; rank 0 writes
+        self.worker.export_weights(Path(folder))
+
+    def load_weights(self, folder: str) -> None:  # collective; every rank reads the folder
+        self.worker.load_weights(Path(folder))
 
     def save_optimizer(self, path: str) -> None:  # collective; rank 0 writes
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-        w = self.worker
-        state = get_optimizer_state_dict(w.model, w.optimizer,
-                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:
-            torch.save({"optimizer": state, "scheduler": w.scheduler.state_dict()}, path)
+        self.worker.save_optimizer(Path(path))
 
     def load_optimizer(self, path: str) -> None:  # collective; every rank reads the file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-        w = self.worker
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-
-        def load() -> None:
-            set_optimizer_state_dict(w.model, w.optimizer, saved["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-            w.scheduler.load_state_dict(saved["scheduler"])
-        restore_optimizer(w.optimizer, w.scheduler, load)
+        self.worker.load_optimizer(Path(path))
 
     def shutdown(self) -> None:
         if self.sender is not None:
             self.sender.close()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _tied_names(model: torch.nn.Module) -> set[str]:
-    """State-dict names a Hugging Face folder leaves out because they share another's tensor."""
-    config = getattr(model, "config", None)
-    return {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
 
 
 class EngineRank:
@@ -275,12 +241,15 @@ class _RankGroup:
             out[r] = part
         return out
 
-    # checkpoints (ridgeline.trainer.checkpoint): full weights, world-size free
-    def save_hf(self, folder: Path) -> None:
-        self.call("save_hf", str(folder))
+    # weights on disk (ridgeline.trainer.checkpoint): full weights, world-size free
+    def save_weights(self, folder: Path) -> None:
+        self.call("save_weights", str(folder))
 
-    def load_hf(self, folder: Path) -> None:
-        self.call("load_hf", str(folder))
+    def export_weights(self, folder: Path) -> None:
+        self.call("export_weights", str(folder))
+
+    def load_weights(self, folder: Path) -> None:
+        self.call("load_weights", str(folder))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.call("full_state_dict")[0]
@@ -431,7 +400,7 @@ class RayWorkers:
 
 def placement_plan(cfg: DictConfig) -> PlacementPlan:
     g = cfg.generator
-    device = "GPU" if torch.cuda.is_available() else "CPU"
+    device = "GPU" if resolve_device(cfg.trainer.device).type == "cuda" else "CPU"
     return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines), engine_tp=1,
                           use_ref=needs_ref(cfg), use_critic=cfg.trainer.critic.model.path is not None, device=device,
                           remote_engines=not g.run_engines_locally)
@@ -444,9 +413,6 @@ def build_ray_workers(cfg: DictConfig, tokenizer) -> RayWorkers:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     plan = placement_plan(cfg)
-    if plan.device == "GPU":
-        raise NotImplementedError("trainer.strategy=fsdp2 on CUDA devices is not built yet (the CPU path is: "
-                                  "gloo ranks, CPU engines). Use trainer.strategy=single on a GPU for now")
     ray = import_ray()
     t = cfg.trainer
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false",
@@ -457,7 +423,7 @@ def build_ray_workers(cfg: DictConfig, tokenizer) -> RayWorkers:
 
     def actor(cls, role: str, index: int, *args: Any):
         pool = plan.pool_of(role)
-        options = {"num_cpus": plan.actor_share(role),
+        options = {**plan.actor_resources(role),
                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
                        placement_group=groups[pool.name], placement_group_bundle_index=bundle_index(plan, role, index))}
         return ray.remote(cls).options(**options).remote(*args)

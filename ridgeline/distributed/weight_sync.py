@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -13,15 +13,40 @@ from torch import nn
 from ridgeline.inference.weight_transport import (DEFAULT_CHUNK_BYTES, GroupSpec, SyncHeader, SyncStats,
                                                   TensorBroadcaster, TensorMeta, WeightReceiver, WeightSender,
                                                   WeightSyncError)
+from ridgeline.inference.types import InferenceEngine
 from ridgeline.training.logprobs import response_logprobs
+from ridgeline.training.worker import PolicyWorker
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES", "GroupSpec", "SyncHeader", "SyncStats", "TensorBroadcaster", "TensorMeta",
     "WeightReceiver", "WeightSender", "WeightSyncError", "StaleWeightsError", "PROBE_TEXT", "ProbeTolerance",
-    "PROBE_TOLERANCE", "probe_tolerance", "probe_tokens", "probe_logprobs", "check_probe", "probe_engines", "sync_report", "RemoteWeightSync",
+    "PROBE_TOLERANCE", "probe_tolerance", "probe_tokens", "probe_logprobs", "check_probe", "probe_engines", "sync_report",
+    "WeightSync", "InProcessWeightSync", "RemoteWeightSync",
 ]
 
 log = logging.getLogger(__name__)
+
+
+class WeightSync(Protocol):
+    """Brings the engines the policy's current weights after an optimizer step: in one process
+    (`InProcessWeightSync`), from policy rank 0 to engine actors (ray_workers.RayWeightSync), or to
+    remote servers (`RemoteWeightSync`). Engines in other processes are probed after every sync."""
+
+    def sync(self, version: int) -> dict[str, float]:
+        """Send weight version `version` (the global step); the `weight_sync/*` metrics."""
+        ...
+
+
+class InProcessWeightSync:
+    """An engine in this process (`trainer.strategy=single`): it copies (casting to its dtype) the
+    policy's parameters in place, device to device; no transport, so no probe is needed."""
+
+    def __init__(self, policy: PolicyWorker, engine: InferenceEngine):
+        self.policy, self.engine = policy, engine
+
+    def sync(self, version: int) -> dict[str, float]:
+        self.engine.update_weights(self.policy.named_weights())
+        return {}
 
 
 class StaleWeightsError(RuntimeError):
@@ -72,21 +97,21 @@ def probe_tokens(tokenizer, text: str = PROBE_TEXT, response_tokens: int = 8) ->
 
 @torch.no_grad()
 def probe_logprobs(model: nn.Module, tokenizer=None, prompt_ids: list[int] | None = None,
-                   response_ids: list[int] | None = None) -> torch.Tensor:
+                   response_ids: list[int] | None = None, device: torch.device | None = None) -> torch.Tensor:
     """Teacher-forced fp32 logprobs of `response_ids` after `prompt_ids` (the fixed probe of
     `tokenizer` when not given) — the same computation on the trainer's policy and on an engine's
-    model (`HFEngine.model`), so any difference comes from the weights or their dtype."""
+    model (`HFEngine.model`), so any difference comes from the weights or their dtype. Runs on
+    `device` (default: the parameters'), returns on the host."""
     if prompt_ids is None or response_ids is None:
         if tokenizer is None:
             raise ValueError("probe_logprobs needs a tokenizer or explicit prompt_ids and response_ids")
         prompt_ids, response_ids = probe_tokens(tokenizer)
-    device = next(model.parameters()).device
-    seq = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long, device=device)
+    seq = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long)
     mask = torch.ones_like(seq)
     was_training = model.training
     model.eval()  # no dropout in the probe; restored below so the trainer's mode is untouched
     try:
-        lp, _ = response_logprobs(model, seq, mask, len(response_ids))
+        lp, _ = response_logprobs(model, seq, mask, len(response_ids), device=device)
     finally:
         model.train(was_training)
     return lp[0].float().cpu()

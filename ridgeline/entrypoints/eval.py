@@ -242,7 +242,7 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
     import torch
 
     from ridgeline.models import lora
-    from ridgeline.models.loading import ModelSpec, load_model, load_safetensors_into, load_tokenizer, policy_spec
+    from ridgeline.models.loading import ModelSpec, load_model, load_state_into, load_tokenizer, policy_spec, read_safetensors
     from ridgeline.trainer.builders import engine_dtype
 
     dtype = engine_dtype(cfg.generator.model_dtype)
@@ -267,7 +267,7 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
     tokenizer = load_tokenizer(ModelSpec(path=str(checkpoint)) if has_tokenizer else base)
     model = load_model(base, dtype, tokenizer)
     try:
-        load_safetensors_into(model, shards)
+        load_state_into(model, read_safetensors(shards))
     except ValueError as err:
         raise CheckpointArgumentError(f"checkpoint weights do not fit the model of trainer.policy.model.path: "
                                       f"{err}") from None

@@ -36,6 +36,7 @@ def build_hf_engine(cfg, tokenizer, model=None):
     import torch
 
     from ridgeline.inference.hf_engine import HFEngine
+    from ridgeline.models.device import resolve_device
     from ridgeline.models.loading import engine_dtype, load_model, policy_spec
     from ridgeline.models.lora import is_lora, merged_copy
 
@@ -47,5 +48,6 @@ def build_hf_engine(cfg, tokenizer, model=None):
     if g.inference_engine_tensor_parallel_size != 1:
         log.info("generator.inference_engine_tensor_parallel_size=%s is not used: the embedded hf engine "
                  "runs on one device", g.inference_engine_tensor_parallel_size)
-    return HFEngine(model, tokenizer, dtype=engine_dtype(g.model_dtype), max_num_seqs=g.max_num_seqs,
-                    attn_implementation=g.engine_init_kwargs.get("attn_implementation"))
+    device = resolve_device(cfg.trainer.device)
+    return HFEngine(model, tokenizer, dtype=engine_dtype(g.model_dtype, device), max_num_seqs=g.max_num_seqs,
+                    attn_implementation=g.engine_init_kwargs.get("attn_implementation"), device=device)

@@ -27,11 +27,13 @@ from ridgeline.tracking.progress import progress
 class HFEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
                  dtype: torch.dtype = torch.float32, max_num_seqs: int = 1024,
-                 attn_implementation: str | None = None):
-        self.model = copy.deepcopy(model).to(dtype=dtype).eval()
+                 attn_implementation: str | None = None, device: torch.device | None = None):
+        """`model` is copied (the trainer keeps training its own) and cast to `dtype`, on `device`
+        (default: where `model` is)."""
+        self.device = device or next(model.parameters()).device
+        self.model = copy.deepcopy(model).to(device=self.device, dtype=dtype).eval()
         self.model.requires_grad_(False)
         self.dtype = dtype
-        self.device = next(self.model.parameters()).device
         if attn_implementation is not None:
             self.model.set_attn_implementation(attn_implementation)
         self.max_num_seqs = max_num_seqs
@@ -88,8 +90,10 @@ class HFEngine:
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
         if self._asleep:
             raise RuntimeError("HFEngine.generate called while asleep; call wake_up() first")
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else torch.seed())
+        generator = None  # greedy decoding draws nothing
+        if any(r.sampling_params.temperature > 0 for r in requests):
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed if seed is not None else torch.seed())
         outputs: list[EngineOutput | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, req in enumerate(requests):
@@ -106,7 +110,7 @@ class HFEngine:
         return outputs  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, stop: torch.Tensor,
-                        generator: torch.Generator) -> list[EngineOutput]:
+                        generator: torch.Generator | None) -> list[EngineOutput]:
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         width = max(len(p) for p in unique)

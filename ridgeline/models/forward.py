@@ -21,6 +21,12 @@ class ForwardOutput:
     past_key_values: Any = None
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model computes: the device of its parameters (of a sharded parameter's local shard
+    under FSDP2). Functions that take inputs from anywhere move them there."""
+    return next(model.parameters()).device
+
+
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids that ignore left padding: the first real token of each row is position 0."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -57,13 +63,30 @@ def activation_checkpointing_on(model: PreTrainedModel) -> bool:
 EAGER_ATTENTION_MAX_TOKENS = 256
 
 
-def prefer_eager_attention(model: PreTrainedModel, max_tokens: int) -> bool:
-    """Switch a CPU model running SDPA to eager attention when its sequences are at most
-    EAGER_ATTENTION_MAX_TOKENS long (the training forward; values agree to float rounding).
-    True when it switched."""
+def prefer_eager_attention(model: PreTrainedModel, max_tokens: int, device: torch.device) -> bool:
+    """Switch a model running SDPA that will compute on a CPU to eager attention when its sequences
+    are at most EAGER_ATTENTION_MAX_TOKENS long (the training forward; values agree to float
+    rounding). True when it switched."""
     config = getattr(model, "config", None)
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    if not on_cpu or max_tokens > EAGER_ATTENTION_MAX_TOKENS or getattr(config, "_attn_implementation", None) != "sdpa":
+    if device.type != "cpu" or max_tokens > EAGER_ATTENTION_MAX_TOKENS or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     model.set_attn_implementation("eager")
     return True
+
+
+def flash_attention_available() -> bool:
+    """FlashAttention-2 is a separate CUDA package (`pip install flash-attn`)."""
+    import importlib.util
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def select_attention(model: PreTrainedModel, device: torch.device, max_tokens: int, flash_attn: bool) -> str:
+    """The attention kernel of a training model (`trainer.flash_attn`, SkyRL's key): on CUDA,
+    FlashAttention-2 when asked for and installed, else SDPA (PyTorch's fused kernels, which pick
+    their own flash / memory-efficient backend); on a CPU, SDPA, or eager for short rows
+    (`prefer_eager_attention`). Returns the implementation the model now runs."""
+    if device.type == "cuda" and flash_attn and flash_attention_available():
+        model.set_attn_implementation("flash_attention_2")
+    else:
+        prefer_eager_attention(model, max_tokens, device)
+    return getattr(model.config, "_attn_implementation", None) or "eager"

@@ -133,9 +133,12 @@ def cpu_has_fast_bf16() -> bool:
         return False
 
 
-def engine_dtype(model_dtype: str) -> torch.dtype:
+def engine_dtype(model_dtype: str, device: torch.device | None = None) -> torch.dtype:
+    """`generator.model_dtype` for an engine on `device` (default: CUDA when available): low
+    precision runs as asked on a GPU, and on a CPU only where bf16 is fast (AMX / AVX512-BF16)."""
     dtype = DTYPES[model_dtype]
-    if dtype != torch.float32 and not torch.cuda.is_available() and not cpu_has_fast_bf16():
+    on_gpu = device.type == "cuda" if device is not None else torch.cuda.is_available()
+    if dtype != torch.float32 and not on_gpu and not cpu_has_fast_bf16():
         log.info("generator.model_dtype=%s but this CPU has no fast bf16/fp16; the engine runs float32", model_dtype)
         return torch.float32
     return dtype
@@ -160,15 +163,20 @@ def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
     return AutoModelForCausalLM.from_pretrained(model_folder(spec), dtype=dtype)
 
 
-def load_safetensors_into(model: torch.nn.Module, files: list[Path]) -> None:
-    """Copy the tensors of `files` into `model` in place (cast to its dtype; an optimizer keeps
-    pointing at the same parameters). Every parameter must be given, except a tied one whose twin
-    is (save_pretrained writes tied weights once). ValueError, naming what did not fit, otherwise."""
+def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """The tensors of `files` (a Hugging Face folder's shards) as one state dict on the host."""
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(str(file)))
+    return state
+
+
+def load_state_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` into `model` in place (cast to its dtype, onto its device; an optimizer keeps
+    pointing at the same parameters). Every parameter must be given, except a tied one whose twin
+    is (save_pretrained writes tied weights once). ValueError, naming what did not fit, otherwise."""
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:  # shape mismatches: weights of another model
@@ -193,11 +201,11 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def save_hf_model(model: torch.nn.Module, tokenizer, folder: Path,
-                  state_dict: dict[str, torch.Tensor] | None = None) -> None:
-    """A Hugging Face folder `from_pretrained` loads: weights, config (use_cache on, whatever the
-    trainer set for training), generation config, tokenizer. `state_dict`: the weights to write
-    instead of the model's own (the gathered full weights of a sharded model)."""
+def save_hf_weights(model: torch.nn.Module, folder: Path,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """The model part of a Hugging Face folder `from_pretrained` loads: weights, config (use_cache
+    on, whatever the trainer set for training), generation config. `state_dict`: the weights to
+    write instead of the model's own (the gathered full weights of a sharded model)."""
     config = getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
     if config is not None:
@@ -208,4 +216,10 @@ def save_hf_model(model: torch.nn.Module, tokenizer, folder: Path,
     finally:
         if config is not None:
             config.use_cache = use_cache
+
+
+def save_hf_model(model: torch.nn.Module, tokenizer, folder: Path,
+                  state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """`save_hf_weights` plus the tokenizer: a folder a model loads from with its tokenizer."""
+    save_hf_weights(model, folder, state_dict)
     tokenizer.save_pretrained(folder)

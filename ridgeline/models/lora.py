@@ -12,7 +12,7 @@ Ridgeline needs from a LoRA policy is here:
   starts from).
 - `save_adapter` / `load_adapter`: the adapters as peft writes them (`adapter_model.safetensors`,
   `adapter_config.json`), so a checkpoint also loads with `PeftModel.from_pretrained`.
-- `save_merged`: a Hugging Face folder of the merged model, loadable by plain transformers;
+- `save_merged`: the weights of a Hugging Face folder of the merged model, loadable by plain transformers;
   `load_merged`: a base model with saved adapters merged in (exports and eval of a checkpoint).
 """
 
@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from ridgeline.models.loading import save_hf_model
+from ridgeline.models.loading import save_hf_weights
 
 # peft is imported where it is used: importing it loads transformers' model zoo (~3 s of every
 # start-up here), which runs without LoRA never need.
@@ -182,10 +182,11 @@ def merged_copy(model: PeftModel) -> PreTrainedModel:
     return plain
 
 
-def save_merged(model: PeftModel, tokenizer, folder: Path) -> None:
-    """A Hugging Face folder of the merged model (`AutoModelForCausalLM.from_pretrained` loads it,
-    no peft needed): the base model's config and the merged weights under its names."""
-    save_hf_model(model.get_base_model(), tokenizer, Path(folder), state_dict=merged_state_dict(model))
+def save_merged(model: PeftModel, folder: Path) -> None:
+    """The model part of a Hugging Face folder of the merged model (`AutoModelForCausalLM.
+    from_pretrained` loads it, no peft needed): the base model's config and the merged weights
+    under its names."""
+    save_hf_weights(model.get_base_model(), Path(folder), state_dict=merged_state_dict(model))
 
 
 # -- adapters on disk ---------------------------------------------------------------------------

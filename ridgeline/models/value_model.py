@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ridgeline.models.forward import enable_activation_checkpointing, positions_from_mask
+from ridgeline.models.forward import enable_activation_checkpointing, model_device, positions_from_mask
 from ridgeline.models.loading import ModelSpec, load_model, model_folder
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def _autocast_off(device_type: str):
 
 
 def response_values(model: ValueModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
-                    response_width: int) -> torch.Tensor:
+                    response_width: int, device: torch.device | None = None) -> torch.Tensor:
     """V(state before response token t) for the last `response_width` tokens of each
     `[prompt | response]` row: the head output at columns P-1 .. P+R-2, [B, R] float32.
 
@@ -103,6 +103,8 @@ def response_values(model: ValueModel, sequences: torch.Tensor, attention_mask: 
     if prompt_width < 1:
         raise ValueError("response_values needs at least one prompt column: the value of the first "
                          "response token is read at the last prompt position")
+    device = device or model_device(model)  # the parameters' device unless the caller names it (FSDP offload)
+    sequences, attention_mask = sequences.to(device), attention_mask.to(device)
     values = model(sequences, attention_mask, positions_from_mask(attention_mask))
     return values[:, prompt_width - 1:prompt_width - 1 + response_width]
 

@@ -1,4 +1,6 @@
-"""Checkpoints (write, find, check, load), Hugging Face exports and Ctrl-C handling for the trainer.
+"""Checkpoints (write, find, check, load) and Hugging Face exports. `Checkpointer` owns the file
+format; the trainer owns what goes in (`RunState` and the `Workers`) and hands it over, so this
+module never reaches into the trainer.
 
 A checkpoint is the folder `<trainer.ckpt_path>/global_step_<N>`, holding everything the run needs
 to go on as if it had never stopped (docs/checkpointing.md):
@@ -24,7 +26,6 @@ pointer file `<ckpt_path>/latest` is replaced (temp file + os.replace) and old c
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -33,25 +34,23 @@ import random
 import re
 import secrets
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerBase
 
 from ridgeline.models import lora
-from ridgeline.models.loading import load_model, load_safetensors_into, policy_spec, quiet_transformers, save_hf_model
-from ridgeline.models.value_model import VALUE_HEAD_FILE
-from ridgeline.training.optim import restore_optimizer
+from ridgeline.models.loading import load_model, policy_spec, save_hf_model
+from ridgeline.trainer.state import RunState
+from ridgeline.training.protocols import Workers
+from ridgeline.training.worker import WeightsMismatchError
 
 if TYPE_CHECKING:
     from ridgeline.data import PromptDataset
-    from ridgeline.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -304,44 +303,6 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _sharded(worker) -> bool:
-    """Workers of `trainer.strategy=fsdp2` (ridgeline.distributed.ray_workers) hold no model in
-    this process: their ranks gather and write (or read) full weights and optimizer states
-    themselves, through `save_hf` / `load_hf` / `save_optimizer` / `load_optimizer`."""
-    return hasattr(worker, "save_hf")
-
-
-def save_policy(trainer: "Trainer", folder: Path) -> None:
-    """The policy as a Hugging Face folder (with the tokenizer); a LoRA policy with its adapters
-    merged in, so the folder loads with plain transformers."""
-    if _sharded(trainer.policy):
-        trainer.policy.save_hf(folder)
-    elif lora.is_lora(trainer.policy.model):
-        lora.save_merged(trainer.policy.model, trainer.tokenizer, folder)
-    else:
-        save_hf_model(trainer.policy.model, trainer.tokenizer, folder)
-
-
-def _save_policy_state(trainer: "Trainer", folder: Path) -> None:
-    """A checkpoint's `policy/`: what resuming needs. With LoRA only the adapters (and the
-    tokenizer): the frozen base is rebuilt from `trainer.policy.model.path`."""
-    if not _sharded(trainer.policy) and lora.is_lora(trainer.policy.model):
-        lora.save_adapter(trainer.policy.model, folder)
-        trainer.tokenizer.save_pretrained(folder)
-    else:
-        save_policy(trainer, folder)
-
-
-def save_critic(trainer: "Trainer", folder: Path) -> None:
-    """The value model (backbone folder + value_head.safetensors) with the tokenizer."""
-    if _sharded(trainer.critic):
-        trainer.critic.save_hf(folder)
-        return
-    with quiet_transformers():
-        trainer.critic.model.save_pretrained(folder)
-    trainer.tokenizer.save_pretrained(folder)
-
-
 def _rng_state() -> dict[str, Any]:
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
@@ -363,61 +324,39 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
                          npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if not torch.cuda.is_available():
+        return
+    saved = state.get("cuda", [])
+    if len(saved) != torch.cuda.device_count():
+        log.warning("the checkpoint holds the CUDA generator states of %d GPU(s), this machine has %d: the CUDA "
+                    "generators start from trainer.seed instead (sampling on the GPU will differ from the run that "
+                    "wrote it)", len(saved), torch.cuda.device_count())
+        return
+    torch.cuda.set_rng_state_all(saved)
 
 
-def _optim_state(worker) -> dict[str, Any]:
-    return {"optimizer": worker.optimizer.state_dict(), "scheduler": worker.scheduler.state_dict()}
-
-
-def trainer_state(trainer: "Trainer") -> dict[str, Any]:
+def run_state_json(run: RunState, workers: Workers, run_dir: Path, steps_per_epoch: int) -> dict[str, Any]:
     """The step loop's own state (JSON: floats round-trip exactly)."""
-    s = trainer.state
+    s = run.algorithm
     kl = s.kl_controller
-    epoch, batch = trainer.data_position
+    epoch, batch = run.data_position
     return {
         "format": FORMAT,
-        "global_step": trainer.global_step,
+        "global_step": run.global_step,
         "epoch": epoch,                    # the next batch to train is batch `batch` of epoch `epoch`
         "batch_in_epoch": batch,           # of the order shuffled from (seed, epoch)
-        "steps_per_epoch": trainer.steps_per_epoch,
-        "run_id": trainer.run_id,
-        "run_dir": str(trainer.run_dir),
-        "metrics_rows": metrics_rows(trainer.run_dir),
+        "steps_per_epoch": steps_per_epoch,
+        "run_id": run.run_id,
+        "run_dir": str(run_dir),
+        "metrics_rows": metrics_rows(run_dir),
         "kl_controller": None if kl is None else {"type": type(kl).__name__, "value": kl.value},
         "reward_std": None if s.reward_std is None else
         {"count": s.reward_std.count, "mean": s.reward_std.mean, "m2": s.reward_std.m2},
-        "policy_skipped_steps": trainer.policy.skipped_steps,
-        "critic_skipped_steps": trainer.critic.skipped_steps if trainer.critic is not None else None,
-        "ref_updated": trainer.ref_updated,
+        "policy_skipped_steps": workers.policy.skipped_steps,
+        "critic_skipped_steps": workers.critic.skipped_steps if workers.critic is not None else None,
+        "ref_updated": run.ref_updated,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def write_checkpoint_contents(trainer: "Trainer", folder: Path) -> None:
-    """Everything but the COMPLETE marker, into `folder`."""
-    _save_torch(_rng_state(), folder / "rng_state.pt")  # first: nothing below may move an RNG first
-    _save_policy_state(trainer, folder / "policy")
-    if _sharded(trainer.policy):
-        trainer.policy.save_optimizer(folder / "policy_optim.pt")
-    else:
-        _save_torch(_optim_state(trainer.policy), folder / "policy_optim.pt")
-    if trainer.critic is not None:
-        save_critic(trainer, folder / "critic")
-        if _sharded(trainer.critic):
-            trainer.critic.save_optimizer(folder / "critic_optim.pt")
-        else:
-            _save_torch(_optim_state(trainer.critic), folder / "critic_optim.pt")
-    if trainer.ref is not None and trainer.ref_updated:
-        if _sharded(trainer.ref):
-            trainer.ref.save_hf(folder / "ref")
-        else:
-            with quiet_transformers():
-                trainer.ref.model.save_pretrained(folder / "ref")
-    _write_json(trainer_state(trainer), folder / "trainer_state.json")
-    _write_json(trainer.fingerprint, folder / "fingerprint.json")
-    OmegaConf.save(trainer.cfg, folder / "config.yaml", resolve=True)
 
 
 def _write_pointer(root: Path, name: str) -> None:
@@ -458,134 +397,143 @@ def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
     return removed
 
 
-def save_checkpoint(trainer: "Trainer") -> Path:
-    """Write `global_step_<N>` atomically, point `latest` at it, prune. On any failure the temp
-    folder is removed, the previous checkpoint and pointer stay as they were, and a
-    CheckpointError names the path and the cause."""
-    t = trainer.cfg.trainer
-    root = Path(t.ckpt_path)
-    name = f"{CKPT_PREFIX}{trainer.global_step}"
-    final = root / name
-    tmp = root / f".tmp_{name}_{secrets.token_hex(4)}"
-    start = time.perf_counter()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        _clean_stale(root)
-        tmp.mkdir()
-        write_checkpoint_contents(trainer, tmp)
-        (tmp / COMPLETE).write_text(json.dumps({"global_step": trainer.global_step}) + "\n")
-        _fsync_tree(tmp)
-        if final.exists():  # from an earlier, abandoned timeline of this ckpt_path
-            _remove(final)
-        os.rename(tmp, final)
-        _fsync_path(root, directory=True)
-        _write_pointer(root, name)
-    except Exception as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        previous = trainer.last_checkpoint or (latest_checkpoint(root) if root.is_dir() else None)
-        raise CheckpointError(
-            f"could not write checkpoint {final} at step {trainer.global_step}: {type(exc).__name__}: {exc}. "
-            f"The run stops; the previous checkpoint ({previous or 'none'}) and the pointer {root / POINTER} "
-            "are untouched. Fix the cause (e.g. free disk space, or a trainer.ckpt_path on a larger disk) and "
-            "rerun with trainer.resume_mode=latest.") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    trainer.last_checkpoint = final
-    prune(root, t.max_ckpts_to_keep, protect=final)
-    log.info("checkpoint %s written (%.2f s)", final, time.perf_counter() - start)
-    return final
+# ------------------------------------------------------------------------------------ the checkpointer
+class Checkpointer:
+    """Writes and reads a run's checkpoints and exports. It owns the file format (the module
+    docstring); the trainer owns the state (`RunState`, the workers) and hands it over."""
 
+    def __init__(self, cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, fingerprint: dict[str, Any],
+                 run_dir: Path):
+        self.cfg, self.tokenizer, self.fingerprint, self.run_dir = cfg, tokenizer, fingerprint, Path(run_dir)
+        self.root = Path(cfg.trainer.ckpt_path)
+        self.last: Path | None = None   # the newest checkpoint this run wrote or resumed from
 
-# ------------------------------------------------------------------------------------ loading
-def _load_weights(model: torch.nn.Module, folder: Path, skip: tuple[str, ...] = ()) -> None:
-    """Load a save_pretrained folder's safetensors into `model` in place."""
-    files = [f for f in sorted(folder.glob("*.safetensors")) if f.name not in skip]
-    try:
-        load_safetensors_into(model, files)
-    except ValueError as err:
-        raise CheckpointError(f"{folder} does not fit the model: {err} "
-                              "(was it written by a run with another model?)") from None
+    # -- writing ---------------------------------------------------------------------------------
+    def _write_contents(self, folder: Path, run: RunState, workers: Workers, steps_per_epoch: int) -> None:
+        """Everything but the COMPLETE marker, into `folder`."""
+        _save_torch(_rng_state(), folder / "rng_state.pt")  # first: nothing below may move an RNG first
+        workers.policy.save_weights(folder / "policy")
+        self.tokenizer.save_pretrained(folder / "policy")
+        workers.policy.save_optimizer(folder / "policy_optim.pt")
+        if workers.critic is not None:
+            workers.critic.save_weights(folder / "critic")
+            self.tokenizer.save_pretrained(folder / "critic")
+            workers.critic.save_optimizer(folder / "critic_optim.pt")
+        if workers.ref is not None and run.ref_updated:
+            workers.ref.save_weights(folder / "ref")
+        _write_json(run_state_json(run, workers, self.run_dir, steps_per_epoch), folder / "trainer_state.json")
+        _write_json(self.fingerprint, folder / "fingerprint.json")
+        OmegaConf.save(self.cfg, folder / "config.yaml", resolve=True)
 
+    def save(self, run: RunState, workers: Workers, steps_per_epoch: int) -> Path:
+        """Write `global_step_<N>` atomically, point `latest` at it, prune. On any failure the temp
+        folder is removed, the previous checkpoint and pointer stay as they were, and a
+        CheckpointError names the path and the cause."""
+        root = self.root
+        name = f"{CKPT_PREFIX}{run.global_step}"
+        final = root / name
+        tmp = root / f".tmp_{name}_{secrets.token_hex(4)}"
+        start = time.perf_counter()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            _clean_stale(root)
+            tmp.mkdir()
+            self._write_contents(tmp, run, workers, steps_per_epoch)
+            (tmp / COMPLETE).write_text(json.dumps({"global_step": run.global_step}) + "\n")
+            _fsync_tree(tmp)
+            if final.exists():  # from an earlier, abandoned timeline of this ckpt_path
+                _remove(final)
+            os.rename(tmp, final)
+            _fsync_path(root, directory=True)
+            _write_pointer(root, name)
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            previous = self.last or (latest_checkpoint(root) if root.is_dir() else None)
+            raise CheckpointError(
+                f"could not write checkpoint {final} at step {run.global_step}: {type(exc).__name__}: {exc}. "
+                f"The run stops; the previous checkpoint ({previous or 'none'}) and the pointer {root / POINTER} "
+                "are untouched. Fix the cause (e.g. free disk space, or a trainer.ckpt_path on a larger disk) and "
+                "rerun with trainer.resume_mode=latest.") from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.last = final
+        prune(root, self.cfg.trainer.max_ckpts_to_keep, protect=final)
+        log.info("checkpoint %s written (%.2f s)", final, time.perf_counter() - start)
+        return final
 
-def _load_policy_state(model: torch.nn.Module, folder: Path) -> None:
-    """A checkpoint's `policy/` into the one-process policy: full weights, or LoRA adapters."""
-    saved_adapters, ours = lora.is_adapter_folder(folder), lora.is_lora(model)
-    if saved_adapters != ours:
-        held = "LoRA adapters" if saved_adapters else "full weights (no LoRA)"
-        raise CheckpointError(f"{folder} holds {held}, but this run has trainer.policy.model.lora.rank "
-                              f"{'> 0' if ours else '= 0'}. Fix: resume with the run's own "
-                              "trainer.policy.model.lora.* settings, or start afresh (trainer.resume_mode=none)")
-    if not ours:
-        _load_weights(model, folder)
-        return
-    try:
-        lora.load_adapter(model, folder)
-    except ValueError as err:
-        raise CheckpointError(f"{err}. Fix: resume with the run's own trainer.policy.model.lora.* settings") from None
+    # -- loading ---------------------------------------------------------------------------------
+    def load(self, folder: Path, run: RunState, workers: Workers, steps_per_epoch: int) -> None:
+        """Put `run` and the workers in the state the checkpoint recorded. The caller syncs the
+        engines to the resumed policy; the RNG states are restored last, after every load."""
+        folder = Path(folder)
+        state = json.loads((folder / "trainer_state.json").read_text())
+        if state.get("format") != FORMAT:
+            raise CheckpointError(f"{folder}: checkpoint format {state.get('format')} is not {FORMAT}")
+        try:
+            workers.policy.load_weights(folder / "policy")
+            workers.policy.load_optimizer(folder / "policy_optim.pt")
+            workers.policy.skipped_steps = state["policy_skipped_steps"]
+            if workers.critic is not None:
+                if not (folder / "critic").is_dir():
+                    raise CheckpointError(f"{folder} holds no critic, but trainer.critic.model.path is set")
+                workers.critic.load_weights(folder / "critic")
+                workers.critic.load_optimizer(folder / "critic_optim.pt")
+                workers.critic.skipped_steps = state["critic_skipped_steps"] or 0
+            if state["ref_updated"] and workers.ref is not None:
+                workers.ref.load_weights(folder / "ref")
+        except WeightsMismatchError as err:
+            raise CheckpointError(str(err)) from None
+        run.ref_updated = bool(state["ref_updated"])
+        s = run.algorithm
+        if s.kl_controller is not None and state["kl_controller"] is not None:
+            s.kl_controller.value = state["kl_controller"]["value"]
+        if s.reward_std is not None and state["reward_std"] is not None:
+            for k, v in state["reward_std"].items():
+                setattr(s.reward_std, k, v)
+        run.global_step = state["global_step"]
+        epoch, batch = state["epoch"], state["batch_in_epoch"]
+        if batch >= steps_per_epoch:  # fewer batches per epoch now (resume_ignore_config_changes)
+            epoch, batch = epoch + 1, 0
+        run.data_position = (epoch, batch)
+        run.run_id = state["run_id"]
+        self.last = folder
+        log.info("resumed from %s: step %d, next batch %d of epoch %d, run id %s", folder, run.global_step,
+                 batch, epoch, run.run_id)
 
+    @staticmethod
+    def restore_rng(folder: Path) -> None:
+        """The Python, numpy, torch and CUDA generator states the checkpoint recorded."""
+        _set_rng_state(torch.load(Path(folder) / "rng_state.pt", map_location="cpu", weights_only=True))
 
-def _load_optim(worker, path: Path) -> None:
-    """Moments, step counts and schedule position from the checkpoint; hyperparameters from this
-    run's config (`restore_optimizer`)."""
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    # -- exports ---------------------------------------------------------------------------------
+    def save_model(self, workers: Workers, out: Path) -> None:
+        """`out/policy` (and `out/critic` with a critic): folders `from_pretrained` loads, with the
+        tokenizer; a LoRA policy has its adapters merged in."""
+        workers.policy.export_weights(out / "policy")
+        self.tokenizer.save_pretrained(out / "policy")
+        if workers.critic is not None:
+            workers.critic.export_weights(out / "critic")
+            self.tokenizer.save_pretrained(out / "critic")
 
-    def load() -> None:
-        worker.optimizer.load_state_dict(saved["optimizer"])
-        worker.scheduler.load_state_dict(saved["scheduler"])
-    restore_optimizer(worker.optimizer, worker.scheduler, load)
-
-
-def load_checkpoint(trainer: "Trainer", folder: Path) -> None:
-    """Put the trainer in the state the checkpoint recorded; the engine gets the policy weights."""
-    folder = Path(folder)
-    state = json.loads((folder / "trainer_state.json").read_text())
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{folder}: checkpoint format {state.get('format')} is not {FORMAT}")
-    if _sharded(trainer.policy):
-        trainer.policy.load_hf(folder / "policy")
-        trainer.policy.load_optimizer(folder / "policy_optim.pt")
-    else:
-        _load_policy_state(trainer.policy.model, folder / "policy")
-        _load_optim(trainer.policy, folder / "policy_optim.pt")
-    trainer.policy.skipped_steps = state["policy_skipped_steps"]
-    if trainer.critic is not None:
-        if not (folder / "critic").is_dir():
-            raise CheckpointError(f"{folder} holds no critic, but trainer.critic.model.path is set")
-        if _sharded(trainer.critic):
-            trainer.critic.load_hf(folder / "critic")
-            trainer.critic.load_optimizer(folder / "critic_optim.pt")
-        else:
-            _load_weights(trainer.critic.model.backbone, folder / "critic", skip=(VALUE_HEAD_FILE,))
-            head = load_file(str(folder / "critic" / VALUE_HEAD_FILE))
-            prefix = f"{trainer.critic.model.value_head_prefix}."
-            trainer.critic.model.head.load_state_dict({k[len(prefix):]: v for k, v in head.items()})
-            _load_optim(trainer.critic, folder / "critic_optim.pt")
-        trainer.critic.skipped_steps = state["critic_skipped_steps"] or 0
-    if state["ref_updated"]:
-        if trainer.ref is not None:
-            if _sharded(trainer.ref):
-                trainer.ref.load_hf(folder / "ref")
-            else:
-                _load_weights(trainer.ref.model, folder / "ref")
-        trainer.ref_updated = True
-    s = trainer.state
-    if s.kl_controller is not None and state["kl_controller"] is not None:
-        s.kl_controller.value = state["kl_controller"]["value"]
-    if s.reward_std is not None and state["reward_std"] is not None:
-        for k, v in state["reward_std"].items():
-            setattr(s.reward_std, k, v)
-    trainer.global_step = state["global_step"]
-    epoch, batch = state["epoch"], state["batch_in_epoch"]
-    if batch >= trainer.steps_per_epoch:  # fewer batches per epoch now (resume_ignore_config_changes)
-        epoch, batch = epoch + 1, 0
-    trainer.data_position = (epoch, batch)
-    trainer.run_id = state["run_id"]
-    trainer.last_checkpoint = folder
-    trainer.weight_sync.sync(trainer.global_step)
-    _set_rng_state(torch.load(folder / "rng_state.pt", map_location="cpu", weights_only=True))
-    log.info("resumed from %s: step %d, next batch %d of epoch %d, run id %s", folder, trainer.global_step,
-             batch, epoch, trainer.run_id)
+    def export(self, workers: Workers, out: Path, step: int) -> Path:
+        """`save_model` into `out`, written to a temp sibling and renamed when complete."""
+        out = Path(out)
+        tmp = out.with_name(f".tmp_{out.name}_{secrets.token_hex(4)}")
+        try:
+            tmp.mkdir(parents=True)
+            self.save_model(workers, tmp)
+            _fsync_tree(tmp)
+            _publish(tmp, out)
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"could not export the model to {out} at step {step}: "
+                                  f"{type(exc).__name__}: {exc}. The run stops.") from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("exported %s", out)
+        return out
 
 
 def saved_run_id(folder: Path | None) -> str | None:
@@ -594,36 +542,13 @@ def saved_run_id(folder: Path | None) -> str | None:
     return json.loads((Path(folder) / "trainer_state.json").read_text())["run_id"]
 
 
-# ------------------------------------------------------------------------------------ exports
 def _publish(tmp: Path, final: Path) -> None:
     if final.exists():
         _remove(final)
     os.rename(tmp, final)
 
 
-def export_models(trainer: "Trainer", out: Path) -> Path:
-    """`out/policy` (and `out/critic` with a critic) as Hugging Face folders, written to a temp
-    sibling and renamed when complete."""
-    out = Path(out)
-    tmp = out.with_name(f".tmp_{out.name}_{secrets.token_hex(4)}")
-    try:
-        tmp.mkdir(parents=True)
-        save_policy(trainer, tmp / "policy")
-        if trainer.critic is not None:
-            save_critic(trainer, tmp / "critic")
-        _fsync_tree(tmp)
-        _publish(tmp, out)
-    except Exception as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not export the model to {out} at step {trainer.global_step}: "
-                              f"{type(exc).__name__}: {exc}. The run stops.") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("exported %s", out)
-    return out
-
-
+# ------------------------------------------------------------------------------------ exports of a checkpoint
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     """The same folders as a periodic export (`out/policy`, `out/critic`), copied from a checkpoint
     folder or from the latest checkpoint under a ckpt_path. `out` must not hold anything yet. A
@@ -660,49 +585,3 @@ def _export_adapters(folder: Path, out: Path) -> None:
     spec = policy_spec(OmegaConf.load(folder / "config.yaml"))
     tokenizer = AutoTokenizer.from_pretrained(folder / "policy")
     save_hf_model(lora.load_merged(load_model(spec, torch.float32, tokenizer), folder / "policy"), tokenizer, out)
-
-
-# ------------------------------------------------------------------------------------ Ctrl-C
-@contextlib.contextmanager
-def interrupt_handling(trainer: "Trainer") -> Iterator[None]:
-    """With `trainer.ckpt_on_interrupt`: the first Ctrl-C during a step lets that step finish (the
-    loop then raises KeyboardInterrupt); a Ctrl-C between steps, or a second one, interrupts at
-    once. On the way out, a KeyboardInterrupt that arrived between steps writes a checkpoint of
-    the last completed step; one that arrived inside a step writes nothing (the step's update may
-    be half done) and the newest checkpoint stays the resume point."""
-    if not trainer.cfg.trainer.ckpt_on_interrupt:
-        yield
-        return
-
-    def on_sigint(signum, frame):
-        if trainer.stop_requested or not trainer.in_step:
-            raise KeyboardInterrupt
-        trainer.stop_requested = True
-        log.warning("Ctrl-C: step %d finishes, then a checkpoint is written and the run stops "
-                    "(Ctrl-C again to stop at once without one)", trainer.global_step)
-
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    except KeyboardInterrupt:
-        _checkpoint_on_interrupt(trainer)
-        raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-
-
-def _checkpoint_on_interrupt(trainer: "Trainer") -> None:
-    if trainer.in_step:
-        log.warning("interrupted inside step %d: its half-done update is not saved; the newest checkpoint "
-                    "is %s", trainer.global_step, trainer.last_checkpoint or "none")
-    elif trainer.global_step == 0:
-        log.warning("interrupted before the first step: nothing to save")
-    elif trainer.last_checkpoint is not None and checkpoint_step(trainer.last_checkpoint) == trainer.global_step:
-        log.warning("interrupted after step %d, already saved in %s", trainer.global_step, trainer.last_checkpoint)
-    else:
-        folder = save_checkpoint(trainer)
-        log.warning("interrupted after step %d: checkpoint %s written (resume with "
-                    "trainer.resume_mode=latest)", trainer.global_step, folder)

@@ -5,37 +5,42 @@
     after a step: reference refresh at an epoch's end, exports, checkpoints)
 
 `Trainer.from_config` composes the parts from small builders (and resumes from a checkpoint when
-`trainer.resume_mode` finds one); `Trainer.train()` runs the loop. Checkpoints, exports and
-Ctrl-C handling live in `ridgeline.trainer.checkpoint` (docs/checkpointing.md).
+`trainer.resume_mode` finds one); `Trainer.train()` runs the loop. The trainer owns the run's
+state (`RunState`) and talks to its workers through `ridgeline.training.protocols`: local workers
+on `trainer.device`, or FSDP2 rank groups on Ray. The checkpointer (ridgeline.trainer.checkpoint,
+docs/checkpointing.md) owns the file format; Ctrl-C handling lives here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
-import resource
+import signal
 import statistics
+import threading
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedTokenizerBase
 
 from ridgeline.allocator import active_allocator
 from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, count_singleton_groups, whiten_advantages
-from ridgeline.algorithms.kl_control import KLController, build_kl_controller, kl_penalized_rewards
+from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_punishment
 from ridgeline.data import PromptDataset, PromptRow
+from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, add_to_final, total_reward
-from ridgeline.distributed.weight_sync import RemoteWeightSync, probe_logprobs
 from ridgeline.inference.build import build_engine
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
+from ridgeline.models.device import memory_metrics, resolve_device
 from ridgeline.models.loading import load_tokenizer
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import dump_training_batch
@@ -43,81 +48,61 @@ from ridgeline.tracking.report import write_report
 from ridgeline.tracking.samples import write_samples
 from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_trackers
 from ridgeline.trainer import checkpoint
+from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
                                         generator_input, load_environments, policy_spec,
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype)
 from ridgeline.trainer.dynamic_sampling import Rollout, filter_rollout, first_groups, replace_rollout
 from ridgeline.trainer.evaluation import PASS_THRESHOLD, EvalAccumulator
+from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch, data_parallel_rows
-from ridgeline.training.critic_worker import CriticWorker
-from ridgeline.training.worker import NonFiniteLossError, PolicyWorker, RefWorker
+from ridgeline.training.protocols import Workers
+from ridgeline.training.worker import NonFiniteLossError
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class StepTimer:
     seconds: dict[str, float]
 
-    @contextmanager
+    @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
         yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
-class InProcessWeightSync:
-    """`trainer.strategy=single` with a local engine: the engine lives in this process and copies
-    (casting to its dtype) the policy's parameters in place; no transport, no probe needed."""
-
-    def __init__(self, policy: PolicyWorker, engine: InferenceEngine):
-        self.policy, self.engine = policy, engine
-
-    def sync(self, version: int) -> dict[str, float]:
-        self.engine.update_weights(self.policy.named_weights())
-        return {}
-
-
 # ------------------------------------------------------------------------------------- trainer
-@dataclass
-class AlgorithmState:
-    """What the algorithm carries from step to step besides the weights."""
-
-    kl_controller: KLController | None = None   # use_kl_in_reward
-    reward_std: RunningRewardStd | None = None    # normalize_reward with a critic
-
-
 class Trainer:
-    def __init__(self, cfg: DictConfig, tokenizer, policy: PolicyWorker, ref: RefWorker | None,
-                 engine: InferenceEngine, generator: Generator, train_data: PromptDataset,
-                 val_data: PromptDataset | None, trackers: list[Tracker], run_dir: Path,
-                 critic: CriticWorker | None = None, state: AlgorithmState | None = None,
-                 weight_sync: Any = None, shutdown: Any = None):
-        """`policy`, `ref`, `engine` are the one-process workers, or with trainer.strategy=fsdp2 the
-        Ray groups of ridgeline.distributed.ray_workers (same methods); `weight_sync.sync(step)`
-        brings the engine(s) the policy's weights; `shutdown()` (if any) stops the workers."""
+    def __init__(self, cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, workers: Workers, engine: InferenceEngine,
+                 generator: Generator, train_data: PromptDataset, val_data: PromptDataset | None,
+                 trackers: list[Tracker], run_dir: Path, run: RunState, checkpointer: Checkpointer,
+                 weight_sync: WeightSync, device: torch.device, shutdown: Callable[[], None] | None = None,
+                 env_override: str | None = None):
+        """`workers` are the one-process workers, or with trainer.strategy=fsdp2 the Ray groups of
+        ridgeline.distributed.ray_workers (the same protocols); `weight_sync.sync(step)` brings the
+        engine(s) the policy's weights; `device` is where this process computes (its engine, its
+        workers when they are local); `shutdown()` (if any) stops the workers and engines."""
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.policy = policy
-        self.ref = ref
-        self.critic = critic
+        self.workers = workers
         self.engine = engine
         self.generator = generator
         self.train_data = train_data
         self.val_data = val_data
         self.trackers = trackers
         self.run_dir = run_dir
-        self.state = state or AlgorithmState()
-        self.weight_sync = weight_sync or InProcessWeightSync(policy, engine)
+        self.run = run
+        self.checkpointer = checkpointer
+        self.weight_sync = weight_sync
+        self.device = device
         self._shutdown = shutdown
-        self.env_override: str | None = None  # environment.reward_fn: one env for every row
-        self.global_step = 0
+        self.env_override = env_override  # environment.reward_fn: one env for every row
+        # engines sharing the trainer's GPU release it while the trainer trains (sleep / wake)
+        self.colocated = bool(cfg.trainer.placement.colocate_all) and device.type == "cuda" \
+            and bool(cfg.generator.run_engines_locally)
         self.history: list[dict[str, float]] = []
-        # what checkpoints carry besides the weights (ridgeline.trainer.checkpoint)
-        self.data_position: tuple[int, int] = (0, 0)  # (epoch, batch within it) of the next step
-        self.run_id = checkpoint.new_run_id()          # the trackers' run id, kept across resumes
-        self.fingerprint: dict[str, Any] = {}          # what identifies the run (model, data, seed)
-        self.ref_updated = False                       # the reference is no longer the initial model
-        self.last_checkpoint: Path | None = None
         self.in_step = False                           # a step's update may be half done
         self.stop_requested = False                    # Ctrl-C with trainer.ckpt_on_interrupt
 
@@ -125,6 +110,7 @@ class Trainer:
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
         seed_everything(t.seed)
+        device = resolve_device(t.device)
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -145,56 +131,53 @@ class Trainer:
         if resume_from is not None:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
 
-        autocast = training_autocast_dtype(t.mixed_precision)
+        autocast = training_autocast_dtype(t.mixed_precision, device)
         if t.strategy == "single":
             policy = build_policy_worker(cfg, tokenizer)
-            ref = build_ref_worker(cfg, tokenizer, policy=policy)
+            workers = Workers(policy, build_ref_worker(cfg, tokenizer, policy=policy), build_critic(cfg, tokenizer))
             engine = build_engine(cfg, tokenizer, policy.model)
-            critic = build_critic(cfg, tokenizer)
-            weight_sync = None
+            weight_sync: WeightSync = InProcessWeightSync(policy, engine)
             if isinstance(engine, RemoteEngine):
                 weight_sync = RemoteWeightSync(
                     engine, tokenizer, push=lambda version: engine.update_weights(policy.named_weights(), version),
-                    trainer_probe=lambda: probe_logprobs(policy.model, tokenizer))
+                    trainer_probe=lambda: probe_logprobs(policy.model, tokenizer, device=device))
             shutdown = engine.close
             parameters = sum(p.numel() for p in policy.model.parameters())
-            where = (f"one process, {len(engine.urls)} remote engine(s)" if isinstance(engine, RemoteEngine)
-                     else "one process")
+            where = (f"one process on {device}, {len(engine.urls)} remote engine(s)" if isinstance(engine, RemoteEngine)
+                     else f"one process on {device}")
         else:
             from ridgeline.distributed.ray_workers import build_ray_workers
-            workers = build_ray_workers(cfg, tokenizer)
-            policy, ref, critic, engine = workers.policy, workers.ref, workers.critic, workers.engine
-            weight_sync, shutdown = workers.weight_sync, workers.shutdown
-            parameters = workers.parameters
-            where = f"{t.strategy} on Ray: {workers.plan.describe()}"
+            ray_workers = build_ray_workers(cfg, tokenizer)
+            workers = Workers(ray_workers.policy, ray_workers.ref, ray_workers.critic)
+            engine, weight_sync, shutdown = ray_workers.engine, ray_workers.weight_sync, ray_workers.shutdown
+            parameters = ray_workers.parameters
+            where = f"{t.strategy} on Ray: {ray_workers.plan.describe()}"
         try:
-            state = AlgorithmState(
+            run = RunState(run_id=checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id(), algorithm=AlgorithmState(
                 kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
                                                    alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
-                reward_std=RunningRewardStd() if critic is not None and alg.normalize_reward else None)
+                reward_std=RunningRewardStd() if workers.critic is not None and alg.normalize_reward else None))
             env_override = load_environments(cfg.environment)
             generator = build_generator(cfg, engine, tokenizer)
             loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
             log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s; memory allocator %s)",
                      t.policy.model.path, parameters / 1e6, autocast or torch.float32, engine.dtype,
-                     f", critic {t.critic.model.path}" if critic is not None else "", where, active_allocator())
+                     f", critic {t.critic.model.path}" if workers.critic is not None else "", where, active_allocator())
             checkpoint.prepare_metrics(run_dir, resume_from)  # before a tracker opens metrics.jsonl
-            run_id = checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id()
             trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
-                                      config=OmegaConf.to_container(cfg, resolve=True), run_id=run_id,
+                                      config=OmegaConf.to_container(cfg, resolve=True), run_id=run.run_id,
                                       resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
-            trainer = cls(cfg, tokenizer, policy, ref, engine, generator, train_data, val_data,
-                          trackers, run_dir, critic=critic, state=state, weight_sync=weight_sync, shutdown=shutdown)
-            trainer.env_override = env_override
-            trainer.run_id = run_id
-            trainer.fingerprint = fingerprint
+            checkpointer = Checkpointer(cfg, tokenizer, fingerprint, run_dir)
+            trainer = cls(cfg, tokenizer, workers, engine, generator, train_data, val_data, trackers, run_dir, run,
+                          checkpointer, weight_sync, device, shutdown=shutdown, env_override=env_override)
             if resume_from is not None:
-                checkpoint.load_checkpoint(trainer, resume_from)  # syncs the engines to the resumed policy
-            elif weight_sync is not None:
+                checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
+                weight_sync.sync(run.global_step)   # the engines get the resumed policy
+                checkpointer.restore_rng(resume_from)  # last: loading and syncing may draw numbers
+            elif not isinstance(weight_sync, InProcessWeightSync):
                 weight_sync.sync(0)  # engines in other processes start from the trainer's weights, probed
         except BaseException:
-            if shutdown is not None:
-                shutdown()
+            shutdown()
             raise
         return trainer
 
@@ -209,12 +192,12 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         t = self.cfg.trainer
-        epoch, batch = self.data_position
-        if self.global_step >= self.total_steps:
+        epoch, batch = self.run.data_position
+        if self.run.global_step >= self.total_steps:
             log.info("all %d steps were done before the checkpoint; only the final eval and model are redone",
                      self.total_steps)
-        elif self.global_step:
-            log.info("resuming at step %d of %d (batch %d of epoch %d), run folder %s", self.global_step + 1,
+        elif self.run.global_step:
+            log.info("resuming at step %d of %d (batch %d of epoch %d), run folder %s", self.run.global_step + 1,
                      self.total_steps, batch + 1, epoch + 1, self.run_dir)
         else:
             log.info("training %d steps (%d epochs x %d steps), run folder %s", self.total_steps, t.epochs,
@@ -234,25 +217,25 @@ class Trainer:
         t = self.cfg.trainer
         start = time.perf_counter()
         first_eval = last_eval = None
-        if self.val_data is not None and t.eval_before_train and self.global_step == 0:
+        if self.val_data is not None and t.eval_before_train and self.run.global_step == 0:
             first_eval = last_eval = self.evaluate()
             self._log(first_eval)
-        with checkpoint.interrupt_handling(self):
+        with self._interrupt_handling():
             for epoch, batch, rows in self._remaining_batches():
                 self.in_step = True
-                self.global_step += 1
+                self.run.global_step += 1
                 metrics = self.train_step(rows)
-                if self.val_data is not None and t.eval_interval > 0 and self.global_step % t.eval_interval == 0:
+                if self.val_data is not None and t.eval_interval > 0 and self.run.global_step % t.eval_interval == 0:
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
                 self._log(metrics)
                 self._after_step(epoch, batch)
                 self.in_step = False
                 if self.stop_requested:
-                    raise KeyboardInterrupt(f"stopped after step {self.global_step} (Ctrl-C)")
+                    raise KeyboardInterrupt(f"stopped after step {self.run.global_step} (Ctrl-C)")
         # the last step's own eval (eval_interval) counts as the final one
-        if self.val_data is not None and not (self.global_step and t.eval_interval > 0
-                                              and self.global_step % t.eval_interval == 0):
+        if self.val_data is not None and not (self.run.global_step and t.eval_interval > 0
+                                              and self.run.global_step % t.eval_interval == 0):
             last_eval = self.evaluate()
             self._log(last_eval)
         final_dir = self.save_final_model()
@@ -262,7 +245,7 @@ class Trainer:
         except Exception as exc:  # a report is a convenience: it must never fail a finished run
             log.warning("could not write the run report (%s: %s)", type(exc).__name__, exc)
             report = None
-        summary = {"steps": self.global_step, "wall_seconds": time.perf_counter() - start,
+        summary = {"steps": self.run.global_step, "wall_seconds": time.perf_counter() - start,
                    "final_model": str(final_dir), "plot": str(plot), "report": report,
                    "eval_before": first_eval, "eval_after": last_eval,
                    "disabled_trackers": disabled_trackers(self.trackers)}
@@ -274,7 +257,7 @@ class Trainer:
         """(epoch, batch index within the epoch, prompts) from `data_position` on: each epoch's
         order is a function of (seed, epoch), so a resumed run picks up exactly where it was."""
         t = self.cfg.trainer
-        first_epoch, skip = self.data_position
+        first_epoch, skip = self.run.data_position
         for epoch in range(first_epoch, t.epochs):
             skip = skip if epoch == first_epoch else 0
             batches = self.train_data.batches(t.train_batch_size, seed=t.seed, epoch=epoch, skip_batches=skip)
@@ -286,35 +269,80 @@ class Trainer:
         reference refresh at an epoch's end, then exports and checkpoints when due."""
         t = self.cfg.trainer
         epoch_done = batch + 1 == self.steps_per_epoch
-        self.data_position = (epoch + 1, 0) if epoch_done else (epoch, batch + 1)
-        if epoch_done and t.update_ref_every_epoch and self.ref is not None and epoch + 1 < t.epochs:
+        self.run.data_position = (epoch + 1, 0) if epoch_done else (epoch, batch + 1)
+        if epoch_done and t.update_ref_every_epoch and self.workers.ref is not None and epoch + 1 < t.epochs:
             self.update_ref()
-        step = self.global_step
+        step = self.run.global_step
         if t.hf_save_interval > 0 and step % t.hf_save_interval == 0:
-            checkpoint.export_models(self, self.run_dir / "exports" / f"global_step_{step}")
+            self.checkpointer.export(self.workers, self.run_dir / "exports" / f"global_step_{step}", step)
         if t.ckpt_interval > 0 and (step % t.ckpt_interval == 0 or step == self.total_steps):
             self.save_checkpoint()
 
     def save_checkpoint(self) -> Path:
         """`<ckpt_path>/global_step_<N>`, written atomically (see ridgeline.trainer.checkpoint)."""
-        return checkpoint.save_checkpoint(self)
+        return self.checkpointer.save(self.run, self.workers, self.steps_per_epoch)
+
+    # --------------------------------------------------------------------------------- Ctrl-C
+    @contextlib.contextmanager
+    def _interrupt_handling(self) -> Iterator[None]:
+        """With `trainer.ckpt_on_interrupt`: the first Ctrl-C during a step lets that step finish (the
+        loop then raises KeyboardInterrupt); a Ctrl-C between steps, or a second one, interrupts at
+        once. On the way out, a KeyboardInterrupt that arrived between steps writes a checkpoint of
+        the last completed step; one that arrived inside a step writes nothing (the step's update may
+        be half done) and the newest checkpoint stays the resume point."""
+        if not self.cfg.trainer.ckpt_on_interrupt:
+            yield
+            return
+
+        def on_sigint(signum, frame):
+            if self.stop_requested or not self.in_step:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            log.warning("Ctrl-C: step %d finishes, then a checkpoint is written and the run stops "
+                        "(Ctrl-C again to stop at once without one)", self.run.global_step)
+
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        except KeyboardInterrupt:
+            self._checkpoint_on_interrupt()
+            raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _checkpoint_on_interrupt(self) -> None:
+        step, last = self.run.global_step, self.checkpointer.last
+        if self.in_step:
+            log.warning("interrupted inside step %d: its half-done update is not saved; the newest checkpoint "
+                        "is %s", step, last or "none")
+        elif step == 0:
+            log.warning("interrupted before the first step: nothing to save")
+        elif last is not None and checkpoint.checkpoint_step(last) == step:
+            log.warning("interrupted after step %d, already saved in %s", step, last)
+        else:
+            folder = self.save_checkpoint()
+            log.warning("interrupted after step %d: checkpoint %s written (resume with "
+                        "trainer.resume_mode=latest)", step, folder)
 
     def update_ref(self) -> None:
         """`update_ref_every_epoch`: the reference becomes the current policy (cast to its dtype)."""
-        self.ref.load_from(self.policy)
-        self.ref_updated = True
+        self.workers.ref.load_from(self.workers.policy)
+        self.run.ref_updated = True
         log.info("reference model set to the policy after epoch %d (update_ref_every_epoch)",
-                 self.global_step // max(1, self.steps_per_epoch))
+                 self.run.global_step // max(1, self.steps_per_epoch))
 
     def _log(self, metrics: dict[str, float]) -> None:
-        self.history.append(dict(metrics, step=self.global_step))
+        self.history.append(dict(metrics, step=self.run.global_step))
         for tracker in self.trackers:
-            tracker.log(metrics, self.global_step)
+            tracker.log(metrics, self.run.global_step)
 
     def _generator_input(self, rows: list[PromptRow], n: int, params: SamplingParams, mode: str,
                          tag: str = "") -> GeneratorInput:
-        return generator_input(rows, n, params, uid_prefix=f"{self.global_step}-{mode}{tag}", mode=mode,
-                               env_override=self.env_override, global_step=self.global_step)
+        return generator_input(rows, n, params, uid_prefix=f"{self.run.global_step}-{mode}{tag}", mode=mode,
+                               env_override=self.env_override, global_step=self.run.global_step)
 
     # --------------------------------------------------------------------------------- rollout
     def _generate_train(self, rows: list[PromptRow], round_index: int) -> tuple[Rollout, dict[str, float]]:
@@ -325,7 +353,7 @@ class Trainer:
         params = SamplingParams.from_config(cfg.generator.sampling_params)
         tag = f".{round_index}" if round_index else ""
         inp = self._generator_input(rows, n, params, "train", tag)
-        seed = cfg.trainer.seed * 1_000_003 + self.global_step + 7_919 * round_index
+        seed = cfg.trainer.seed * 1_000_003 + self.run.global_step + 7_919 * round_index
         out = self.generator.generate(inp, seed=seed)
         uids = [tid.uid for tid in inp.trajectory_ids]
         metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, uids, n)
@@ -345,7 +373,7 @@ class Trainer:
             return first, metrics
         target = len(rows)
         if ds.type == "replace":
-            rng = random.Random(self.cfg.trainer.seed * 1_000_003 + self.global_step)
+            rng = random.Random(self.cfg.trainer.seed * 1_000_003 + self.run.global_step)
             rollout, copies = replace_rollout(first, ds.min_replace_ratio, rng)
             kept = filter_rollout(first).num_groups
             if copies == 0 and kept < target:
@@ -373,7 +401,7 @@ class Trainer:
     def _extra_prompts(self, count: int, round_index: int) -> list[PromptRow]:
         """Prompts for a further dynamic-sampling batch: drawn at random from the training set,
         reproducibly per (seed, step, round), so the epoch's own order is left alone."""
-        rng = random.Random(self.cfg.trainer.seed * 1_000_003 + self.global_step * 7_919 + round_index)
+        rng = random.Random(self.cfg.trainer.seed * 1_000_003 + self.run.global_step * 7_919 + round_index)
         return [self.train_data[i] for i in rng.sample(range(len(self.train_data)), count)]
 
     # --------------------------------------------------------------------------------- step
@@ -387,13 +415,13 @@ class Trainer:
             out = rollout.output
             metrics.update(rollout_stats)
             metrics.update(out.metrics)
-            if self.global_step in (1, self.total_steps) and len(out):
+            if self.run.global_step in (1, self.total_steps) and len(out):
                 # sample rollouts of the first and last steps, for the run report
-                write_samples(self.run_dir / "samples.jsonl", self.global_step,
+                write_samples(self.run_dir / "samples.jsonl", self.run.global_step,
                               [self.tokenizer.decode(p, skip_special_tokens=True) for p in out.prompt_token_ids],
-                              out.responses, out.rewards, overwrite=self.global_step == 1)
+                              out.responses, out.rewards, overwrite=self.run.global_step == 1)
             if len(out) == 0:
-                log.warning("step %d: no prompt group carries signal; the update is skipped", self.global_step)
+                log.warning("step %d: no prompt group carries signal; the update is skipped", self.run.global_step)
                 metrics["dynamic_sampling/skipped_steps"] = 1.0
                 return metrics
             batch = build_training_batch(out.prompt_token_ids, out.response_ids, out.loss_masks, out.rewards,
@@ -402,25 +430,31 @@ class Trainer:
                 truncated = torch.tensor([r != "stop" for r in out.stop_reasons])
                 batch.loss_mask[truncated] = 0.0
             n = cfg.generator.n_samples_per_prompt
-            keep = min(data_parallel_rows(batch.batch_size, mini * n, world) for mini, world in
-                       ((t.policy_mini_batch_size, _ranks(self.policy)), (t.critic_mini_batch_size, _ranks(self.critic))))
+            splits = [(t.policy_mini_batch_size, self.workers.policy.world_size)]
+            if self.workers.critic is not None:
+                splits.append((t.critic_mini_batch_size, self.workers.critic.world_size))
+            keep = min(data_parallel_rows(batch.batch_size, mini * n, world) for mini, world in splits)
             if keep < batch.batch_size:
                 # a short dynamic-sampling batch whose last mini-batch does not split over the ranks
                 log.warning("step %d: %d of %d samples left out so the last mini-batch splits evenly over %d "
-                            "ranks", self.global_step, batch.batch_size - keep, batch.batch_size, _ranks(self.policy))
+                            "ranks", self.run.global_step, batch.batch_size - keep, batch.batch_size,
+                            self.workers.policy.world_size)
                 metrics["fsdp/dropped_samples"] = float(batch.batch_size - keep)
                 batch = batch.select(slice(0, keep))
+            if self.colocated:
+                with timer.phase("engine_sleep"):  # the engine's weights and cache leave the GPU for training
+                    self.engine.sleep()
             with timer.phase("logprobs"):
                 # With one optimizer step per batch the policy has not moved when the loss is taken,
                 # so the old logprobs are the training forward's own (detached): one pass saved. The
                 # KL-in-reward penalty needs them before training, so it computes them.
                 steps_per_batch = t.update_epochs_per_batch * (t.train_batch_size // t.policy_mini_batch_size)
                 if steps_per_batch > 1 or alg.use_kl_in_reward:
-                    batch.old_logprobs = self.policy.compute_logprobs(batch)
-                if self.ref is not None:
-                    batch.ref_logprobs = self.ref.compute_logprobs(batch)
-                if self.critic is not None:
-                    batch.values = self.critic.compute_values(batch)
+                    batch.old_logprobs = self.workers.policy.compute_logprobs(batch)
+                if self.workers.ref is not None:
+                    batch.ref_logprobs = self.workers.ref.compute_logprobs(batch)
+                if self.workers.critic is not None:
+                    batch.values = self.workers.critic.compute_values(batch)
             with timer.phase("advantages"):
                 metrics.update(self._shape_rewards(batch))
                 estimator = ADVANTAGE_ESTIMATORS.get(alg.advantage_estimator)
@@ -437,48 +471,53 @@ class Trainer:
                 metrics["advantages/singleton_groups"] = float(singletons)
                 metrics["advantages/mean"] = float(batch.advantages.sum() / batch.response_mask.sum().clamp(min=1))
             try:
-                if self.critic is not None:
+                if self.workers.critic is not None:
                     # The critic learns first (SkyRL's order): its update does not touch this step's
                     # advantages, which were computed from the values before it.
                     with timer.phase("critic_train"):
-                        metrics.update(self.critic.train(batch))
+                        metrics.update(self.workers.critic.train(batch))
                 with timer.phase("policy_train"):
-                    metrics.update(self.policy.train(batch))
+                    metrics.update(self.workers.policy.train(batch))
             except NonFiniteLossError as err:
                 raise NonFiniteLossError(
-                    f"step {self.global_step}: {err}. The run stops; resume from the latest checkpoint "
+                    f"step {self.run.global_step}: {err}. The run stops; resume from the latest checkpoint "
                     "(trainer.resume_mode=latest), or set trainer.nonfinite_loss=skip to drop such "
                     "optimizer steps") from err
             with timer.phase("sync_weights"):
-                metrics.update(self.weight_sync.sync(self.global_step))
+                if self.colocated:  # weights first, then the KV cache: never both next to the trainer's state
+                    self.engine.wake_up(("weights",))
+                metrics.update(self.weight_sync.sync(self.run.global_step))
+                if self.colocated:
+                    self.engine.wake_up(("kv_cache",))
         metrics.update({f"timing/{k}": v for k, v in timer.seconds.items()})
         if t.dump_data_batch:  # outside the timer: a debugging aid, not part of the step
             dump_training_batch(batch, self.tokenizer, Path(t.export_path) / "dumped_data"
-                                / f"global_step_{self.global_step}_training_batch.jsonl", self.global_step)
+                                / f"global_step_{self.run.global_step}_training_batch.jsonl", self.run.global_step)
         trained_tokens = float(batch.attention_mask.sum())
         generated = float(batch.response_mask.sum())
         metrics["throughput/tokens_per_second"] = trained_tokens / timer.seconds["step"]
         metrics["throughput/generate_tokens_per_second"] = generated / max(timer.seconds["generate"], 1e-9)
-        # Linux reports KiB. This process only: Ray ranks and engine servers are not in it.
-        metrics["memory/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        metrics["throughput/train_tokens_per_second"] = trained_tokens / max(timer.seconds["policy_train"], 1e-9)
+        # This process only: Ray ranks and engine servers are not in it.
+        metrics.update(memory_metrics(self.device))
         return metrics
 
     def _shape_rewards(self, batch) -> dict[str, float]:
         """KL in the reward (`use_kl_in_reward`) and reward scaling for the critic
         (`normalize_reward`), applied to `batch.rewards` in place of the environment's scores."""
         metrics: dict[str, float] = {}
-        if self.state.kl_controller is not None:
-            controller = self.state.kl_controller
+        if self.run.algorithm.kl_controller is not None:
+            controller = self.run.algorithm.kl_controller
             batch.rewards, current_kl = kl_penalized_rewards(
                 batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.response_mask, controller.value,
-                self.policy.config.kl_estimator)
+                self.workers.policy.config.kl_estimator)
             metrics["reward/kl_in_reward"] = current_kl
             metrics["reward/kl_coef"] = controller.value
             controller.update(current_kl, n_steps=batch.batch_size)
-        if self.state.reward_std is not None:
-            self.state.reward_std.update(batch.rewards.sum(-1).tolist())
-            batch.rewards = self.state.reward_std.scale(batch.rewards)
-            metrics["reward/running_std"] = self.state.reward_std.std
+        if self.run.algorithm.reward_std is not None:
+            self.run.algorithm.reward_std.update(batch.rewards.sum(-1).tolist())
+            batch.rewards = self.run.algorithm.reward_std.scale(batch.rewards)
+            metrics["reward/running_std"] = self.run.algorithm.reward_std.std
         return metrics
 
     # --------------------------------------------------------------------------------- eval
@@ -498,20 +537,18 @@ class Trainer:
         metrics = acc.metrics()
         metrics["timing/eval"] = time.perf_counter() - t0
         if cfg.trainer.dump_eval_results:
-            acc.dump(Path(cfg.trainer.export_path) / "dumped_eval" / f"global_step_{self.global_step}_eval_results")
+            acc.dump(Path(cfg.trainer.export_path) / "dumped_eval" / f"global_step_{self.run.global_step}_eval_results")
         return metrics
 
     def save_final_model(self) -> Path:
+        """`final_model` (the policy, loadable with plain transformers) and `final_critic`."""
         out = self.run_dir / "final_model"
-        checkpoint.save_policy(self, out)
-        if self.critic is not None:
-            checkpoint.save_critic(self, self.run_dir / "final_critic")
+        self.workers.policy.export_weights(out)
+        self.tokenizer.save_pretrained(out)
+        if self.workers.critic is not None:
+            self.workers.critic.export_weights(self.run_dir / "final_critic")
+            self.tokenizer.save_pretrained(self.run_dir / "final_critic")
         return out
-
-
-def _ranks(worker: Any) -> int:
-    """Data-parallel ranks sharing each mini-batch of `worker` (1 for a one-process worker)."""
-    return getattr(worker, "world_size", 1)
 
 
 def rollout_metrics(rewards: list, response_ids: list[list[int]], stop_reasons: list[str],

@@ -5,6 +5,10 @@ response RIGHT-padded to width R, so all responses start at column P and the per
 (`response_mask`, `loss_mask`, logprobs, advantages, ...) are `[B, R]` and line up with
 `sequences[:, P:]`. Padding is told apart by `attention_mask`, never by the pad id (SmolLM2's pad
 token is its eos token).
+
+Where it lives: on the host (CPU). The trainer computes rewards and advantages there, and Ray sends
+it through the object store; every worker moves each micro-batch to its own device
+(`TrainingBatch.to`) and hands its results back on the host.
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ class TrainingBatch:
             elif f.name == "uids":
                 picked[f.name] = [value[i] for i in rows]
         return replace(self, **picked)
+
+    def to(self, device: torch.device) -> "TrainingBatch":
+        """Every tensor field on `device` (the trainer keeps batches on the host; a worker moves
+        each micro-batch to its own device just before computing on it)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
     def chunks(self, size: int) -> Iterator["TrainingBatch"]:
         for start in range(0, self.batch_size, size):

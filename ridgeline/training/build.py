@@ -1,38 +1,52 @@
-"""Building the policy and reference workers from the config: one code for the single process
-(`ridgeline.trainer`) and for every FSDP2 rank (`ridgeline.distributed.ray_workers`)."""
+"""Building the policy, reference and critic workers from the config: one code for the single
+process (`ridgeline.trainer`, a world of one on `trainer.device`) and for every FSDP2 rank
+(`ridgeline.distributed.ray_workers`, which passes its `FSDPGroup`)."""
 
 from __future__ import annotations
 
+import logging
 import random
-from typing import Callable
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from ridgeline.algorithms import resolve_kl_estimator
-from ridgeline.models.forward import enable_activation_checkpointing, prefer_eager_attention
+from ridgeline.models.device import resolve_device
+from ridgeline.models.forward import enable_activation_checkpointing, select_attention
 from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model, policy_spec
 from ridgeline.models.lora import lora_settings, wrap
 from ridgeline.models.value_model import load_value_model
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import ForwardOptions
 from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.parallel import DataParallel, SingleProcess
 from ridgeline.training.worker import BaseModelRefWorker, PolicyTrainConfig, PolicyWorker, RefWorker
+
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
+    """Python, numpy and torch (CPU and every CUDA device) from one seed."""
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # seeds the CUDA generators too
 
 
-def training_autocast_dtype(mixed_precision: str) -> torch.dtype | None:
+def single_process(cfg: DictConfig) -> SingleProcess:
+    """The world of one the single-process trainer's workers share, on `trainer.device`."""
+    return SingleProcess(resolve_device(cfg.trainer.device))
+
+
+def training_autocast_dtype(mixed_precision: str, device: torch.device | None = None) -> torch.dtype | None:
+    """`trainer.mixed_precision` on `device`: bf16 compute (master weights stay fp32) or None for fp32;
+    `auto` is bf16 where the device runs it fast (a CUDA GPU with bf16, a CPU with AMX/AVX512-BF16)."""
     if mixed_precision == "fp32":
         return None
     if mixed_precision == "bf16":
         return torch.bfloat16
-    fast = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_fast_bf16()
+    device = device or resolve_device("auto")
+    fast = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_fast_bf16()
     return torch.bfloat16 if fast else None
 
 
@@ -43,11 +57,12 @@ def training_max_tokens(cfg: DictConfig) -> int:
     return max(int(cfg.trainer.max_prompt_length), int(g.max_input_length)) + int(g.sampling_params.max_generate_length)
 
 
-def load_training_model(cfg: DictConfig, spec: ModelSpec, dtype: torch.dtype, tokenizer):
-    """A model for the training-side workers: eager attention on a CPU when rows are short
-    (`prefer_eager_attention`: SDPA's CPU kernel is slower there)."""
+def load_training_model(cfg: DictConfig, spec: ModelSpec, dtype: torch.dtype, tokenizer, device: torch.device):
+    """A model for the training-side workers, on the host (its group places it): the attention
+    kernel `select_attention` picks for `device` (FlashAttention-2 / SDPA on CUDA, eager for
+    short rows on a CPU)."""
     model = load_model(spec, dtype, tokenizer)
-    prefer_eager_attention(model, training_max_tokens(cfg))
+    select_attention(model, device, training_max_tokens(cfg), bool(cfg.trainer.flash_attn))
     return model
 
 
@@ -57,7 +72,7 @@ def forward_options(cfg: DictConfig) -> ForwardOptions:
     return ForwardOptions(sample_packing=bool(cfg.trainer.use_sample_packing))
 
 
-def policy_train_config(cfg: DictConfig, data_parallel: int = 1) -> PolicyTrainConfig:
+def policy_train_config(cfg: DictConfig, data_parallel: int = 1, device: torch.device | None = None) -> PolicyTrainConfig:
     """The policy worker's settings; with `data_parallel` ranks each holds 1/data_parallel of every
     mini-batch (validation made the division exact)."""
     t, g, alg = cfg.trainer, cfg.generator, cfg.trainer.algorithm
@@ -74,36 +89,41 @@ def policy_train_config(cfg: DictConfig, data_parallel: int = 1) -> PolicyTrainC
         kl_estimator=resolve_kl_estimator(alg.kl_estimator_type, alg.use_kl_estimator_k3, alg.use_abs_kl),
         use_entropy_loss=alg.use_entropy_loss, entropy_loss_coef=alg.entropy_loss_coef,
         max_grad_norm=t.policy.optimizer_config.max_grad_norm,
-        autocast_dtype=training_autocast_dtype(t.mixed_precision),
+        autocast_dtype=training_autocast_dtype(t.mixed_precision, device),
         nonfinite_loss=t.nonfinite_loss,
         forward_options=forward_options(cfg),
     )
 
 
-ModelHook = Callable[[torch.nn.Module], torch.nn.Module]
-
-
-def build_policy_worker(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
-                        worker_cls: type[PolicyWorker] = PolicyWorker, data_parallel: int = 1) -> PolicyWorker:
-    """The policy model (float32 master weights) with its optimizer and schedule. With
-    `trainer.policy.model.lora.rank > 0` the model is wrapped with LoRA adapters (after activation
-    checkpointing is set up, which peft needs to know) and the optimizer holds only the adapters.
-    `shard` (FSDP2) runs after that and before the optimizer is built, so the optimizer holds the
-    sharded parameters."""
+def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | None = None) -> PolicyWorker:
+    """The policy model (float32 master weights) with its optimizer and schedule, placed by
+    `parallel` (default: one process on `trainer.device`). With `trainer.policy.model.lora.rank > 0`
+    the model is wrapped with LoRA adapters (after activation checkpointing is set up, which peft
+    needs to know) and the optimizer holds only the adapters. Placement (FSDP2 sharding on ranks)
+    comes after that and before the optimizer, which must hold the placed parameters."""
     t = cfg.trainer
-    model = load_training_model(cfg, policy_spec(cfg), torch.float32, tokenizer)
+    parallel = parallel or single_process(cfg)
+    model = load_training_model(cfg, policy_spec(cfg), torch.float32, tokenizer, parallel.device)
     if t.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False
     lora = lora_settings(cfg)
     if lora is not None:
         model = wrap(model, lora, seed=t.seed)
-    if shard is not None:
-        model = shard(model)
+    model = parallel.place(model)
     opt = t.policy.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
-    return worker_cls(model, policy_train_config(cfg, data_parallel), optimizer,
-                      build_scheduler(optimizer, t.num_warmup_steps))
+    worker = PolicyWorker(model, policy_train_config(cfg, parallel.world_size, parallel.device), optimizer,
+                          build_scheduler(optimizer, t.num_warmup_steps), parallel)
+    worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
+    return worker
+
+
+def offloads_optimizer(cfg: DictConfig, optimizer_config: DictConfig, device: torch.device) -> bool:
+    """`optimizer_config.offload_after_step` acts where it frees something: on a GPU shared with
+    the engines (`trainer.placement.colocate_all`, engines in this job)."""
+    return (bool(optimizer_config.offload_after_step) and device.type == "cuda"
+            and bool(cfg.trainer.placement.colocate_all) and bool(cfg.generator.run_engines_locally))
 
 
 def needs_ref(cfg: DictConfig) -> bool:
@@ -112,52 +132,51 @@ def needs_ref(cfg: DictConfig) -> bool:
 
 
 def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None = None,
-                     shard: ModelHook | None = None, worker_cls: type[RefWorker] = RefWorker) -> RefWorker | None:
+                     parallel: DataParallel | None = None) -> RefWorker | None:
     """The reference model when a KL option needs one. It only runs forward passes, so it is
     loaded in the training compute dtype. With LoRA the reference is the frozen base the policy
     wraps: `policy`'s own model with its adapters switched off, no second copy loaded."""
     if not needs_ref(cfg):
         return None
     t = cfg.trainer
-    autocast = training_autocast_dtype(t.mixed_precision)
+    parallel = parallel or single_process(cfg)
+    autocast = training_autocast_dtype(t.mixed_precision, parallel.device)
+    temperature = cfg.generator.sampling_params.temperature
     if lora_settings(cfg) is not None:
         if policy is None:
             raise ValueError("with trainer.policy.model.lora.rank > 0 the reference is the policy's base model: "
                              "build_ref_worker needs the policy worker (policy=...)")
-        return BaseModelRefWorker(policy.model, t.micro_forward_batch_size_per_gpu,
-                                  cfg.generator.sampling_params.temperature, autocast,
+        return BaseModelRefWorker(policy, t.micro_forward_batch_size_per_gpu, temperature, autocast,
                                   forward_options=forward_options(cfg))
-    model = load_training_model(cfg, policy_spec(cfg), autocast or torch.float32, tokenizer)
-    if shard is not None:
-        model = shard(model)
-    return worker_cls(model, t.micro_forward_batch_size_per_gpu, cfg.generator.sampling_params.temperature, autocast,
-                      forward_options=forward_options(cfg))
+    model = load_training_model(cfg, policy_spec(cfg), autocast or torch.float32, tokenizer, parallel.device)
+    return RefWorker(parallel.place(model), t.micro_forward_batch_size_per_gpu, temperature, autocast,
+                     forward_options=forward_options(cfg), parallel=parallel)
 
 
-def build_critic(cfg: DictConfig, tokenizer, *, shard: ModelHook | None = None,
-                 worker_cls: type[CriticWorker] = CriticWorker,
-                 options: ForwardOptions | None = None, data_parallel: int = 1) -> CriticWorker | None:
-    """The value model and its worker, when `trainer.critic.model.path` names one. `shard`,
-    `worker_cls`, `options` and `data_parallel` as for the policy (`options` defaults to the
-    config's forward options)."""
+def build_critic(cfg: DictConfig, tokenizer, *, parallel: DataParallel | None = None,
+                 options: ForwardOptions | None = None) -> CriticWorker | None:
+    """The value model and its worker, when `trainer.critic.model.path` names one. `parallel` as
+    for the policy; `options` defaults to the config's forward options."""
     t, alg = cfg.trainer, cfg.trainer.algorithm
     if t.critic.model.path is None:
         return None
-    autocast = training_autocast_dtype(t.mixed_precision)
+    parallel = parallel or single_process(cfg)
+    autocast = training_autocast_dtype(t.mixed_precision, parallel.device)
     spec = ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed)
     model = load_value_model(spec, torch.float32, tokenizer, value_head_prefix=alg.value_head_prefix)
-    prefer_eager_attention(model.backbone, training_max_tokens(cfg))
+    select_attention(model.backbone, parallel.device, training_max_tokens(cfg), bool(t.flash_attn))
     if t.gradient_checkpointing:
         model.enable_activation_checkpointing()
-    if shard is not None:
-        model = shard(model)
+    model = parallel.place(model)
     opt = t.critic.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
     config = CriticTrainConfig(
-        mini_batch_size=t.critic_mini_batch_size * cfg.generator.n_samples_per_prompt // data_parallel,
+        mini_batch_size=t.critic_mini_batch_size * cfg.generator.n_samples_per_prompt // parallel.world_size,
         micro_batch_size=t.micro_train_batch_size_per_gpu,
         micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
         update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,
         loss_reduction=alg.loss_reduction, max_grad_norm=opt.max_grad_norm, autocast_dtype=autocast,
         nonfinite_loss=t.nonfinite_loss, forward_options=options or forward_options(cfg))
-    return worker_cls(model, config, optimizer, build_scheduler(optimizer, t.num_warmup_steps))
+    worker = CriticWorker(model, config, optimizer, build_scheduler(optimizer, t.num_warmup_steps), parallel)
+    worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
+    return worker

@@ -1,10 +1,12 @@
-"""Critic worker for one process: values of a batch, and the critic's optimizer steps.
+"""Critic worker, one class for one process and every FSDP2 rank: values of a batch, and the
+critic's optimizer steps.
 
 Same batch-size mapping as the policy worker: a mini-batch (`critic_mini_batch_size *
 n_samples_per_prompt` samples, computed by the caller) is one optimizer step, split into
 micro-batches of `micro_train_batch_size_per_gpu` for gradient accumulation, the whole batch
 repeated `update_epochs_per_batch` times. Each optimizer step runs inside `loss_normalizers` with
-the mini-batch's counts, so the accumulated micro-batch gradients equal the mini-batch gradient.
+the mini-batch's counts (summed over the ranks), so the accumulated micro-batch gradients equal the
+mini-batch gradient. Batches come and values go back on the host, as for the policy worker.
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ridgeline.algorithms.reductions import loss_normalizers
 from ridgeline.algorithms.value_loss import value_loss
-from ridgeline.models.value_model import ValueModel
+from ridgeline.models.device import autocast
+from ridgeline.models.value_model import VALUE_HEAD_FILE, ValueModel
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.forward_path import PLAIN, ForwardOptions, micro_values
-from ridgeline.training.worker import apply_gradients, autocast_context, check_loss
+from ridgeline.training.parallel import DataParallel, SingleProcess, check_uniform_forwards, reduce_rank_metrics
+from ridgeline.training.worker import TrainedWorker, state_from_folder
 
 log = logging.getLogger(__name__)
 
@@ -52,29 +57,37 @@ class _StepSums:
     nonfinite: bool = False  # a micro-batch loss was NaN/inf: the step must be dropped
 
 
-class CriticWorker:
+_SUMMED = {"critic/value_loss"}
+_SHARED = {"critic/grad_norm", "critic/lr", "critic/optimizer_steps", "critic/skipped_steps"}
+
+
+class CriticWorker(TrainedWorker):
     def __init__(self, model: ValueModel, config: CriticTrainConfig, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler):
-        self.model = model
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel | None = None):
+        super().__init__(model, optimizer, scheduler, parallel or SingleProcess())
         self.config = config
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.skipped_steps = 0
 
     @torch.no_grad()
-    def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
-        """V(state before each response token), [B, R] float32, zero outside the response mask."""
+    def compute_values(self, batch: TrainingBatch) -> torch.Tensor:  # collective
+        """V(state before each response token), [B, R] float32 on the host, zero outside the
+        response mask."""
         c = self.config
+        micros = list(batch.chunks(c.micro_forward_batch_size))
+        check_uniform_forwards(self.parallel, [1] * len(micros))
         was_training = self.model.training
         self.model.eval()
         parts = []
-        for micro in batch.chunks(c.micro_forward_batch_size):
-            with autocast_context(c.autocast_dtype):
-                parts.append(micro_values(self.model, micro, c.forward_options).float())
+        for micro in micros:
+            with autocast(self.parallel.device, c.autocast_dtype):
+                parts.append(micro_values(self.model, micro, c.forward_options, self.parallel.device).float().cpu())
         self.model.train(was_training)
         return torch.cat(parts) * batch.response_mask
 
-    def train(self, batch: TrainingBatch) -> dict[str, float]:
+    def load_weights(self, folder: Path) -> None:  # collective
+        """A folder `save_weights` wrote: the backbone's Hugging Face files and the value head's."""
+        self._load_state(state_from_folder(folder, prefix="backbone.", keep_prefixed=(VALUE_HEAD_FILE,)), folder)
+
+    def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
         """Regress the values on `batch.returns`, clipped around `batch.values` (the critic before
         this step's updates)."""
         if batch.values is None or batch.returns is None:
@@ -85,19 +98,20 @@ class CriticWorker:
         losses: list[float] = []
         grad_norms: list[float] = []
         total = _StepSums()
-        with progress(c.update_epochs * math.ceil(batch.batch_size / c.mini_batch_size), "train critic") as bar:
+        with progress(c.update_epochs * math.ceil(batch.batch_size / c.mini_batch_size), "train critic") as bar, \
+                self.optimizer_on_device():
             for _ in range(c.update_epochs):
                 for mini in batch.chunks(c.mini_batch_size):
                     sums = self.accumulate_gradients(mini)
-                    grad_norms.append(apply_gradients(self, "critic", c.max_grad_norm,
-                                                      "non-finite value loss" if sums.nonfinite else None))
+                    grad_norms.append(self.apply_gradients("critic", c.max_grad_norm,
+                                                           "non-finite value loss" if sums.nonfinite else None))
                     losses.append(sums.loss)
                     for name in ("tokens", "clip_tokens", "values_tokens", "returns_tokens"):
                         setattr(total, name, getattr(total, name) + getattr(sums, name))
                     bar.update()
         steps = max(1, len(grad_norms))
         tokens = max(1.0, total.tokens)
-        return {
+        metrics = {
             "critic/value_loss": sum(losses) / steps,
             "critic/vf_clip_frac": total.clip_tokens / tokens,
             "critic/values_mean": total.values_tokens / tokens,
@@ -107,31 +121,31 @@ class CriticWorker:
             "critic/optimizer_steps": float(len(grad_norms)),
             "critic/skipped_steps": float(self.skipped_steps),
         }
+        return reduce_rank_metrics(self.parallel, metrics, float(batch.loss_mask.sum()) * c.update_epochs,
+                                   prefix="critic/", summed=_SUMMED, shared=_SHARED)
 
-    def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:
-        """(tokens, sequences) the value loss of this optimizer step divides by: the mini-batch's.
-        Data-parallel workers return the sums over all ranks."""
-        return float(mini.loss_mask.sum()), float(mini.batch_size)
-
-    def accumulate_gradients(self, mini: TrainingBatch) -> _StepSums:
+    def accumulate_gradients(self, mini: TrainingBatch) -> _StepSums:  # collective
         """Zero the gradients, then forward/backward every micro-batch of `mini`: afterwards `.grad`
         holds the gradient of the mini-batch loss, whatever the micro-batch size. A NaN/inf
-        micro-batch loss stops the accumulation before its backward (`nonfinite` is set)."""
+        micro-batch loss (on any rank) stops the accumulation before its backward (`nonfinite`)."""
         c = self.config
+        device = self.parallel.device
+        micros = list(mini.chunks(c.micro_batch_size))
+        check_uniform_forwards(self.parallel, [1] * len(micros))
         sums = _StepSums()
         self.optimizer.zero_grad(set_to_none=True)
         with loss_normalizers(*self.step_normalizers(mini)):
-            for micro in mini.chunks(c.micro_batch_size):
-                with autocast_context(c.autocast_dtype):
-                    values = micro_values(self.model, micro, c.forward_options)
+            for micro in micros:
+                with autocast(device, c.autocast_dtype):
+                    values = micro_values(self.model, micro, c.forward_options, device)
+                micro = micro.to(device)
                 loss, metrics = value_loss(values, micro.values, micro.returns, micro.loss_mask,
                                            c.value_clip, c.loss_reduction)
-                loss_value = check_loss(loss, "critic value loss", c.nonfinite_loss)
-                if loss_value is None:
+                loss_value, tokens = torch.stack([loss.detach().float(), micro.loss_mask.sum().float()]).tolist()
+                if not self.check_loss(loss_value, "critic value loss", c.nonfinite_loss):
                     sums.nonfinite = True
                     break
                 loss.backward()
-                tokens = float(micro.loss_mask.sum())
                 sums.loss += loss_value  # the micro losses add up to the mini-batch loss
                 sums.tokens += tokens
                 sums.clip_tokens += metrics["vf_clip_frac"] * tokens

@@ -102,26 +102,28 @@ def decoder_forward_count(model: nn.Module, micro: TrainingBatch, options: Forwa
 
 
 def micro_logprobs(model: PreTrainedModel, micro: TrainingBatch, temperature: float, options: ForwardOptions,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`response_logprobs` of `micro` on the path `options` picks: `[B, R]` logprobs (and
-    entropy), equal on every real response token whichever path runs. Padded response positions
-    hold padding garbage on the padded paths and 0 on the packed one: mask them."""
+                   device: torch.device, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` of the host micro-batch `micro` on the path `options` picks, computed on
+    `device`: `[B, R]` logprobs (and entropy) there, equal on every real response token whichever
+    path runs. Padded response positions hold padding garbage on the padded paths and 0 on the
+    packed one: mask them. The path and its layout are planned on the host (data-dependent sizes)."""
     path = choose_forward_path(model, micro.sequences, micro.attention_mask, micro.response_width, options)
     if path is ForwardPath.PACKED:
         return packed_response_logprobs(model, micro.sequences, micro.attention_mask, micro.response_width,
-                                        temperature, with_entropy, options.pack_cap(micro.attention_mask))
+                                        temperature, with_entropy, options.pack_cap(micro.attention_mask), device)
     return response_logprobs(model, micro.sequences, micro.attention_mask, micro.response_width, temperature,
-                             with_entropy, share_prompts=path is ForwardPath.SHARED_PROMPT)
+                             with_entropy, share_prompts=path is ForwardPath.SHARED_PROMPT, device=device)
 
 
-def micro_values(model: ValueModel, micro: TrainingBatch, options: ForwardOptions) -> torch.Tensor:
-    """`response_values` of `micro`, packed when `options.sample_packing` (the critic has no
-    shared-prompt forward): `[B, R]` float32, equal on every real response token. The packed path
-    reads the same hidden states the padded one reads at columns P-1 .. P+R-2."""
+def micro_values(model: ValueModel, micro: TrainingBatch, options: ForwardOptions, device: torch.device) -> torch.Tensor:
+    """`response_values` of the host micro-batch `micro` on `device`, packed when
+    `options.sample_packing` (the critic has no shared-prompt forward): `[B, R]` float32, equal on
+    every real response token. The packed path reads the same hidden states the padded one reads
+    at columns P-1 .. P+R-2."""
     path = choose_forward_path(model, micro.sequences, micro.attention_mask, micro.response_width, options,
                                can_share_prompts=False)
     if path is ForwardPath.PLAIN:
-        return response_values(model, micro.sequences, micro.attention_mask, micro.response_width)
+        return response_values(model, micro.sequences, micro.attention_mask, micro.response_width, device)
     packed, hidden = packed_response_hidden(model.backbone, micro.sequences, micro.attention_mask,
-                                            micro.response_width, options.pack_cap(micro.attention_mask))
+                                            micro.response_width, options.pack_cap(micro.attention_mask), device)
     return scatter_response(packed, model.values_from_hidden(hidden), micro.batch_size, micro.response_width)

@@ -34,7 +34,7 @@ MIN_CHUNK = 1024
 def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype `F.linear(hidden, weight)` would compute in here: autocast's when it is on."""
     device = hidden.device.type
-    if torch.is_autocast_enabled(device):
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):  # the devices autocast knows
         return torch.get_autocast_dtype(device)
     return torch.promote_types(hidden.dtype, weight.dtype)
 
@@ -126,8 +126,11 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                 g_z = p.mul_(-g_lp)                              # -g_lp p
             else:                                                # -p (g_lp + g_H (log p + H))
                 g_z = log_p.add_(entropy[:, None]).mul_(g_ent).add_(g_lp).mul_(p).neg_()
-            rows_in = ((targets >= start) & (targets < stop)).nonzero().squeeze(1)
-            g_z.index_put_((rows_in, targets[rows_in] - start), g_lp[rows_in, 0], accumulate=True)
+            # + g_lp at each row's target when it falls in this chunk; a masked scatter rather than
+            # `nonzero()`, which would wait for the GPU once per chunk
+            in_chunk = (targets >= start) & (targets < stop)
+            column = (targets - start).clamp(0, stop - start - 1)[:, None]
+            g_z.scatter_add_(1, column, torch.where(in_chunk[:, None], g_lp, torch.zeros_like(g_lp)))
             if scale != 1.0:
                 g_z.mul_(scale)
             g_logits = g_z.to(dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ridgeline.models.forward import activation_checkpointing_on, positions_from_mask
+from ridgeline.models.forward import activation_checkpointing_on, model_device, positions_from_mask
 from ridgeline.training.lm_head import lm_head_logprobs
 
 
@@ -15,18 +15,20 @@ def prompt_groups(model: PreTrainedModel, sequences: torch.Tensor, attention_mas
     shared-prompt forward applies to these rows, else None: it needs a prompt, at least two rows
     with the same prompt, and a KV cache (under activation checkpointing transformers runs without
     one). The single statement of that condition: `response_logprobs` and the forward-path choice
-    (`ridgeline.training.forward_path`) both ask it."""
+    (`ridgeline.training.forward_path`) both ask it. A host-side plan: it runs on the CPU (the
+    grouping has a data-dependent size) and the caller moves the result to the model's device."""
     prompt_width = sequences.shape[1] - response_width
     if prompt_width == 0 or (model.training and activation_checkpointing_on(model)):
         return None
-    prompts = torch.cat([sequences[:, :prompt_width], attention_mask[:, :prompt_width]], dim=-1)
+    prompts = torch.cat([sequences[:, :prompt_width], attention_mask[:, :prompt_width]], dim=-1).cpu()
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
     return None if unique.shape[0] == sequences.shape[0] else (unique, inverse)
 
 
 def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
                       response_width: int, temperature: float = 1.0, with_entropy: bool = False,
-                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      share_prompts: bool = True, device: torch.device | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token_t | prefix) for the last `response_width` tokens of each row, under
     softmax(logits / temperature) — the same distribution the engine sampled from.
 
@@ -38,16 +40,22 @@ def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention
     per row; gradients flow back through the fan-out, so the result (values and gradients) is that
     of the plain forward, with prompt compute divided by the group size. Under gradient
     checkpointing transformers runs without a KV cache, so the plain forward is used
-    (`prompt_groups` says when the shared forward applies)."""
+    (`prompt_groups` says when the shared forward applies).
+
+    The inputs may live anywhere: the plan is made on the CPU, the forward runs on `device` (default:
+    the parameters' device; FSDP2 with CPU offload keeps parameters on the host and computes on the
+    GPU, so its workers name the device), and the results stay there."""
     prompt_width = sequences.shape[1] - response_width
-    positions = positions_from_mask(attention_mask)
     groups = prompt_groups(model, sequences, attention_mask, response_width) if share_prompts else None
+    device = device or model_device(model)
+    sequences, attention_mask = sequences.to(device), attention_mask.to(device)
+    positions = positions_from_mask(attention_mask)
     if groups is None:
         out = model.get_decoder()(input_ids=sequences, attention_mask=attention_mask, position_ids=positions,
                                   use_cache=False)
         hidden = out.last_hidden_state[:, -response_width - 1:-1]
     else:
-        unique, inverse = groups
+        unique, inverse = (t.to(device) for t in groups)
         hidden = _shared_prompt_hidden(model, unique[:, :prompt_width], unique[:, prompt_width:], inverse,
                                        sequences[:, prompt_width:], attention_mask, positions[:, prompt_width:])
     # the LM head only at the response's predicting positions, a vocabulary chunk at a time

@@ -27,12 +27,13 @@ How the block-diagonal attention reaches the model depends on its attention impl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ridgeline.models.forward import model_device
 from ridgeline.training.lm_head import lm_head_logprobs
 
 EXPLICIT_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -60,6 +61,9 @@ class PackedInputs:
     predictors: torch.Tensor
     targets: torch.Tensor
     slots: torch.Tensor
+
+    def to(self, device: torch.device) -> "PackedInputs":
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def packing_stats(attention_mask: torch.Tensor) -> dict[str, float]:
@@ -110,7 +114,9 @@ def pack_inputs(sequences: torch.Tensor, attention_mask: torch.Tensor, response_
     """Lay the real tokens of the `[B, P+R]` rows out in packs (`plan_packs`): row b's tokens
     go to pack k at offsets start_b .. start_b + len_b - 1, with position ids 0 .. len_b - 1.
     A response token is scored when its row has a real token before it; it is predicted by the
-    packed token just before it (the previous real token of the same row)."""
+    packed token just before it (the previous real token of the same row). A host-side plan: the
+    layout has data-dependent sizes, so it is built on the CPU and moved to the model's device."""
+    sequences, attention_mask = sequences.cpu(), attention_mask.cpu()
     batch, width = sequences.shape
     device = sequences.device
     mask = attention_mask.bool()
@@ -148,14 +154,16 @@ def pack_inputs(sequences: torch.Tensor, attention_mask: torch.Tensor, response_
 
 
 def packed_response_hidden(decoder: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
-                           response_width: int, max_tokens_per_pack: int | None = None
-                           ) -> tuple[PackedInputs, torch.Tensor]:
-    """One packed forward of `decoder` (a transformers base model: `last_hidden_state` out).
-    Returns the layout and the last hidden states `[N, H]` at its `predictors`: the states the
-    padded path reads at columns P-1 .. P+R-2 (LM head: logprobs; value head: values)."""
+                           response_width: int, max_tokens_per_pack: int | None = None,
+                           device: torch.device | None = None) -> tuple[PackedInputs, torch.Tensor]:
+    """One packed forward of `decoder` (a transformers base model: `last_hidden_state` out) on
+    `device` (default: its parameters'). Returns the layout and the last hidden states `[N, H]` at
+    its `predictors`: the states the padded path reads at columns P-1 .. P+R-2 (LM head: logprobs;
+    value head: values)."""
     implementation = getattr(decoder.config, "_attn_implementation", None) or "eager"
     explicit = implementation in EXPLICIT_MASK_IMPLEMENTATIONS
     packed = pack_inputs(sequences, attention_mask, response_width, max_tokens_per_pack if explicit else None)
+    packed = packed.to(device or model_device(decoder))
     inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "use_cache": False}
     if explicit:
         dtype = decoder.get_input_embeddings().weight.dtype
@@ -173,7 +181,7 @@ def scatter_response(packed: PackedInputs, values: torch.Tensor, batch: int, res
 
 def packed_response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
                              response_width: int, temperature: float = 1.0, with_entropy: bool = False,
-                             max_tokens_per_pack: int | None = None
+                             max_tokens_per_pack: int | None = None, device: torch.device | None = None
                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs(model, sequences, attention_mask, response_width, temperature,
     with_entropy, share_prompts=False)` computed on packed rows without padding.
@@ -183,7 +191,7 @@ def packed_response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, at
     holds values computed from padding). `max_tokens_per_pack` bounds the real tokens of one
     pack (None: all rows in one pack); all packs run in one decoder forward."""
     packed, hidden = packed_response_hidden(model.get_decoder(), sequences, attention_mask, response_width,
-                                            max_tokens_per_pack)
+                                            max_tokens_per_pack, device)
     # Only the predicting positions go through the (large) output embedding.
     logprobs, entropy = lm_head_logprobs(model, hidden, packed.targets, temperature, with_entropy)
     batch = sequences.shape[0]

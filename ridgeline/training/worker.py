@@ -1,13 +1,19 @@
-"""Policy and reference workers for one process (`trainer.strategy=single`).
+"""Policy and reference workers: one class each for one process and for every FSDP2 rank.
 
 A worker owns a model and answers two questions: "what are the logprobs of these responses?"
 and (policy only) "take the optimizer steps for this batch". The batch-size keys map exactly:
-a mini-batch (`policy_mini_batch_size * n_samples_per_prompt` samples) is one optimizer step,
-split into micro-batches of `micro_train_batch_size_per_gpu` for gradient accumulation, the whole
-batch repeated `update_epochs_per_batch` times. Each optimizer step runs inside
-`loss_normalizers(mini-batch tokens, mini-batch sequences)`, so every `reduce_loss` call (the policy
-loss's, a user loss's, the KL and entropy terms) divides by mini-batch counts and the accumulated
-micro-batch gradients equal the full mini-batch gradient.
+a mini-batch (`policy_mini_batch_size * n_samples_per_prompt` samples, divided by the
+data-parallel ranks) is one optimizer step, split into micro-batches of
+`micro_train_batch_size_per_gpu` for gradient accumulation, the whole batch repeated
+`update_epochs_per_batch` times. Each optimizer step runs inside `loss_normalizers(mini-batch
+tokens, mini-batch sequences)` summed over the ranks, so every `reduce_loss` call (the policy
+loss's, a user loss's, the KL and entropy terms) divides by the global mini-batch counts and the
+accumulated (and, on FSDP2, summed) micro-batch gradients equal the full mini-batch gradient.
+
+Where things live: batches come and results go back on the host; each micro-batch is moved to
+the worker's device (`parallel.device`) just before its forward. The worker's group
+(`ridgeline.training.parallel`) is a world of one in one process; on FSDP2 ranks the same code's
+all-reduces make the ranks agree (see `ridgeline.distributed.fsdp` for why the sums are exact).
 """
 
 from __future__ import annotations
@@ -18,47 +24,208 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Iterable
 
 import torch
+from omegaconf import DictConfig
+from torch import nn
 from transformers import PreTrainedModel
 
 from ridgeline.algorithms import POLICY_LOSSES, kl_penalty, loss_normalizers, masked_mean, reduce_loss
 from ridgeline.algorithms.off_policy import logprob_mismatch
-from ridgeline.models.lora import adapters_disabled, is_lora, merged_named_parameters
+from ridgeline.models.device import autocast
+from ridgeline.models.loading import read_safetensors, save_hf_weights
+from ridgeline.models.lora import (adapters_disabled, is_adapter_folder, is_lora, load_adapter, merged_named_parameters,
+                                   save_adapter, save_merged)
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
-from ridgeline.training.forward_path import PLAIN, ForwardOptions, micro_logprobs
+from ridgeline.training.forward_path import PLAIN, ForwardOptions, decoder_forward_count, micro_logprobs
+from ridgeline.training.optim import restore_optimizer
+from ridgeline.training.parallel import DataParallel, SingleProcess, check_uniform_forwards, reduce_rank_metrics
 
 log = logging.getLogger(__name__)
 
 
-def autocast_context(dtype: torch.dtype | None, device_type: str = "cpu"):
-    if dtype is None or dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, dtype=dtype)
+class NonFiniteLossError(FloatingPointError):
+    """A micro-batch loss was NaN or inf and `trainer.nonfinite_loss=stop`."""
+
+
+class WeightsMismatchError(ValueError):
+    """Saved weights do not fit the worker's model (another model, LoRA settings, ...)."""
 
 
 @torch.no_grad()
-def batch_logprobs(model: PreTrainedModel, batch: TrainingBatch, micro_batch_size: int,
-                   temperature: float, autocast_dtype: torch.dtype | None,
+def batch_logprobs(model: PreTrainedModel, batch: TrainingBatch, micro_batch_size: int, temperature: float,
+                   autocast_dtype: torch.dtype | None, parallel: DataParallel,
                    forward_options: ForwardOptions = PLAIN) -> torch.Tensor:
-    """Forward-only logprobs of a whole batch, `micro_batch_size` rows at a time, each micro-batch
-    on the path `forward_options` picks (`ridgeline.training.forward_path`)."""
+    """Forward-only logprobs `[B, R]` of a host batch, on the host: `micro_batch_size` rows at a
+    time on `parallel.device`, each micro-batch on the path `forward_options` picks. Ranks check
+    first that they will all run the same decoder forwards (each one all-gathers shards)."""
     was_training = model.training
     model.eval()
-    parts = []
-    for micro in batch.chunks(micro_batch_size):
-        with autocast_context(autocast_dtype):
-            lp, _ = micro_logprobs(model, micro, temperature, forward_options)
-        parts.append(lp.float())
-    model.train(was_training)
+    try:
+        micros = list(batch.chunks(micro_batch_size))
+        check_uniform_forwards(parallel, [decoder_forward_count(model, m, forward_options) for m in micros])
+        parts = []
+        for micro in micros:
+            with autocast(parallel.device, autocast_dtype):
+                lp, _ = micro_logprobs(model, micro, temperature, forward_options, parallel.device)
+            parts.append(lp.float().cpu())
+    finally:
+        model.train(was_training)
     return torch.cat(parts) * batch.response_mask
+
+
+def state_from_folder(folder: Path, prefix: str = "", keep_prefixed: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """A Hugging Face folder's weights; names get `prefix` except those of the files in
+    `keep_prefixed`, which already carry their module's name (the critic's value head)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise WeightsMismatchError(f"{folder} holds no *.safetensors weights")
+    state = {prefix + k: v for k, v in read_safetensors([f for f in files if f.name not in keep_prefixed]).items()}
+    state.update(read_safetensors([f for f in files if f.name in keep_prefixed]))
+    return state
+
+
+class ModelWorker:
+    """What every worker has: a model placed by its data-parallel group, and its weights on disk.
+    Methods marked collective run on every rank of the group at once; rank 0 writes files."""
+
+    def __init__(self, model: nn.Module, parallel: DataParallel):
+        self.model = model
+        self.parallel = parallel
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:  # collective
+        return self.parallel.full_state_dict(self.model)
+
+    def save_weights(self, folder: Path) -> None:  # collective
+        """The model files of a Hugging Face folder (no tokenizer): what resuming loads back."""
+        state = self.parallel.full_state_dict(self.model)
+        if self.parallel.rank == 0:
+            save_hf_weights(self.model, Path(folder), state_dict=state)
+
+    def export_weights(self, folder: Path) -> None:  # collective
+        """The model files of a folder `from_pretrained` loads without Ridgeline."""
+        self.save_weights(folder)
+
+    def load_weights(self, folder: Path) -> None:  # collective; every rank reads the folder
+        self._load_state(state_from_folder(folder), folder)
+
+    def _load_state(self, state: dict[str, torch.Tensor], folder: Path) -> None:
+        try:
+            self.parallel.load_full_state_dict(self.model, state)
+        except ValueError as err:
+            raise WeightsMismatchError(f"{folder} does not fit the model: {err} (was it written by a run with "
+                                       "another model?)") from None
+
+
+class TrainedWorker(ModelWorker):
+    """A worker with an optimizer (policy, critic): the end of an optimizer step, the skipped-step
+    count, and the optimizer's state on disk."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel):
+        super().__init__(model, parallel)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.skipped_steps = 0
+        # `optimizer_config.offload_after_step` with engines sharing the GPU: AdamW's moments (2x the
+        # fp32 weights) wait on the host between steps, so the woken engine has that memory
+        self.offload_optimizer = False
+
+    def _optimizer_state_to(self, host: bool) -> None:
+        """Move AdamW's state to the host, or back next to each parameter (which under FSDP2's CPU
+        offload is the host already)."""
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                state = self.optimizer.state.get(param, {})
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":  # fused AdamW keeps `step` on the host
+                        state[key] = value.to("cpu" if host else param.device, non_blocking=True)
+
+    @contextlib.contextmanager
+    def optimizer_on_device(self):
+        """The optimizer's state where the parameters are for the span of a `train` call; back on
+        the host afterwards when `offload_optimizer` is on."""
+        if self.offload_optimizer:
+            self._optimizer_state_to(host=False)
+        try:
+            yield
+        finally:
+            if self.offload_optimizer:
+                self._optimizer_state_to(host=True)
+
+    def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:  # collective
+        """(tokens, sequences) the losses of this optimizer step divide by: the mini-batch's,
+        summed over the ranks (each holds its share)."""
+        tokens, sequences = self.parallel.all_sum([float(mini.loss_mask.sum()), float(mini.batch_size)])
+        return tokens, sequences
+
+    def all_finite(self, loss_value: float) -> bool:  # collective
+        """Whether the loss is finite on EVERY rank, agreed before backward: a rank that skipped its
+        backward while the others ran theirs would leave them waiting in the gradient
+        reduce-scatter forever."""
+        (bad,) = self.parallel.all_max([0.0 if math.isfinite(loss_value) else 1.0])
+        return bad == 0.0
+
+    def check_loss(self, loss_value: float, what: str, mode: str) -> bool:  # collective
+        """True when the loss is finite on every rank; False (the step is dropped) when not and
+        `mode` is skip; NonFiniteLossError when `mode` is stop. Runs before backward, so a NaN never
+        reaches the gradients."""
+        if self.all_finite(loss_value):
+            return True
+        if mode == "stop":
+            raise NonFiniteLossError(f"{what} is {loss_value} (trainer.nonfinite_loss=stop)")
+        return False
+
+    def apply_gradients(self, role: str, max_grad_norm: float, skip_reason: str | None = None) -> float:
+        """End an optimizer step: clip the accumulated gradients to `max_grad_norm` (the global norm
+        under FSDP2: DTensor reduces it across the mesh), step the optimizer and the schedule, and
+        return the grad norm. One bad batch must not poison the weights: with a `skip_reason` (a
+        non-finite loss) or a non-finite norm the gradients are dropped, the step counted in
+        `skipped_steps` and 0.0 returned; the schedule still advances (the step happened, its
+        update was dropped). The norm is the same on every rank, so ranks agree on skipping."""
+        grad_norm = None
+        if skip_reason is None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm))
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+                self.scheduler.step()
+                return grad_norm
+            skip_reason = f"non-finite grad norm ({grad_norm})"
+        self.skipped_steps += 1
+        log.warning("%s: %s; optimizer step skipped (%d so far)", role, skip_reason, self.skipped_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()" is intended here
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        return 0.0
+
+    def save_optimizer(self, path: Path) -> None:  # collective; rank 0 writes
+        """AdamW state + learning-rate schedule state."""
+        state = self.parallel.optimizer_state_dict(self.model, self.optimizer)
+        if self.parallel.rank == 0:
+            torch.save({"optimizer": state, "scheduler": self.scheduler.state_dict()}, path)
+
+    def load_optimizer(self, path: Path) -> None:  # collective; every rank reads the file
+        """Moments, step counts and schedule position from the file; hyperparameters from this
+        run's config (`restore_optimizer`)."""
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+
+        def load() -> None:
+            self.parallel.load_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+        restore_optimizer(self.optimizer, self.scheduler, load)
 
 
 @dataclass(frozen=True)
 class PolicyTrainConfig:
-    mini_batch_size: int            # samples per optimizer step
+    mini_batch_size: int            # samples per optimizer step (this rank's share)
     micro_batch_size: int           # samples per forward/backward
     micro_forward_batch_size: int   # samples per forward-only pass
     update_epochs: int = 1
@@ -66,7 +233,7 @@ class PolicyTrainConfig:
     policy_loss: str = "regular"
     loss_reduction: str = "token_mean"
     # the `trainer.algorithm` section, handed to the policy loss as its `config`
-    algorithm: Any = None
+    algorithm: DictConfig | None = None
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_estimator: str = "k3"
@@ -79,66 +246,33 @@ class PolicyTrainConfig:
     forward_options: ForwardOptions = PLAIN
 
 
-class NonFiniteLossError(FloatingPointError):
-    """A micro-batch loss was NaN or inf and `trainer.nonfinite_loss=stop`."""
-
-
-def check_loss(loss: torch.Tensor, what: str, mode: str) -> float | None:
-    """The loss as a float when it is finite; None (the caller drops the optimizer step) when it
-    is not and `mode` is skip; raise NonFiniteLossError when `mode` is stop. Runs before
-    backward, so a NaN never reaches the gradients."""
-    value = loss.item()
-    if math.isfinite(value):
-        return value
-    if mode == "stop":
-        raise NonFiniteLossError(f"{what} is {value} (trainer.nonfinite_loss=stop)")
-    return None
-
-
-def apply_gradients(worker: Any, role: str, max_grad_norm: float, skip_reason: str | None = None) -> float:
-    """End an optimizer step of `worker` (policy or critic): clip the accumulated gradients to
-    `max_grad_norm`, step the optimizer and the schedule, and return the grad norm. One bad batch
-    must not poison the weights: with a `skip_reason` (a non-finite loss) or a non-finite norm the
-    gradients are dropped, the step counted in `worker.skipped_steps` and 0.0 returned; the
-    schedule still advances (the step happened, its update was dropped)."""
-    grad_norm = None
-    if skip_reason is None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(worker.model.parameters(), max_grad_norm))
-        if math.isfinite(grad_norm):
-            worker.optimizer.step()
-            worker.scheduler.step()
-            return grad_norm
-        skip_reason = f"non-finite grad norm ({grad_norm})"
-    worker.skipped_steps += 1
-    log.warning("%s: %s; optimizer step skipped (%d so far)", role, skip_reason, worker.skipped_steps)
-    worker.optimizer.zero_grad(set_to_none=True)
-    with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()" is intended here
-        warnings.simplefilter("ignore", UserWarning)
-        worker.scheduler.step()
-    return 0.0
-
-
 # SkyRL's metric names for the two classic PPO diagnostics
 _LOSS_METRIC_NAMES = {"clip_frac": "ppo_clip_ratio", "ppo_kl": "policy_kl"}
+# Reported as a sum over micro-batches of losses normalised by global mini-batch counts: each rank
+# holds its share and the mini-batch value is the sum over ranks.
+_SUMMED = {"policy/policy_loss", "policy/final_loss", "policy/kl_loss"}
+# Identical on every rank by construction: the global grad norm, the schedule, the step counts.
+_SHARED = {"policy/grad_norm", "policy/policy_lr", "policy/optimizer_steps", "policy/skipped_steps"}
 
 
-class RefWorker:
+class RefWorker(ModelWorker):
     def __init__(self, model: PreTrainedModel, micro_forward_batch_size: int, temperature: float,
-                 autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN):
-        self.model = model.eval()
+                 autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN,
+                 parallel: DataParallel | None = None):
+        super().__init__(model.eval(), parallel or SingleProcess())
         self.model.requires_grad_(False)
         self.micro = micro_forward_batch_size
         self.temperature = temperature
         self.autocast_dtype = autocast_dtype
         self.forward_options = forward_options
 
-    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        return batch_logprobs(self.model, batch, self.micro, self.temperature, self.autocast_dtype,
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
+        return batch_logprobs(self.model, batch, self.micro, self.temperature, self.autocast_dtype, self.parallel,
                               self.forward_options)
 
-    def load_from(self, policy: "PolicyWorker") -> None:
+    def load_from(self, policy: "PolicyWorker") -> None:  # collective over both groups
         """`update_ref_every_epoch`: the policy's current weights (cast to the reference's dtype)."""
-        self.model.load_state_dict(policy.model.state_dict())
+        self.parallel.load_full_state_dict(self.model, policy.full_state_dict())
 
 
 class BaseModelRefWorker(RefWorker):
@@ -147,11 +281,11 @@ class BaseModelRefWorker(RefWorker):
     logprobs are those of the base model loaded alone (bit for bit in fp32: a disabled LoRA layer
     runs its base layer only)."""
 
-    def __init__(self, policy_model: PreTrainedModel, micro_forward_batch_size: int, temperature: float,
+    def __init__(self, policy: "PolicyWorker", micro_forward_batch_size: int, temperature: float,
                  autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN):
         # Not RefWorker.__init__: it would switch the shared model to eval mode and freeze the
         # policy's adapters. batch_logprobs sets (and restores) eval mode around each pass.
-        self.model = policy_model
+        ModelWorker.__init__(self, policy.model, policy.parallel)
         self.micro, self.temperature = micro_forward_batch_size, temperature
         self.autocast_dtype, self.forward_options = autocast_dtype, forward_options
 
@@ -164,47 +298,75 @@ class BaseModelRefWorker(RefWorker):
                            "(trainer.update_ref_every_epoch=true is refused with trainer.policy.model.lora.rank > 0)")
 
 
-class PolicyWorker:
-    def __init__(self, model: PreTrainedModel, config: PolicyTrainConfig,
-                 optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler):
-        self.model = model
+class PolicyWorker(TrainedWorker):
+    def __init__(self, model: PreTrainedModel, config: PolicyTrainConfig, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel | None = None):
+        super().__init__(model, optimizer, scheduler, parallel or SingleProcess())
         self.config = config
-        self.optimizer = optimizer
-        self.scheduler = scheduler
         self.policy_loss_fn = POLICY_LOSSES.get(config.policy_loss)
-        self.skipped_steps = 0
 
-    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
         c = self.config
         return batch_logprobs(self.model, batch, c.micro_forward_batch_size, c.temperature, c.autocast_dtype,
-                              c.forward_options)
+                              self.parallel, c.forward_options)
 
-    def named_weights(self):
-        """What the engine needs after an update: every parameter, by name. With LoRA the merged
-        weights W + scaling * B @ A under the base model's names, computed one tensor at a time
-        without touching the training weights (ridgeline.models.lora)."""
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """What an engine in this process needs after an update: every parameter, by name. With
+        LoRA the merged weights W + scaling * B @ A under the base model's names, computed one
+        tensor at a time without touching the training weights (ridgeline.models.lora)."""
         if is_lora(self.model):
             return merged_named_parameters(self.model)
         return self.model.named_parameters()
 
-    def train(self, batch: TrainingBatch) -> dict[str, float]:
+    # -- weights on disk: with LoRA, checkpoints hold the adapters and exports the merged model
+    def save_weights(self, folder: Path) -> None:
+        if is_lora(self.model):  # refused under FSDP2 by validation: one process
+            save_adapter(self.model, Path(folder))
+        else:
+            super().save_weights(folder)
+
+    def export_weights(self, folder: Path) -> None:
+        if is_lora(self.model):
+            save_merged(self.model, Path(folder))
+        else:
+            super().save_weights(folder)
+
+    def load_weights(self, folder: Path) -> None:
+        saved_adapters, ours = is_adapter_folder(folder), is_lora(self.model)
+        if saved_adapters != ours:
+            held = "LoRA adapters" if saved_adapters else "full weights (no LoRA)"
+            raise WeightsMismatchError(
+                f"{folder} holds {held}, but this run has trainer.policy.model.lora.rank {'> 0' if ours else '= 0'}. "
+                "Fix: resume with the run's own trainer.policy.model.lora.* settings, or start afresh "
+                "(trainer.resume_mode=none)")
+        if not ours:
+            super().load_weights(folder)
+            return
+        try:
+            load_adapter(self.model, Path(folder))
+        except ValueError as err:
+            raise WeightsMismatchError(f"{err}. Fix: resume with the run's own trainer.policy.model.lora.* "
+                                       "settings") from None
+
+    # -- training ------------------------------------------------------------------------------
+    def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
         c = self.config
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         loss_sums: dict[str, float] = {}
         grad_norms: list[float] = []
         steps = c.update_epochs * math.ceil(batch.batch_size / c.mini_batch_size)
-        with progress(steps, "train policy") as bar:
+        with progress(steps, "train policy") as bar, self.optimizer_on_device():
             for epoch in range(c.update_epochs):
                 for mini in batch.chunks(c.mini_batch_size):
                     grad_norms.append(self._optimizer_step(mini, sums, loss_sums, first_epoch=epoch == 0))
                     bar.update()
-        total_tokens = max(1.0, float(batch.loss_mask.sum()) * c.update_epochs)
+        local_tokens = float(batch.loss_mask.sum()) * c.update_epochs
         steps = max(1, len(grad_norms))
         metrics = {
             "policy/policy_loss": sums["policy_loss"] / steps,
             "policy/final_loss": sums["final_loss"] / steps,
-            "policy/policy_entropy": sums["entropy_tokens"] / total_tokens,
+            "policy/policy_entropy": sums["entropy_tokens"] / max(1.0, local_tokens),
             "policy/grad_norm": sum(grad_norms) / steps,
             "policy/policy_lr": self.scheduler.get_last_lr()[0],
             "policy/optimizer_steps": float(len(grad_norms)),
@@ -213,39 +375,44 @@ class PolicyWorker:
         # The loss's own metrics: token-weighted means across micro-batches, `*_max` as maxima.
         for key, value in loss_sums.items():
             name = f"policy/{_LOSS_METRIC_NAMES.get(key, key)}"
-            metrics[name] = value if key.endswith("_max") else value / total_tokens
+            metrics[name] = value if key.endswith("_max") else value / max(1.0, local_tokens)
         if c.use_kl_loss:
             metrics["policy/kl_loss"] = sums["kl_loss"] / steps
-        if sums["mismatch_tokens"]:
-            metrics["rollout/logprob_abs_diff_mean"] = sums["mismatch_sum"] / sums["mismatch_tokens"]
-            metrics["rollout/logprob_abs_diff_max"] = sums["mismatch_max"]
+        metrics = reduce_rank_metrics(self.parallel, metrics, local_tokens, prefix="policy/", summed=_SUMMED,
+                                      shared=_SHARED)
+        # how far the engine's numbers are from pi_old: an exact mean over every rank's tokens
+        mismatch_sum, mismatch_tokens = self.parallel.all_sum([sums["mismatch_sum"], sums["mismatch_tokens"]])
+        (worst,) = self.parallel.all_max([sums["mismatch_max"]])
+        if mismatch_tokens:
+            metrics["rollout/logprob_abs_diff_mean"] = mismatch_sum / mismatch_tokens
+            metrics["rollout/logprob_abs_diff_max"] = worst
         return metrics
-
-    def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:
-        """(tokens, sequences) the losses of this optimizer step divide by: the mini-batch's.
-        Data-parallel workers return the sums over all ranks."""
-        return float(mini.loss_mask.sum()), float(mini.batch_size)
 
     def _optimizer_step(self, mini: TrainingBatch, sums: dict[str, float], loss_sums: dict[str, float],
                         first_epoch: bool) -> float:
         c = self.config
+        micros = list(mini.chunks(c.micro_batch_size))
+        check_uniform_forwards(self.parallel, [decoder_forward_count(self.model, m, c.forward_options) for m in micros])
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
         with loss_normalizers(*self.step_normalizers(mini)):
-            for micro in mini.chunks(c.micro_batch_size):
+            for micro in micros:
                 if not self._micro_step(micro, sums, loss_sums, first_epoch):
                     finite = False
                     break
-        return apply_gradients(self, "policy", c.max_grad_norm, None if finite else "non-finite loss")
+        return self.apply_gradients("policy", c.max_grad_norm, None if finite else "non-finite loss")
 
     def _micro_step(self, micro: TrainingBatch, sums: dict[str, float], loss_sums: dict[str, float],
                     first_epoch: bool) -> bool:
-        """Forward and backward of one micro-batch; the gradient accumulates on the parameters.
-        False (nothing accumulated) when the loss is not finite and nonfinite_loss is skip."""
+        """Forward and backward of one host micro-batch on the device; the gradient accumulates on
+        the parameters. False (nothing accumulated, on any rank) when a rank's loss is not finite
+        and nonfinite_loss is skip."""
         c = self.config
-        with autocast_context(c.autocast_dtype):
-            logprobs, entropy = micro_logprobs(self.model, micro, c.temperature, c.forward_options,
+        device = self.parallel.device
+        with autocast(device, c.autocast_dtype):
+            logprobs, entropy = micro_logprobs(self.model, micro, c.temperature, c.forward_options, device,
                                                with_entropy=True)
+        micro = micro.to(device)
         mask = micro.loss_mask
         # No separate old-policy pass when the batch takes a single optimizer step (the trainer
         # decides): then pi_old == pi_theta at this point and its logprobs are our own, detached.
@@ -261,20 +428,25 @@ class PolicyWorker:
         pg_loss, pg_metrics = self.policy_loss_fn(logprobs, old, micro.advantages, mask, c.algorithm,
                                                   rollout_log_probs=micro.rollout_logprobs)
         loss = pg_loss
+        kl_loss = None
         if c.use_kl_loss:
             kl_loss = reduce_loss(kl_penalty(logprobs, micro.ref_logprobs, c.kl_estimator), mask, c.loss_reduction)
             loss = loss + c.kl_loss_coef * kl_loss
-            sums["kl_loss"] += kl_loss.item()
         if c.use_entropy_loss:
             loss = loss - c.entropy_loss_coef * reduce_loss(entropy, mask, c.loss_reduction)
-        loss_value = check_loss(loss, "policy loss", c.nonfinite_loss)
-        if loss_value is None:
+        # every number this micro-batch reports, read from the device in one sync
+        entropy_mean = masked_mean(entropy.detach(), mask)
+        zero = loss.new_zeros(())
+        loss_value, pg_value, kl_value, entropy_value, tokens = torch.stack(
+            [t.detach().float().reshape(()) for t in (loss, pg_loss, kl_loss if kl_loss is not None else zero,
+                                                       entropy_mean, mask.sum())]).tolist()
+        if not self.check_loss(loss_value, "policy loss", c.nonfinite_loss):
             return False
         loss.backward()
-        tokens = float(mask.sum())
-        sums["policy_loss"] += pg_loss.item()
+        sums["policy_loss"] += pg_value
         sums["final_loss"] += loss_value
-        sums["entropy_tokens"] += float(masked_mean(entropy.detach(), mask)) * tokens
+        sums["kl_loss"] += kl_value
+        sums["entropy_tokens"] += entropy_value * tokens
         for key, value in pg_metrics.items():
             if key.endswith("_max"):
                 loss_sums[key] = max(loss_sums.get(key, float("-inf")), float(value))

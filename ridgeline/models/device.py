@@ -1,0 +1,62 @@
+"""The device a process trains and generates on (`trainer.device`), and what it reports of memory.
+
+Devices always carry an index (`cuda:0`, never a bare `cuda`): a bare CUDA device asks the driver
+for its current index, which a CPU-only build (and FakeTensorMode on it) cannot answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+
+import torch
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
+
+
+def resolve_device(name: str) -> torch.device:
+    """`trainer.device` -> a torch device: `auto` is this process's CUDA device when CUDA is
+    available (SkyRL configs never name a device, so a GPU machine must get its GPU), else the CPU;
+    `cuda` is the current CUDA device (the one `LOCAL_RANK` selected on a rank); `cuda:N` is GPU N.
+    A CUDA device on a machine without CUDA is refused with the key named."""
+    name = str(name).strip().lower()
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.device={name} but CUDA is not available here (torch {torch.__version__}, "
+                             f"built with CUDA {torch.version.cuda}). Fix: trainer.device=auto or cpu, or "
+                             "install a CUDA build of PyTorch on a machine with a GPU")
+        index = torch.cuda.current_device() if name == "cuda" else int(name.split(":", 1)[1])
+        if not 0 <= index < torch.cuda.device_count():
+            raise ValueError(f"trainer.device={name}: this machine has {torch.cuda.device_count()} GPU(s)")
+        return torch.device("cuda", index)
+    raise ValueError(f"trainer.device={name!r} is not a device: one of {', '.join(DEVICE_CHOICES)}")
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Autocast to `dtype` on `device` (nothing for fp32 or None, and nothing on devices autocast
+    does not know, e.g. `meta` in the placement tests)."""
+    if dtype is None or dtype == torch.float32 or device.type not in ("cpu", "cuda"):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously: timings need it)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """`memory/peak_rss_gib` (this process's peak resident memory; Linux reports KiB) and, on
+    CUDA, `memory/peak_gpu_gib` (the peak of tensors allocated since the last call, which resets
+    it: one figure per step) and `memory/reserved_gpu_gib` (what the caching allocator holds)."""
+    metrics = {"memory/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if device.type == "cuda":
+        metrics["memory/peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        metrics["memory/reserved_gpu_gib"] = torch.cuda.memory_reserved(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+    return metrics
