@@ -26,9 +26,9 @@ EPOCHS = ["+experiment=tiny", "data.prepare.num_train=32", "data.prepare.num_val
 
 
 def comparable(rows: list[dict]) -> list[dict]:
-    """Metrics rows without the wall-clock ones (timings, throughput)."""
+    """Metrics rows without the measured ones (timings, throughput, process memory)."""
     return [{k: v for k, v in row.items()
-             if not k.startswith(("timing/", "throughput/")) and not k.endswith("_seconds")} for row in rows]
+             if not k.startswith(("timing/", "throughput/", "memory/")) and not k.endswith("_seconds")} for row in rows]
 
 
 def read_rows(run_dir: Path) -> list[dict]:
