@@ -356,10 +356,6 @@ def test_batches_argument_errors(ten_rows) -> None:
         ten_rows.batches(0, seed=0, epoch=0)
 
 
-def test_eval_batches_file_order(ten_rows) -> None:
-    assert ids(ten_rows.eval_batches(4)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-
-
 # --- length filter --------------------------------------------------------------------------
 
 

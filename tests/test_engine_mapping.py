@@ -25,7 +25,6 @@ from ridgeline.inference.library_engine import (
     engine_torch_dtype,
     eos_token_ids,
     max_model_len,
-    request_seeds,
     tensor_batches,
 )
 from ridgeline.inference.vllm_engine import (
@@ -143,14 +142,6 @@ def test_vllm_sampling_params():
     }
     assert vllm_sampling_params(SamplingParams(top_k=20), (), None)["top_k"] == 20
     assert vllm_sampling_params(SamplingParams(), (), None)["seed"] is None
-
-
-def test_request_seeds_are_reproducible_and_distinct():
-    assert request_seeds(None, 3) == [None, None, None]
-    seeds = request_seeds(5, 64)
-    assert seeds == request_seeds(5, 64) and len(set(seeds)) == 64
-    assert seeds != request_seeds(6, 64)
-    assert all(0 <= s < 2 ** 63 for s in seeds)
 
 
 def test_context_longer_than_the_model_is_refused(tmp_path):

@@ -9,18 +9,21 @@ from pathlib import Path
 import pytest
 
 from ridgeline.entrypoints import eval as eval_cli
-from ridgeline.generation.types import GeneratorOutput
+from ridgeline.generation.types import GeneratorOutput, TrajectoryID
 from ridgeline.trainer.evaluation import (METRICS_FILE, RESULTS_FILE, EvalAccumulator, pass_at_k,
                                           reported_ks)
 
 
-def output(rewards, metadata=None, stop="stop"):
-    """A GeneratorOutput with these rewards (one trajectory each) and 3-token responses."""
+def output(rewards, metadata=None, stop="stop", uids=None):
+    """A GeneratorOutput with these rewards (one trajectory each) and 3-token responses; without
+    uids every trajectory is a prompt of its own."""
     size = len(rewards)
+    uids = list(uids) if uids is not None else [f"p{i}" for i in range(size)]
     return GeneratorOutput(
         prompt_token_ids=[[1]] * size, response_ids=[[5, 6, 7]] * size, rewards=list(rewards),
         loss_masks=[[1, 1, 1]] * size, stop_reasons=[stop] * size, rollout_logprobs=[[0.0] * 3] * size,
         responses=[f"answer {i}" for i in range(size)],
+        trajectory_ids=[TrajectoryID(uid, uids[:i].count(uid)) for i, uid in enumerate(uids)],
         step_metadata=list(metadata) if metadata is not None else [{} for _ in range(size)])
 
 
@@ -55,10 +58,9 @@ def test_sources_are_reported_separately_and_together():
     acc = EvalAccumulator()
     # batch 1: two prompts of "arith" with 4 samples each; batch 2: one "openai/gsm8k" prompt.
     # Batch 2 reuses the uid "0-eval-0" as the trainer does: uids group within a call only.
-    acc.add(["arith"] * 8, [prompt("p1")] * 4 + [prompt("p2")] * 4, output([1, 0, 0, 0, 0, 0, 0, 0]),
-            ["5"] * 8, uids=["0-eval-0"] * 4 + ["0-eval-1"] * 4)
-    acc.add(["openai/gsm8k"] * 4, [prompt("p3")] * 4, output([1.0, 1.0, 0.5, 1.0]), ["7"] * 4,
-            uids=["0-eval-0"] * 4)
+    acc.add(["arith"] * 8, [prompt("p1")] * 4 + [prompt("p2")] * 4,
+            output([1, 0, 0, 0, 0, 0, 0, 0], uids=["0-eval-0"] * 4 + ["0-eval-1"] * 4), ["5"] * 8)
+    acc.add(["openai/gsm8k"] * 4, [prompt("p3")] * 4, output([1.0, 1.0, 0.5, 1.0], uids=["0-eval-0"] * 4), ["7"] * 4)
     m = acc.metrics()
     # arith: c = 1 of 4 and c = 0 of 4
     assert m["eval/arith/pass_at_1"] == pytest.approx((0.25 + 0) / 2)
@@ -80,8 +82,8 @@ def test_sources_are_reported_separately_and_together():
         [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
 
 
-def test_without_uids_every_sample_is_a_prompt():
-    """What `Trainer.evaluate` gets until it passes uids: the keys it always had, pass@1 unchanged."""
+def test_samples_with_uids_of_their_own_are_prompts_of_their_own():
+    """One sample per prompt: no pass@k beyond 1."""
     acc = EvalAccumulator()
     acc.add(["arith"] * 4, [prompt("p")] * 4, output([1, 0, 0, 0]), ["5"] * 4)
     m = acc.metrics()
@@ -92,8 +94,8 @@ def test_without_uids_every_sample_is_a_prompt():
 
 def test_per_token_rewards_are_summed():
     acc = EvalAccumulator()
-    acc.add(["multi"] * 3, [prompt("p")] * 3, output([[0.0, 0.0, 1.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.0]]),
-            [None] * 3, uids=["a", "a", "a"])
+    acc.add(["multi"] * 3, [prompt("p")] * 3,
+            output([[0.0, 0.0, 1.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.0]], uids=["a", "a", "a"]), [None] * 3)
     m = acc.metrics()
     assert [r["reward"] for r in acc.records] == [1.0, 1.0, 0.5]
     assert [r["passed"] for r in acc.records] == [True, True, False]
@@ -108,8 +110,8 @@ def test_dump_writes_every_sample_and_the_metrics(tmp_path):
     metadata = [{"parsed": "5", "ground_truth": "5"}, {"parsed": "4", "ground_truth": "5"},
                 {"parsed": None, "ground_truth": "9"}]
     # the third row has no ground truth in its reward_spec: the env's metadata supplies it
-    acc.add(["arith"] * 3, [prompt("2+3"), prompt("2+3"), prompt("4+5")], output([1.0, 0.5, 0.0], metadata, "length"),
-            ["5", "5", None], uids=[0, 0, 1])
+    acc.add(["arith"] * 3, [prompt("2+3"), prompt("2+3"), prompt("4+5")],
+            output([1.0, 0.5, 0.0], metadata, "length", uids=["0", "0", "1"]), ["5", "5", None])
     folder = tmp_path / "dumped_eval" / "global_step_3_eval_results"
     path = acc.dump(folder, extra_metrics={"timing/eval": 1.5})
     assert path == folder / RESULTS_FILE
@@ -130,8 +132,8 @@ def test_outputs_without_step_metadata_dump_parsed_as_none(tmp_path):
     out.step_metadata = []
     acc.add(["arith"], [prompt("p")], out, ["1"])
     assert acc.records[0]["parsed"] is None and acc.records[0]["ground_truth"] == "1"
-    with pytest.raises(ValueError, match="uids"):
-        acc.add(["arith"], [prompt("p")], out, ["1"], uids=["a", "b"])
+    with pytest.raises(ValueError, match="2 data sources for 1 trajectories"):
+        acc.add(["arith"] * 2, [prompt("p")] * 2, out, ["1"] * 2)
 
 
 # ------------------------------------------------------------------------------------ ridgeline eval
@@ -230,6 +232,25 @@ def test_eval_of_a_saved_folder_scores_the_same_model(tmp_path):
     assert runs["path"] == runs["tiny"] and runs["checkpoint"] == runs["tiny"]
     assert runs["other"] != runs["tiny"]  # so the equalities above can fail
     assert str(saved) in (tmp_path / "checkpoint" / "config.yaml").read_text()
+
+
+def test_eval_zeroes_truncated_rewards_and_never_penalises_length(tmp_path):
+    """The truncation policy's eval rule: zero_reward_on_non_stop applies, DAPO's length penalty
+    (a training signal) does not."""
+    base = tiny(tmp_path, SAMPLED, "generator.eval_n_samples_per_prompt=4")
+    runs = {}
+    for name, extra in [("plain", []), ("strict", ["generator.zero_reward_on_non_stop=true",
+                                                   "trainer.algorithm.overlong_buffer_len=2"])]:
+        assert eval_cli.main([*base, *extra, "--output", str(tmp_path / name)]) == 0
+        runs[name] = read_results(tmp_path / name)
+    plain, strict = runs["plain"], runs["strict"]
+    assert [r["response"] for r in strict] == [r["response"] for r in plain]
+    for a, b in zip(plain, strict):
+        assert b["reward"] == (a["reward"] if a["stop_reason"] == "stop" else 0.0)
+    # so the equalities above can fail: a truncated response with a reward, and a stopped one
+    # longer than max_generate_length 4 - buffer 2 tokens, which a penalty would have cost
+    assert any(r["stop_reason"] != "stop" and r["reward"] > 0 for r in plain)
+    assert any(r["stop_reason"] == "stop" and r["num_tokens"] > 2 for r in plain)
 
 
 def test_eval_of_bare_safetensors_weights(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from ridgeline.envs import SingleTurnEnv, register
 from ridgeline.generation.generator import SingleTurnGenerator
+from ridgeline.generation.truncation import TruncationPolicy, apply_truncation_policy
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.types import SamplingParams
@@ -58,19 +59,31 @@ def test_a_raising_or_nan_environment_costs_only_its_trajectory(tiny_model, tiny
 
 
 def test_zero_reward_on_non_stop(tiny_model, tiny_tokenizer):
+    """The generator keeps the environment's reward of a truncated response; the truncation
+    policy's first rule zeroes it."""
     settings = {"arithmetic": {"format_score": 1.0, "correct_score": 1.0}}
-    engine = HFEngine(tiny_model, tiny_tokenizer)
-    plain = SingleTurnGenerator(engine, tiny_tokenizer, env_settings=settings)
-    strict = SingleTurnGenerator(engine, tiny_tokenizer, env_settings=settings, zero_reward_on_non_stop=True)
-    inp = _input(["arithmetic"] * 8, max_tokens=2)
-    loose_out, strict_out = plain.generate(inp, seed=5), strict.generate(inp, seed=5)
-    assert loose_out.response_ids == strict_out.response_ids
-    for reason, loose, tight in zip(strict_out.stop_reasons, loose_out.rewards, strict_out.rewards):
+    gen = SingleTurnGenerator(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, env_settings=settings)
+    out = gen.generate(_input(["arithmetic"] * 8, max_tokens=2), seed=5)
+    strict = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards, out.loss_masks,
+                                     TruncationPolicy(zero_reward_on_non_stop=True), training=False)
+    for reason, loose, tight in zip(out.stop_reasons, out.rewards, strict.rewards):
         assert tight == (loose if reason == "stop" else 0.0)
-    assert strict_out.metrics["generate/zeroed_non_stop"] == sum(
-        r != "stop" and x != 0 for r, x in zip(strict_out.stop_reasons, loose_out.rewards))
-    if not any(r != "stop" and x != 0 for r, x in zip(strict_out.stop_reasons, loose_out.rewards)):
+    assert strict.metrics["generate/zeroed_non_stop"] == sum(
+        r != "stop" and x != 0 for r, x in zip(out.stop_reasons, out.rewards))
+    if not any(r != "stop" and x != 0 for r, x in zip(out.stop_reasons, out.rewards)):
         pytest.fail("test input produced no truncated rewarded response; pick another seed")
+
+
+def test_outputs_carry_their_trajectory_ids(tiny_model, tiny_tokenizer):
+    gen = SingleTurnGenerator(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer)
+    inp = _input(["arithmetic"] * 3)
+    inp.trajectory_ids = [TrajectoryID("b", 0), TrajectoryID("a", 0), TrajectoryID("a", 1)]
+    out = gen.generate(inp, seed=0)
+    assert out.trajectory_ids == inp.trajectory_ids and out.uids == ["b", "a", "a"]
+    assert out.select([2, 0]).trajectory_ids == [TrajectoryID("a", 1), TrajectoryID("b", 0)]
+    inp.trajectory_ids = inp.trajectory_ids[:2]
+    with pytest.raises(ValueError, match="2 trajectory_ids for 3 prompts"):
+        gen.generate(inp, seed=0)
 
 
 def test_each_distinct_prompt_is_chat_templated_once_per_batch(tiny_model, tiny_tokenizer):

@@ -14,6 +14,7 @@ from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.types import SamplingParams
+from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import build_training_batch
 
 
@@ -62,10 +63,12 @@ class RecordingEngine(HFEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[list, list]] = []
+        self.seeds: list[int | None] = []
 
     def generate(self, requests, seed=None):
         outputs = super().generate(requests, seed=seed)
         self.calls.append(([list(r.prompt_token_ids) for r in requests], outputs))
+        self.seeds.append(seed)
         return outputs
 
 
@@ -160,6 +163,8 @@ def test_generator_max_turns_caps_the_loop(tiny_model, tiny_tokenizer):
     engine, gen = _generator(tiny_model, tiny_tokenizer, max_turns=2)
     out = gen.generate(_input(["test_counting"]), seed=0)
     assert len(engine.calls) == 2 and out.metrics["generate/avg_turns"] == 2.0
+    # every turn samples with a seed of its own
+    assert engine.seeds == [derive_seed(0, "turn", 0), derive_seed(0, "turn", 1)]
     # the env was built with the generator's max_turns, so it knew turn 2 was its last
     assert sum(out.rewards[0]) == pytest.approx(0.1 + 0.2)
 

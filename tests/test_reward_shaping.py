@@ -12,9 +12,8 @@ import torch
 from ridgeline.algorithms.kl_control import (AdaptiveKLController, FixedKLController, build_kl_controller,
                                              kl_penalized_rewards)
 from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_punishment
-from ridgeline.generation.types import GeneratorOutput
-from ridgeline.trainer.dynamic_sampling import (Rollout, filter_rollout, first_groups, replace_rollout,
-                                                signal_groups)
+from ridgeline.generation.types import GeneratorOutput, TrajectoryID
+from ridgeline.trainer.dynamic_sampling import filter_rollout, first_groups, num_groups, replace_rollout, signal_groups
 
 
 # ------------------------------------------------------------------------------ KL controllers
@@ -102,15 +101,14 @@ def test_running_reward_std_leaves_constant_rewards_alone() -> None:
 
 
 # ------------------------------------------------------------------------------ dynamic sampling
-def _rollout(groups: dict[str, list[float]]) -> Rollout:
-    uids = [uid for uid, rewards in groups.items() for _ in rewards]
+def _rollout(groups: dict[str, list[float]]) -> GeneratorOutput:
+    ids = [TrajectoryID(uid, k) for uid, rewards in groups.items() for k in range(len(rewards))]
     rewards = [r for rs in groups.values() for r in rs]
     k = len(rewards)
-    out = GeneratorOutput(prompt_token_ids=[[i] for i in range(k)], response_ids=[[100 + i] for i in range(k)],
-                          rewards=rewards, loss_masks=[[1]] * k, stop_reasons=["stop"] * k,
-                          rollout_logprobs=[[-0.1]] * k, responses=[f"r{i}" for i in range(k)],
-                          metrics={"generate/env_errors": 1.0})
-    return Rollout(out, uids)
+    return GeneratorOutput(prompt_token_ids=[[i] for i in range(k)], response_ids=[[100 + i] for i in range(k)],
+                           rewards=rewards, loss_masks=[[1]] * k, stop_reasons=["stop"] * k,
+                           rollout_logprobs=[[-0.1]] * k, responses=[f"r{i}" for i in range(k)], trajectory_ids=ids,
+                           metrics={"generate/env_errors": 1.0})
 
 
 def test_signal_groups() -> None:
@@ -124,30 +122,33 @@ def test_filter_keeps_whole_signal_groups_in_order() -> None:
     rollout = _rollout({"a": [1.0, 1.0], "b": [0.0, 1.0], "c": [0.0, 0.0], "d": [0.5, 0.0]})
     kept = filter_rollout(rollout)
     assert kept.uids == ["b", "b", "d", "d"]
-    assert kept.output.rewards == [0.0, 1.0, 0.5, 0.0]
-    assert kept.output.response_ids == [[102], [103], [106], [107]]
+    assert kept.trajectory_ids == [TrajectoryID("b", 0), TrajectoryID("b", 1), TrajectoryID("d", 0), TrajectoryID("d", 1)]
+    assert kept.rewards == [0.0, 1.0, 0.5, 0.0]
+    assert kept.response_ids == [[102], [103], [106], [107]]
     assert first_groups(kept, 1).uids == ["b", "b"]
 
 
 def test_concat_sums_metrics() -> None:
-    both = Rollout.concat([_rollout({"a": [1.0, 0.0]}), _rollout({"b": [0.0, 1.0]})])
-    assert both.uids == ["a", "a", "b", "b"] and both.num_groups == 2
-    assert both.output.metrics["generate/env_errors"] == 2.0
-    assert len(both.output) == 4
+    both = GeneratorOutput.concat([_rollout({"a": [1.0, 0.0]}), _rollout({"b": [0.0, 1.0]})])
+    assert both.uids == ["a", "a", "b", "b"] and num_groups(both) == 2
+    assert both.metrics["generate/env_errors"] == 2.0
+    assert len(both) == 4
 
 
 def test_replace_copies_signal_groups_under_fresh_ids() -> None:
     rollout = _rollout({"a": [1.0, 0.0], "b": [1.0, 1.0], "c": [0.0, 1.0], "d": [0.0, 0.0]})
     replaced, copies = replace_rollout(rollout, min_replace_ratio=0.5, rng=random.Random(0))
     assert copies == 2
-    assert replaced.num_groups == 4 and len(replaced.output) == 8
+    assert num_groups(replaced) == 4 and len(replaced) == 8
     assert replaced.uids[:2] == ["a", "a"] and replaced.uids[4:6] == ["c", "c"]
     for position in (2, 6):  # b and d became copies of a or c, with their rewards
         uid = replaced.uids[position]
         source = uid.split("#copy")[0]
-        assert "#copy" in uid and source in {"a", "c"}
-        assert replaced.output.rewards[position:position + 2] == rollout.output.rewards[
+        assert "#copy" in uid and source in {"a", "c"} and replaced.uids[position + 1] == uid
+        assert [t.repetition for t in replaced.trajectory_ids[position:position + 2]] == [0, 1]
+        assert replaced.rewards[position:position + 2] == rollout.rewards[
             rollout.uids.index(source):rollout.uids.index(source) + 2]
+    assert rollout.uids == ["a", "a", "b", "b", "c", "c", "d", "d"]  # the input is left as it is
 
 
 def test_replace_leaves_batch_when_too_few_groups_have_signal() -> None:

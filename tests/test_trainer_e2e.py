@@ -121,6 +121,30 @@ def test_overlong_filtering_drops_truncated_responses_from_the_loss(tmp_path):
     assert torch.equal(batch.loss_mask.sum(-1) > 0, stopped)
 
 
+def test_rollouts_are_a_function_of_the_seed_and_the_step(tmp_path):
+    """Generation seeds and dynamic sampling's further prompts derive from (trainer.seed, step,
+    round): a second trainer of the same config collects the same rollout, another step does not."""
+    from ridgeline.trainer.trainer import Trainer
+
+    def collect(name, step):
+        cfg = load_config(tiny_overrides(tmp_path / name, "data.prepare.num_train=16", "trainer.eval_before_train=false",
+                                         "trainer.algorithm.dynamic_sampling.type=filter",
+                                         "trainer.algorithm.dynamic_sampling.max_sample_batches=3",
+                                         "generator.n_samples_per_prompt=2", "trainer.micro_train_batch_size_per_gpu=32",
+                                         "trainer.micro_forward_batch_size_per_gpu=32"))
+        trainer = Trainer.from_config(cfg)
+        rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
+        trainer.run.global_step = step
+        out, metrics = trainer.collect_rollout(rows)
+        return (out.trajectory_ids, out.response_ids, out.rewards), metrics
+
+    first, metrics = collect("a", 1)
+    again, _ = collect("b", 1)
+    later, _ = collect("c", 2)
+    assert first == again and first[1] != later[1]
+    assert metrics["dynamic_sampling/sample_batches"] > 1  # the further rounds and their prompts were drawn too
+
+
 @pytest.mark.parametrize("overrides", [
     ["trainer.algorithm.advantage_estimator=rloo"],
     ["trainer.algorithm.advantage_estimator=reinforce++", "trainer.algorithm.gamma=0.9"],

@@ -214,11 +214,6 @@ class PromptDataset(Sequence[PromptRow]):
         _epoch_rng(seed, epoch).shuffle(order)
         return self._chunks(order, batch_size, drop_last, skip_batches)
 
-    def eval_batches(self, batch_size: int) -> Iterator[list[PromptRow]]:
-        """Batches in file order, keeping the final partial batch."""
-        _check_batch_size(batch_size)
-        return self._chunks(range(len(self._rows)), batch_size, False, 0)
-
     def _chunks(
         self, order: Sequence[int], batch_size: int, drop_last: bool, skip_batches: int
     ) -> Iterator[list[PromptRow]]:

@@ -37,6 +37,7 @@ from ridgeline.inference.types import EngineOutput, EngineRequest
 from ridgeline.inference.weight_transport import usable_backend
 from ridgeline.models.device import resolve_device
 from ridgeline.models.loading import DTYPES, load_tokenizer
+from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import TrainingBatch, rank_rows
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype)
@@ -319,7 +320,8 @@ class RayEngineGroup:
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
         k = len(self.actors)
         bounds = [len(requests) * i // k for i in range(k + 1)]
-        refs = [a.generate.remote(requests[lo:hi], None if seed is None else seed + 7_919 * i)
+        # one engine samples exactly what the embedded engine would; several get a seed each
+        refs = [a.generate.remote(requests[lo:hi], seed if seed is None or k == 1 else derive_seed(seed, "engine", i))
                 for i, (a, lo, hi) in enumerate(zip(self.actors, bounds, bounds[1:])) if hi > lo]
         return [out for part in self.ray.get(refs) for out in part]
 

@@ -27,7 +27,6 @@ import argparse
 import logging
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,10 +140,9 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     from omegaconf import OmegaConf
 
     from ridgeline.inference.hf_engine import HFEngine
-    from ridgeline.inference.types import SamplingParams
-    from ridgeline.trainer.evaluation import EvalAccumulator
-    from ridgeline.trainer.builders import (build_generator, generator_input, load_environments,
-                                            prepare_data_if_missing, seed_everything)
+    from ridgeline.trainer.builders import (build_generator, load_environments, prepare_data_if_missing,
+                                            seed_everything)
+    from ridgeline.trainer.evaluation import run_eval
 
     t, g = cfg.trainer, cfg.generator
     seed_everything(t.seed)
@@ -163,24 +161,8 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     env_override = load_environments(cfg.environment)
     generator = build_generator(cfg, engine, tokenizer)
 
-    t0 = time.perf_counter()
-    acc = EvalAccumulator()
-    params = SamplingParams.from_config(g.eval_sampling_params)
-    n = g.eval_n_samples_per_prompt
-    batch_size = t.eval_batch_size
-    num_batches = -(-len(labelled) // batch_size)
-    for b, start in enumerate(range(0, len(labelled), batch_size)):
-        batch = labelled[start:start + batch_size]
-        inp = generator_input([row for _, row in batch], n, params, uid_prefix=f"eval{b}", mode="eval",
-                              env_override=env_override)
-        out = generator.generate(inp, seed=t.seed)
-        picked = [item for item in batch for _ in range(n)]
-        acc.add([label for label, _ in picked], [row.prompt for _, row in picked], out,
-                [row.reward_spec.get("ground_truth") if row.reward_spec else None for _, row in picked],
-                uids=[tid.uid for tid in inp.trajectory_ids])
-        log.info("eval batch %d/%d: %d prompts x %d samples", b + 1, num_batches, len(batch), n)
-    seconds = time.perf_counter() - t0
-
+    metrics, acc = run_eval(generator, labelled, cfg, env_override=env_override)
+    seconds = metrics["timing/eval"]
     engine.close()
     results = acc.dump(output, extra_metrics={"timing/eval": seconds})
     OmegaConf.save(cfg, output / "config.yaml")

@@ -22,7 +22,10 @@ Rewards: a single-turn trajectory gets its step's reward as one number. A multi-
 per-token reward list with each step's reward on the last token the model sampled in that turn.
 Environment calls run concurrently with a time limit (`EnvRunner`); one that raises, hangs or
 returns junk costs its trajectory the reward (0), is counted, and is logged once with its
-traceback; the run goes on.
+traceback; the run goes on. A truncated trajectory (stop reason "length") keeps its
+environment's reward here: what truncation costs is decided by `generation.truncation`.
+
+Seeds: turn t samples with `derive_seed(seed, "turn", t)`, so no two turns share one.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ridgeline.data import chat_template_ids, encode_chat_prompt
 from ridgeline.generation.env_steps import EnvCallFailure, EnvRunner
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward
 from ridgeline.inference.types import EngineOutput, EngineRequest, InferenceEngine
+from ridgeline.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +105,11 @@ class Generator:
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, *,
-                 env_settings: dict[str, dict[str, Any]] | None = None, zero_reward_on_non_stop: bool = False,
-                 max_turns: int = 1, max_input_length: int | None = None, conversation_mode: bool = False,
-                 runner: EnvRunner | None = None):
+                 env_settings: dict[str, dict[str, Any]] | None = None, max_turns: int = 1,
+                 max_input_length: int | None = None, conversation_mode: bool = False, runner: EnvRunner | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.env_settings = env_settings or {}
-        self.zero_reward_on_non_stop = zero_reward_on_non_stop
         self.max_turns = max_turns
         self.max_input_length = max_input_length
         self.conversation_mode = conversation_mode
@@ -120,6 +122,8 @@ class Generator:
 
     # ------------------------------------------------------------------------------ the loop
     def generate(self, inp: GeneratorInput, seed: int | None = None) -> GeneratorOutput:
+        if len(inp.trajectory_ids) != len(inp.prompts):
+            raise ValueError(f"GeneratorInput: {len(inp.trajectory_ids)} trajectory_ids for {len(inp.prompts)} prompts")
         t0 = time.perf_counter()
         counts: dict[str, float] = defaultdict(float)
         trajectories = self._start(inp, counts)
@@ -131,7 +135,7 @@ class Generator:
             t_engine = time.perf_counter()
             results = self.engine.generate(
                 [EngineRequest(t.prompt_ids + t.response_ids, inp.sampling_params) for t in live],
-                seed=None if seed is None else seed + 7_919 * turn)
+                seed=None if seed is None else derive_seed(seed, "turn", turn))
             engine_seconds += time.perf_counter() - t_engine
             texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
             for traj, result, text in zip(live, results, texts):
@@ -200,14 +204,8 @@ class Generator:
 
     def _finish(self, inp: GeneratorInput, trajectories: list[Trajectory], counts: dict[str, float],
                 engine_seconds: float, total_seconds: float) -> GeneratorOutput:
-        rewards: list[Reward] = []
         env_metrics: dict[str, list[dict[str, float]]] = defaultdict(list)
         for traj in trajectories:
-            reward = traj.reward()
-            if self.zero_reward_on_non_stop and traj.stop_reason != "stop" and _nonzero(reward):
-                counts["zeroed_non_stop"] += 1
-                reward = _zeroed(reward)
-            rewards.append(reward)
             if traj.env is not None:
                 metrics = self._episode_metrics(traj, counts)
                 if metrics is not None:
@@ -220,7 +218,6 @@ class Generator:
         metrics = {
             "generate/env_errors": counts["error"] + counts["bad_output"],
             "generate/env_timeouts": counts["timeout"],
-            "generate/zeroed_non_stop": counts["zeroed_non_stop"],
             "generate/context_full": counts["context_full"],
             "generate/avg_turns": sum(t.turns for t in trajectories) / max(1, len(trajectories)),
             "generate/engine_seconds": engine_seconds,
@@ -235,11 +232,12 @@ class Generator:
         return GeneratorOutput(
             prompt_token_ids=[t.prompt_ids for t in trajectories],
             response_ids=[t.response_ids for t in trajectories],
-            rewards=rewards,
+            rewards=[t.reward() for t in trajectories],
             loss_masks=[t.loss_mask for t in trajectories],
             stop_reasons=[t.stop_reason for t in trajectories],  # type: ignore[misc]
             rollout_logprobs=[t.logprobs for t in trajectories],
             responses=[t.text for t in trajectories],
+            trajectory_ids=list(inp.trajectory_ids),
             metrics=metrics,
             step_metadata=[t.last_metadata for t in trajectories],
         )
@@ -325,14 +323,6 @@ def _finite(value: Any) -> bool:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
-
-
-def _nonzero(reward: Reward) -> bool:
-    return any(r != 0.0 for r in reward) if isinstance(reward, list) else reward != 0.0
-
-
-def _zeroed(reward: Reward) -> Reward:
-    return [0.0] * len(reward) if isinstance(reward, list) else 0.0
 
 
 __all__ = ["Generator", "SingleTurnGenerator", "Trajectory"]

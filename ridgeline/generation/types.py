@@ -55,7 +55,10 @@ class GeneratorOutput:
     response_ids holds everything after the prompt: the model's tokens of every turn and, in
     between, the environment's observation tokens; loss_masks is 1 on the former and 0 on the
     latter, and rollout_logprobs holds the engine's logprob of each model token (0.0 on observation
-    tokens), so all three line up with response_ids position by position."""
+    tokens), so all three line up with response_ids position by position.
+
+    trajectory_ids are the input's, row for row: consumers group samples by `uids` from here,
+    never by re-pairing the output with the input it came from."""
     prompt_token_ids: list[list[int]]
     response_ids: list[list[int]]
     rewards: list[Reward]
@@ -63,12 +66,18 @@ class GeneratorOutput:
     stop_reasons: list[StopReason]
     rollout_logprobs: list[list[float]]
     responses: list[str]
+    trajectory_ids: list[TrajectoryID]
     metrics: dict[str, float] = field(default_factory=dict)
     # the metadata of each trajectory's last environment step (e.g. {"parsed": "42"}), for eval dumps
     step_metadata: list[dict[str, Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    @property
+    def uids(self) -> list[str]:
+        """The group (prompt) id of each row."""
+        return [tid.uid for tid in self.trajectory_ids]
 
     def select(self, rows: list[int]) -> "GeneratorOutput":
         """These trajectories, in this order (a row may repeat); metrics are kept as they are."""

@@ -5,7 +5,6 @@ context-length rule is explained in `ridgeline.inference.vllm_engine`'s docstrin
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -66,15 +65,6 @@ def policy_model_folder(cfg: DictConfig) -> str:
     from ridgeline.models.loading import engine_model_folder, policy_spec
 
     return engine_model_folder(policy_spec(cfg))
-
-
-def request_seeds(seed: int | None, n: int) -> list[int | None]:
-    """One sampling seed per request, all drawn from `seed`: a batch is reproducible, and the
-    samples of one prompt (GRPO sends it n_samples_per_prompt times) still differ."""
-    if seed is None:
-        return [None] * n
-    rng = random.Random(seed)
-    return [rng.getrandbits(63) for _ in range(n)]
 
 
 def eos_token_ids(folder: str, tokenizer=None) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ import torch
 from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port, usable_backend
 from ridgeline.inference.launch import WORKER_EXTENSION
 from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest
+from ridgeline.seeding import request_seeds
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +162,10 @@ class RemoteEngine:
     def generate(self, requests_: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
         if not requests_:
             return []
+        # every sample gets a seed of its own, so a batch is reproducible with a seed and its
+        # samples still differ without one
         base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
-        seeds = [base + i for i in range(len(requests_))]
+        seeds = request_seeds(base, len(requests_))
         slices = spread(len(requests_), len(self.urls))
         if self.settings.api == "openai":
             jobs = [(self.urls[s], self.model_names[s], requests_[i], seeds[i])

@@ -47,6 +47,7 @@ import torch
 from omegaconf import DictConfig
 
 from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest, SamplingParams, StopReason
+from ridgeline.seeding import request_seeds
 from ridgeline.inference.library_engine import (
     LibraryEngine,
     engine_init_kwargs,
@@ -55,7 +56,6 @@ from ridgeline.inference.library_engine import (
     missing_package_error,
     model_dtype_name,
     policy_model_folder,
-    request_seeds,
     tensor_batches,
 )
 

@@ -52,11 +52,11 @@ from ridgeline.inference.library_engine import (
     missing_package_error,
     model_dtype_name,
     policy_model_folder,
-    request_seeds,
     tensor_batches,
 )
 from ridgeline.inference.launch import WORKER_EXTENSION
 from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest, SamplingParams, StopReason
+from ridgeline.seeding import request_seeds
 
 log = logging.getLogger(__name__)
 

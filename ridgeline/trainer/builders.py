@@ -15,6 +15,7 @@ from ridgeline.data import (PromptRow, prepare_arithmetic, prepare_code, prepare
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
 from ridgeline.generation.env_steps import EnvRunner
 from ridgeline.generation.generator import Generator
+from ridgeline.generation.truncation import TruncationPolicy
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.loading import cpu_has_fast_bf16, engine_dtype
@@ -25,7 +26,7 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
 __all__ = ["PREPARERS", "build_critic", "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
            "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
            "policy_spec", "policy_train_config", "prepare_data_if_missing", "seed_everything",
-           "training_autocast_dtype"]
+           "training_autocast_dtype", "truncation_policy"]
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,7 @@ def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Gene
     return Generator(
         engine, tokenizer,
         env_settings=OmegaConf.to_container(env.skyrl_gym, resolve=True),
-        zero_reward_on_non_stop=g.zero_reward_on_non_stop, max_turns=g.max_turns,
-        max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
+        max_turns=g.max_turns, max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
         runner=EnvRunner(env.max_env_workers, env.step_timeout_s))
 
 
@@ -81,3 +81,14 @@ def generator_input(rows: list[PromptRow], n: int, params: SamplingParams, *, ui
                           env_classes=[env_override or r.env_class for r in picked],
                           env_extras=[r.extras for r in picked], trajectory_ids=ids,
                           sampling_params=params, global_step=global_step, mode=mode)
+
+
+def truncation_policy(cfg: DictConfig) -> TruncationPolicy:
+    """What truncated trajectories cost (`generation.truncation`), from `generator.*` and the DAPO
+    keys of `trainer.algorithm`."""
+    g, alg = cfg.generator, cfg.trainer.algorithm
+    return TruncationPolicy(zero_reward_on_non_stop=bool(g.zero_reward_on_non_stop),
+                            apply_overlong_filtering=bool(g.apply_overlong_filtering),
+                            overlong_buffer_len=None if alg.overlong_buffer_len is None else int(alg.overlong_buffer_len),
+                            overlong_buffer_penalty_factor=float(alg.overlong_buffer_penalty_factor),
+                            max_generate_length=int(g.sampling_params.max_generate_length))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
 from ridgeline.generation.types import GeneratorOutput, Reward, total_reward
 
@@ -38,34 +38,23 @@ def signal_groups(uids: Sequence[str], rewards: Sequence[Reward]) -> list[str]:
             if len(rows) > 1 and len({total_reward(rewards[r]) for r in rows}) > 1]
 
 
-@dataclass
-class Rollout:
-    """A generator output with the group id (uid) of each of its rows."""
-
-    output: GeneratorOutput
-    uids: list[str]
-
-    @property
-    def num_groups(self) -> int:
-        return len(set(self.uids))
-
-    def keep_groups(self, keep: Sequence[str]) -> "Rollout":
-        rows_of = group_rows(self.uids)
-        rows = [r for uid in keep for r in rows_of[uid]]
-        return Rollout(self.output.select(rows), [self.uids[r] for r in rows])
-
-    @staticmethod
-    def concat(parts: Sequence["Rollout"]) -> "Rollout":
-        return Rollout(GeneratorOutput.concat([p.output for p in parts]),
-                       [uid for p in parts for uid in p.uids])
+def num_groups(out: GeneratorOutput) -> int:
+    return len(set(out.uids))
 
 
-def filter_rollout(rollout: Rollout) -> Rollout:
-    """The groups of `rollout` that carry signal."""
-    return rollout.keep_groups(signal_groups(rollout.uids, rollout.output.rewards))
+def keep_groups(out: GeneratorOutput, keep: Sequence[str]) -> GeneratorOutput:
+    """The rows of these groups, group after group in the order of `keep`."""
+    rows_of = group_rows(out.uids)
+    return out.select([r for uid in keep for r in rows_of[uid]])
 
 
-def replace_rollout(rollout: Rollout, min_replace_ratio: float, rng: random.Random) -> tuple[Rollout, int]:
+def filter_rollout(out: GeneratorOutput) -> GeneratorOutput:
+    """The groups of `out` that carry signal."""
+    return keep_groups(out, signal_groups(out.uids, out.rewards))
+
+
+def replace_rollout(out: GeneratorOutput, min_replace_ratio: float,
+                    rng: random.Random) -> tuple[GeneratorOutput, int]:
     """Replace signal-less groups by copies of random groups with signal, when at least
     `min_replace_ratio` of the groups have signal. Returns the rollout and how many groups were
     replaced (0 when too few groups had signal: the batch is returned as it is).
@@ -73,29 +62,29 @@ def replace_rollout(rollout: Rollout, min_replace_ratio: float, rng: random.Rand
     A copy gets a fresh uid (`<uid>#copy<k>`) so it forms a group of its own: its advantages equal
     those of the original, so in effect the original group counts twice.
     """
-    good = signal_groups(rollout.uids, rollout.output.rewards)
-    all_groups = list(group_rows(rollout.uids))
+    good = signal_groups(out.uids, out.rewards)
+    rows_of = group_rows(out.uids)
     good_set = set(good)
-    bad = [uid for uid in all_groups if uid not in good_set]
-    bad_set = set(bad)
-    if not bad or not good or len(good) < min_replace_ratio * len(all_groups):
-        return rollout, 0
-    rows_of = group_rows(rollout.uids)
+    bad = [uid for uid in rows_of if uid not in good_set]
+    if not bad or not good or len(good) < min_replace_ratio * len(rows_of):
+        return out, 0
     rows: list[int] = []
-    uids: list[str] = []
+    renamed: dict[int, str] = {}   # position in the result -> the copy's uid
     copies = 0
-    for uid in all_groups:
-        if uid not in bad_set:
+    for uid in rows_of:
+        if uid in good_set:
             rows += rows_of[uid]
-            uids += [uid] * len(rows_of[uid])
             continue
         source = rng.choice(good)
         copies += 1
+        renamed.update({len(rows) + k: f"{source}#copy{copies}" for k in range(len(rows_of[source]))})
         rows += rows_of[source]
-        uids += [f"{source}#copy{copies}"] * len(rows_of[source])
-    return Rollout(rollout.output.select(rows), uids), copies
+    picked = out.select(rows)
+    picked.trajectory_ids = [replace(tid, uid=renamed[pos]) if pos in renamed else tid
+                             for pos, tid in enumerate(picked.trajectory_ids)]
+    return picked, copies
 
 
-def first_groups(rollout: Rollout, num_groups: int) -> Rollout:
-    """The first `num_groups` groups (the cut of a `filter` batch that overshot its target)."""
-    return rollout.keep_groups(list(group_rows(rollout.uids))[:num_groups])
+def first_groups(out: GeneratorOutput, count: int) -> GeneratorOutput:
+    """The first `count` groups (the cut of a `filter` batch that overshot its target)."""
+    return keep_groups(out, list(group_rows(out.uids))[:count])

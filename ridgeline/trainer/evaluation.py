@@ -1,4 +1,5 @@
-"""Held-out evaluation: pass@k per data source and over everything, SkyRL's metric names.
+"""Held-out evaluation: the eval loop `Trainer.evaluate` and `ridgeline eval` share (`run_eval`),
+and pass@k per data source and over everything, SkyRL's metric names.
 
 With `generator.eval_n_samples_per_prompt = n` samples per prompt, a prompt with c passing
 samples (reward >= PASS_THRESHOLD) contributes to every source it belongs to and to `all`:
@@ -19,12 +20,24 @@ more variance.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Hashable, Sequence
+from typing import Any, Sequence
 
+from omegaconf import DictConfig
+
+from ridgeline.data import PromptRow
+from ridgeline.generation.generator import Generator
+from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorOutput, total_reward
+from ridgeline.inference.types import SamplingParams
+from ridgeline.seeding import derive_seed
+from ridgeline.trainer.builders import generator_input, truncation_policy
+
+log = logging.getLogger(__name__)
 
 PASS_THRESHOLD = 1.0
 """A trajectory passes when it earns the full reward (>= 1.0), so partial credit such as a
@@ -101,7 +114,7 @@ class EvalAccumulator:
 
     Usage, per generated batch:
 
-        acc.add(data_sources, prompts, out, ground_truths, uids=[t.uid for t in inp.trajectory_ids])
+        acc.add(data_sources, prompts, out, ground_truths)
 
     where every list has one entry per trajectory of `out`.
     """
@@ -111,23 +124,21 @@ class EvalAccumulator:
     _calls: int = 0
 
     def add(self, data_sources: Sequence[str], prompts: Sequence, out: GeneratorOutput,
-            ground_truths: Sequence, uids: Sequence[Hashable] | None = None) -> None:
+            ground_truths: Sequence) -> None:
         """Score one generated batch.
 
-        uids: the prompt (group) id of each trajectory; samples with the same uid are the n
-        samples of one prompt. They group within this call only: a prompt's samples are generated
-        together, and the trainer's ids restart in every eval batch. Without uids every sample
-        counts as its own prompt (pass@1 and avg_score are the same either way; pass@k for k > 1
-        needs the groups).
+        Samples with the same uid (`out.uids`) are the n samples of one prompt. They group within
+        this call only: a prompt's samples are generated together, and a uid may come again in
+        another batch.
         Rewards may be numbers or per-token lists (multi-turn); a trajectory's reward is their sum.
         """
         self._calls += 1
         size = len(data_sources)
-        if uids is not None and len(uids) != size:
-            raise ValueError(f"EvalAccumulator.add: {len(uids)} uids for {size} trajectories")
+        if len(out) != size:
+            raise ValueError(f"EvalAccumulator.add: {size} data sources for {len(out)} trajectories")
+        uids = out.uids
         for i, source in enumerate(data_sources):
-            # the call number scopes a uid to its batch; ("sample", i) can never equal a given uid
-            key = (self._calls, "uid", uids[i]) if uids is not None else (self._calls, "sample", i)
+            key = (self._calls, uids[i])   # the call number scopes a uid to its batch
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = PromptGroup(source, index=len(self.groups))
@@ -169,3 +180,35 @@ class EvalAccumulator:
         metrics = {**self.metrics(), **(extra_metrics or {})}
         (folder / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
         return path
+
+
+# ------------------------------------------------------------------------------------ the eval loop
+def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: DictConfig, *,
+             env_override: str | None = None, global_step: int = 0) -> tuple[dict[str, float], EvalAccumulator]:
+    """Score `rows` ((label, row) pairs: the label is the data source a row is reported under) in
+    batches of `trainer.eval_batch_size`, `generator.eval_n_samples_per_prompt` samples each with
+    `generator.eval_sampling_params`; the truncation policy's eval rule applies
+    (`zero_reward_on_non_stop`). Returns the metrics (`eval/...` and `timing/eval`) and the
+    accumulator holding every sample. `Trainer.evaluate` and `ridgeline eval` both run this.
+
+    Batch b samples with `derive_seed(trainer.seed, "eval", b)`, the same at every step, so evals
+    of successive steps differ by the policy, not by the dice."""
+    t0 = time.perf_counter()
+    params = SamplingParams.from_config(cfg.generator.eval_sampling_params)
+    n = cfg.generator.eval_n_samples_per_prompt
+    batch_size = cfg.trainer.eval_batch_size
+    policy = truncation_policy(cfg)
+    acc = EvalAccumulator()
+    num_batches = -(-len(rows) // batch_size)
+    for b in range(num_batches):
+        batch = rows[b * batch_size:(b + 1) * batch_size]
+        inp = generator_input([row for _, row in batch], n, params, uid_prefix=f"{global_step}-eval{b}", mode="eval",
+                              env_override=env_override, global_step=global_step)
+        out = generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "eval", b))
+        out.rewards = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
+                                              out.loss_masks, policy, training=False).rewards
+        picked = [item for item in batch for _ in range(n)]
+        acc.add([label for label, _ in picked], [row.prompt for _, row in picked], out,
+                [row.reward_spec.get("ground_truth") if row.reward_spec else None for _, row in picked])
+        log.info("eval batch %d/%d: %d prompts x %d samples", b + 1, num_batches, len(batch), n)
+    return {**acc.metrics(), "timing/eval": time.perf_counter() - t0}, acc

@@ -32,16 +32,18 @@ from transformers import PreTrainedTokenizerBase
 from ridgeline.allocator import active_allocator
 from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, count_singleton_groups, whiten_advantages
 from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
-from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_punishment
+from ridgeline.algorithms.reward_shaping import RunningRewardStd
 from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
 from ridgeline.generation.generator import Generator
-from ridgeline.generation.types import GeneratorInput, add_to_final, total_reward
+from ridgeline.generation.truncation import apply_truncation_policy
+from ridgeline.generation.types import GeneratorInput, GeneratorOutput, total_reward
 from ridgeline.inference.build import build_engine
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.device import memory_metrics, resolve_device
 from ridgeline.models.loading import load_tokenizer
+from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import dump_training_batch
 from ridgeline.tracking.report import write_report
@@ -51,9 +53,10 @@ from ridgeline.trainer import checkpoint
 from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
                                         generator_input, load_environments, policy_spec,
-                                        prepare_data_if_missing, seed_everything, training_autocast_dtype)
-from ridgeline.trainer.dynamic_sampling import Rollout, filter_rollout, first_groups, replace_rollout
-from ridgeline.trainer.evaluation import PASS_THRESHOLD, EvalAccumulator
+                                        prepare_data_if_missing, seed_everything, training_autocast_dtype,
+                                        truncation_policy)
+from ridgeline.trainer.dynamic_sampling import filter_rollout, first_groups, num_groups, replace_rollout
+from ridgeline.trainer.evaluation import PASS_THRESHOLD, run_eval
 from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch, data_parallel_rows
 from ridgeline.training.protocols import Workers
@@ -345,26 +348,24 @@ class Trainer:
                                env_override=self.env_override, global_step=self.run.global_step)
 
     # --------------------------------------------------------------------------------- rollout
-    def _generate_train(self, rows: list[PromptRow], round_index: int) -> tuple[Rollout, dict[str, float]]:
-        """Sample n responses per prompt and score them, then apply DAPO's overlong punishment if
-        it is on. The metrics describe what was sampled, with the environment's own rewards."""
-        cfg, alg = self.cfg, self.cfg.trainer.algorithm
+    def _generate_train(self, rows: list[PromptRow], round_index: int) -> tuple[GeneratorOutput, dict[str, float]]:
+        """Sample n responses per prompt and score them, then apply the truncation policy
+        (`generation.truncation`) to rewards and loss masks. The metrics describe what was
+        sampled, with the environment's own rewards, plus what the policy did."""
+        cfg = self.cfg
         n = cfg.generator.n_samples_per_prompt
         params = SamplingParams.from_config(cfg.generator.sampling_params)
         tag = f".{round_index}" if round_index else ""
         inp = self._generator_input(rows, n, params, "train", tag)
-        seed = cfg.trainer.seed * 1_000_003 + self.run.global_step + 7_919 * round_index
-        out = self.generator.generate(inp, seed=seed)
-        uids = [tid.uid for tid in inp.trajectory_ids]
-        metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, uids, n)
-        if alg.overlong_buffer_len:
-            penalties = soft_overlong_punishment([len(r) for r in out.response_ids], params.max_generate_length,
-                                                 alg.overlong_buffer_len, alg.overlong_buffer_penalty_factor)
-            out.rewards = [add_to_final(r, p) for r, p in zip(out.rewards, penalties)]
-            metrics["reward/overlong_penalty_mean"] = sum(penalties) / len(penalties)
-        return Rollout(out, uids), metrics
+        out = self.generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "train", self.run.global_step, round_index))
+        metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, out.uids, n)
+        shaped = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
+                                         out.loss_masks, truncation_policy(cfg), training=True)
+        out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
+        metrics.update(shaped.metrics)
+        return out, metrics
 
-    def collect_rollout(self, rows: list[PromptRow]) -> tuple[Rollout, dict[str, float]]:
+    def collect_rollout(self, rows: list[PromptRow]) -> tuple[GeneratorOutput, dict[str, float]]:
         """The step's trajectories after dynamic sampling, and the metrics of the first generated
         batch (what the policy sampled) plus those of dynamic sampling."""
         ds = self.cfg.trainer.algorithm.dynamic_sampling
@@ -373,9 +374,9 @@ class Trainer:
             return first, metrics
         target = len(rows)
         if ds.type == "replace":
-            rng = random.Random(self.cfg.trainer.seed * 1_000_003 + self.run.global_step)
+            rng = random.Random(derive_seed(self.cfg.trainer.seed, "replace", self.run.global_step))
             rollout, copies = replace_rollout(first, ds.min_replace_ratio, rng)
-            kept = filter_rollout(first).num_groups
+            kept = num_groups(filter_rollout(first))
             if copies == 0 and kept < target:
                 log.warning("dynamic_sampling replace: only %d of %d groups carry signal (below "
                             "min_replace_ratio=%s); the batch is trained as it is", kept, target,
@@ -385,23 +386,24 @@ class Trainer:
             return rollout, metrics
         parts = [filter_rollout(first)]
         batches = 1
-        while sum(p.num_groups for p in parts) < target and batches < ds.max_sample_batches:
+        while sum(num_groups(p) for p in parts) < target and batches < ds.max_sample_batches:
             extra, _ = self._generate_train(self._extra_prompts(target, batches), batches)
             parts.append(filter_rollout(extra))
             batches += 1
-        collected = Rollout.concat(parts)
-        if collected.num_groups < target:
+        collected = GeneratorOutput.concat(parts)
+        groups = num_groups(collected)
+        if groups < target:
             log.warning("dynamic_sampling filter: %d of %d groups with signal after %d batches "
-                        "(max_sample_batches); training on those", collected.num_groups, target, batches)
+                        "(max_sample_batches); training on those", groups, target, batches)
         metrics.update({"dynamic_sampling/sample_batches": float(batches),
-                        "dynamic_sampling/signal_groups": float(min(collected.num_groups, target)),
-                        "dynamic_sampling/short_batch": float(collected.num_groups < target)})
+                        "dynamic_sampling/signal_groups": float(min(groups, target)),
+                        "dynamic_sampling/short_batch": float(groups < target)})
         return first_groups(collected, target), metrics
 
     def _extra_prompts(self, count: int, round_index: int) -> list[PromptRow]:
         """Prompts for a further dynamic-sampling batch: drawn at random from the training set,
         reproducibly per (seed, step, round), so the epoch's own order is left alone."""
-        rng = random.Random(self.cfg.trainer.seed * 1_000_003 + self.run.global_step * 7_919 + round_index)
+        rng = random.Random(derive_seed(self.cfg.trainer.seed, "extra_prompts", self.run.global_step, round_index))
         return [self.train_data[i] for i in rng.sample(range(len(self.train_data)), count)]
 
     # --------------------------------------------------------------------------------- step
@@ -411,8 +413,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         with timer.phase("step"):
             with timer.phase("generate"):
-                rollout, rollout_stats = self.collect_rollout(rows)
-            out = rollout.output
+                out, rollout_stats = self.collect_rollout(rows)
             metrics.update(rollout_stats)
             metrics.update(out.metrics)
             if self.run.global_step in (1, self.total_steps) and len(out):
@@ -425,10 +426,7 @@ class Trainer:
                 metrics["dynamic_sampling/skipped_steps"] = 1.0
                 return metrics
             batch = build_training_batch(out.prompt_token_ids, out.response_ids, out.loss_masks, out.rewards,
-                                         rollout.uids, out.rollout_logprobs, self.tokenizer.pad_token_id)
-            if cfg.generator.apply_overlong_filtering:
-                truncated = torch.tensor([r != "stop" for r in out.stop_reasons])
-                batch.loss_mask[truncated] = 0.0
+                                         out.uids, out.rollout_logprobs, self.tokenizer.pad_token_id)
             n = cfg.generator.n_samples_per_prompt
             splits = [(t.policy_mini_batch_size, self.workers.policy.world_size)]
             if self.workers.critic is not None:
@@ -523,19 +521,8 @@ class Trainer:
     # --------------------------------------------------------------------------------- eval
     def evaluate(self) -> dict[str, float]:
         cfg = self.cfg
-        t0 = time.perf_counter()
-        params = SamplingParams.from_config(cfg.generator.eval_sampling_params)
-        n = cfg.generator.eval_n_samples_per_prompt
-        acc = EvalAccumulator()
-        for rows in self.val_data.eval_batches(cfg.trainer.eval_batch_size):
-            inp = self._generator_input(rows, n, params, "eval")
-            out = self.generator.generate(inp, seed=cfg.trainer.seed)
-            picked = [row for row in rows for _ in range(n)]
-            acc.add([r.data_source for r in picked], [r.prompt for r in picked], out,
-                    [r.reward_spec.get("ground_truth") if r.reward_spec else None for r in picked],
-                    uids=[tid.uid for tid in inp.trajectory_ids])
-        metrics = acc.metrics()
-        metrics["timing/eval"] = time.perf_counter() - t0
+        metrics, acc = run_eval(self.generator, [(row.data_source, row) for row in self.val_data], cfg,
+                                env_override=self.env_override, global_step=self.run.global_step)
         if cfg.trainer.dump_eval_results:
             acc.dump(Path(cfg.trainer.export_path) / "dumped_eval" / f"global_step_{self.run.global_step}_eval_results")
         return metrics
