@@ -184,6 +184,8 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     # remote engines (docs/engines.md)
     ("generator.remote_request_timeout_s", 600.0),
     ("generator.remote_max_retries", 3),
+    # colocated GPU engines: CUDA IPC bucket size (SkyRL's name, beyond CONFIG_REFERENCE; docs/distributed.md)
+    ("generator.weight_transfer_threshold_cuda_ipc_GB", 1.0),
     # checkpoints and faults (docs/checkpointing.md)
     ("trainer.resume_ignore_config_changes", False),
     ("trainer.ckpt_on_interrupt", False),
@@ -476,6 +478,15 @@ def test_numbers_out_of_range():
                 "trainer.policy.optimizer_config.lr"):
         assert key in msg
     assert len(err.problems) == 5
+
+
+def test_cuda_ipc_bucket_threshold_must_be_positive():
+    err = _error(RUNNABLE + ["generator.weight_transfer_threshold_cuda_ipc_GB=0"])
+    assert err.problems == ["generator.weight_transfer_threshold_cuda_ipc_GB=0 must be a positive number of GiB (the "
+                            "largest CUDA IPC bucket of a colocated weight sync). Fix: e.g. "
+                            "generator.weight_transfer_threshold_cuda_ipc_GB=1.0."]
+    cfg = load_config(RUNNABLE + ["generator.weight_transfer_threshold_cuda_ipc_GB=2"])  # an int is a float here
+    assert cfg.generator.weight_transfer_threshold_cuda_ipc_GB == 2
 
 
 # --------------------------------------------------------------------------- not built yet

@@ -16,11 +16,13 @@ from ridgeline.inference import sglang_engine
 from ridgeline.inference.sglang_engine import (
     SGLangEngine,
     release_tags,
+    resume_tags,
     sglang_engine_kwargs,
     sglang_sampling_params,
 )
-from ridgeline.inference.types import EngineError, SamplingParams
+from ridgeline.inference.types import EngineError, SamplingParams, wake_order
 from ridgeline.inference.library_engine import (
+    LibraryEngine,
     check_context_fits,
     engine_torch_dtype,
     eos_token_ids,
@@ -301,6 +303,52 @@ def test_sglang_sleep_levels():
     assert release_tags(2, weights_cpu_backup=False) == ["kv_cache", "weights", "cuda_graph"]
     with pytest.raises(EngineError, match="level must be 1 or 2"):
         release_tags(3, weights_cpu_backup=False)
+
+
+def test_sglang_resumes_what_a_wake_up_tag_needs_and_only_what_is_released():
+    everything = ["kv_cache", "weights", "cuda_graph"]
+    assert resume_tags(("weights",), everything) == ["weights"]
+    assert resume_tags(("kv_cache",), everything) == ["kv_cache", "cuda_graph"]  # generation needs its graphs
+    assert resume_tags(("kv_cache", "weights"), everything) == ["weights", "kv_cache", "cuda_graph"]
+    # level 1 without a host copy of the weights released only the KV cache
+    assert resume_tags(("weights",), ["kv_cache"]) == []
+    assert resume_tags(("weights", "kv_cache"), ["kv_cache"]) == ["kv_cache"]
+    with pytest.raises(ValueError, match="unknown engine memory tag"):
+        resume_tags(("cuda_graph",), everything)
+
+
+class _Released(LibraryEngine):
+    """The base class's sleep bookkeeping over an engine that records what it releases and resumes."""
+
+    def __init__(self, device_sleeps: bool):
+        self._device_sleeps, self._can_sleep, self.calls = device_sleeps, True, []
+
+    def _release(self, level: int) -> None:
+        self.calls.append(("release", level))
+
+    def _resume(self, tags) -> None:
+        self.calls.append(("resume", tags))
+
+
+@pytest.mark.parametrize("device_sleeps", [True, False])
+def test_library_engines_wake_weights_then_kv_cache_each_once(device_sleeps):
+    engine = _Released(device_sleeps)
+    engine.sleep(2)
+    engine.sleep(1)  # already asleep: nothing more to release
+    engine.wake_up(("weights",))
+    with pytest.raises(EngineError, match=r"_Released.generate called while asleep \(kv_cache released\)"):
+        engine._check_awake("generate")
+    engine.wake_up()  # only the KV cache is still released
+    engine._check_awake("generate")
+    engine.wake_up()
+    expected = [("release", 2), ("resume", ("weights",)), ("resume", ("kv_cache",))]
+    assert engine.calls == (expected if device_sleeps else [])  # a CPU platform has nothing to free
+
+
+def test_wake_order_puts_weights_before_the_kv_cache():
+    assert wake_order(["kv_cache", "weights"]) == ("weights", "kv_cache")
+    assert wake_order(("kv_cache",)) == ("kv_cache",)
+    assert wake_order(()) == ()
 
 
 def test_fa3_on_a_blackwell_gpu_is_refused_before_sglang_starts(monkeypatch):

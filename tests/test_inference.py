@@ -133,3 +133,67 @@ def test_sleeping_engine_refuses_to_generate(tiny_model, tiny_tokenizer):
         engine.generate([EngineRequest([1, 2], SamplingParams(max_generate_length=2))])
     engine.wake_up()
     assert len(engine.generate([EngineRequest([1, 2], SamplingParams(max_generate_length=2))])) == 1
+
+
+def _sampled(engine: HFEngine, tokenizer) -> list[list[int]]:
+    prompts = [chat_ids(tokenizer, t) for t in ["What is 3 + 4?", "Hi"]]
+    params = SamplingParams(max_generate_length=8)
+    return [o.response_ids for o in engine.generate([EngineRequest(p, params) for p in prompts for _ in range(2)],
+                                                    seed=5)]
+
+
+def _weights(engine: HFEngine) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+
+def test_sleep_level_1_wakes_weights_then_kv_cache_and_generates_as_before(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer, dtype=torch.bfloat16)
+    before, weights = _sampled(engine, tiny_tokenizer), _weights(engine)
+    engine.sleep(1)
+    engine.wake_up(("weights",))  # weights back, the KV cache not yet: still no generation
+    with pytest.raises(RuntimeError, match=r"asleep \(kv_cache released\)"):
+        engine.generate([EngineRequest([1, 2], SamplingParams(max_generate_length=2))])
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.score([1, 2], [3])
+    engine.wake_up(("kv_cache",))
+    engine.wake_up()  # waking what is awake changes nothing
+    after = _weights(engine)
+    assert after.keys() == weights.keys() and all(torch.equal(after[k], weights[k]) for k in weights)
+    assert _sampled(engine, tiny_tokenizer) == before
+
+
+def test_sleep_level_2_drops_the_weights_and_update_weights_refills_them(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer, dtype=torch.bfloat16)
+    before = _sampled(engine, tiny_tokenizer)
+    engine.sleep(2)
+    assert all(p.numel() == 0 for p in engine.model.parameters())  # the values are gone
+    engine.wake_up()
+    assert engine.model.model.embed_tokens.weight.shape == tiny_model.model.embed_tokens.weight.shape
+    with pytest.raises(RuntimeError, match=r"sleep\(level=2\) dropped the weights and 20 of them were not loaded"):
+        engine.generate([EngineRequest([1, 2], SamplingParams(max_generate_length=2))])
+    engine.update_weights(list(tiny_model.named_parameters())[:3])
+    with pytest.raises(RuntimeError, match="17 of them were not loaded"):
+        engine.score([1, 2], [3])
+    engine.update_weights(tiny_model.named_parameters())
+    for name, p in tiny_model.named_parameters():
+        assert torch.equal(dict(engine.model.named_parameters())[name], p.detach().to(torch.bfloat16)), name
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight  # still tied
+    assert _sampled(engine, tiny_tokenizer) == before
+    # update_weights while asleep wakes the weights first (only them)
+    engine.sleep(2)
+    engine.update_weights(tiny_model.named_parameters())
+    with pytest.raises(RuntimeError, match=r"asleep \(kv_cache released\)"):
+        engine.generate([EngineRequest([1, 2], SamplingParams(max_generate_length=2))])
+    engine.wake_up(("kv_cache",))
+    assert _sampled(engine, tiny_tokenizer) == before
+
+
+def test_wake_up_takes_known_tags_only(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    with pytest.raises(ValueError,
+                       match=r"unknown engine memory tag\(s\) \['kv'\]: wake_up takes \['weights', 'kv_cache'\]"):
+        engine.wake_up(("weights", "kv"))
+    with pytest.raises(TypeError, match=r"a tuple of memory tags, e.g. \('weights',\)"):
+        engine.wake_up("weights")
+    with pytest.raises(ValueError, match="sleep level must be 1 or 2"):
+        engine.sleep(3)

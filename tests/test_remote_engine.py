@@ -219,6 +219,36 @@ def test_bearer_token_is_required_and_sent(local, monkeypatch):
         httpd.server_close()
 
 
+def test_sleep_and_wake_by_tags_through_the_server(local):
+    """SGLang's release / resume routes: the client wakes the weights, then the KV cache (with
+    SGLang's cuda_graph tag, memory the embedded engine does not have); generation waits for both."""
+    _, tok = local
+    engine = HFEngine(build_tiny_model("llama", tok, seed=SEED), tok, dtype=torch.float32)
+    httpd = make_http_server(EngineService(engine, tok, MODEL))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    client = _client("127.0.0.1:%d" % httpd.server_address[1])
+    reqs = _requests(tok, n=1, greedy=True)
+    try:
+        before = [o.response_ids for o in client.generate(reqs, seed=0)]
+        client.sleep()
+        with pytest.raises(EngineError, match="500.*asleep"):
+            client.generate(reqs, seed=0)
+        client.wake_up(("weights",))
+        with pytest.raises(EngineError, match=r"asleep \(kv_cache released\)"):
+            client.generate(reqs, seed=0)
+        client.wake_up()  # what is still asleep: the KV cache
+        client.wake_up()  # nothing: no request, no error
+        assert [o.response_ids for o in client.generate(reqs, seed=0)] == before
+        with pytest.raises(EngineError, match=r"400.*tags=\['kv'\] must be a list of"):
+            client.request("POST", client.urls[0], "/resume_memory_occupation", {"tags": ["kv"]})
+        with pytest.raises(EngineError, match="400.*releases the weights and the KV cache together"):
+            client.request("POST", client.urls[0], "/release_memory_occupation", {"tags": ["kv_cache"]})
+    finally:
+        client.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def test_bad_requests_get_clear_answers(server):
     client = _client(server)
     try:

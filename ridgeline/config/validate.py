@@ -495,6 +495,11 @@ class _Checker:
             v = self.num(key)
             if v is not None and v <= 0:
                 self.add(key, f"{key}={_show(v)} must be a positive number of seconds. Fix: e.g. {key}={example}.")
+        key = "generator.weight_transfer_threshold_cuda_ipc_GB"
+        v = self.num(key)
+        if v is not None and v <= 0:
+            self.add(key, f"{key}={_show(v)} must be a positive number of GiB (the largest CUDA IPC bucket of a "
+                          f"colocated weight sync). Fix: e.g. {key}=1.0.")
         v = self.num("generator.remote_max_retries")
         if v is not None and v < 0:
             self.add("generator.remote_max_retries",

@@ -7,10 +7,12 @@ trainer loop uses in place of the one-process workers (same methods, so the loop
     RayRefGroup.compute_logprobs  ──rows──▶ TrainingRank x N (ref)      │ (gloo / nccl): FSDP2
     RayEngineGroup.generate(reqs) ─reqs──▶ EngineRank x E (hf engine)  │
     RayWeightSync.sync(step)      policy rank 0 ══weight-sync group══▶ every engine (+ probe)
+    RayIPCWeightSync.sync(step)   policy rank r ══CUDA IPC buckets══▶ engine r on its GPU (+ probe)
 
 Batches travel through Ray's object store; each rank gets its share of every mini-batch
 (`rank_rows`), so the FSDP ranks together take exactly the single-process optimizer steps
-(ridgeline.distributed.fsdp). Weights travel over their own process group (weight_sync.py).
+(ridgeline.distributed.fsdp). Weights travel over their own process group (weight_sync.py), or,
+to engines colocated on the policy's GPUs, as IPC handles (`weight_sync_kind` picks).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -31,9 +33,11 @@ from ridgeline.distributed.fsdp import FSDPGroup, rank_device
 from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
-from ridgeline.distributed.weight_sync import (GroupSpec, SyncStats, WeightReceiver, WeightSender, probe_engines,
-                                               probe_logprobs, probe_tokens, probe_tolerance, sync_report)
-from ridgeline.inference.types import EngineOutput, EngineRequest
+from ridgeline.distributed.weight_sync import (GroupSpec, ProbeTolerance, SyncStats, WeightReceiver, WeightSender,
+                                               probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
+                                               sync_report)
+from ridgeline.inference.ipc_transport import GIB, IPCBucket, IPCReceiver, IPCSender, IPCTransfer
+from ridgeline.inference.types import WAKE_TAGS, EngineOutput, EngineRequest, MemoryTag
 from ridgeline.inference.weight_transport import usable_backend
 from ridgeline.models.device import resolve_device
 from ridgeline.models.loading import DTYPES, load_tokenizer
@@ -46,6 +50,8 @@ from ridgeline.training.forward_path import PLAIN
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
     from ridgeline.inference.remote import RemoteSettings
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,8 @@ class TrainingRank:
         self.role, self.rank, self.world_size = role, rank, world_size
         self.worker: PolicyWorker | RefWorker | CriticWorker | None = None
         self.sender: WeightSender | None = None
+        self.ipc_sender: IPCSender | None = None
+        self.ipc_transfer: IPCTransfer | None = None
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
@@ -130,6 +138,30 @@ class TrainingRank:
         weights = self._engine_weights()
         return None if weights is None else self.sender.send(weights, DTYPES[dtype], version=version)
 
+    # -- CUDA IPC to the engine on this rank's GPU (RayIPCWeightSync) ---------------------------
+    def start_ipc(self, dtype: str, threshold_bytes: int, version: int) -> int:  # collective
+        """Gather the full weights on every rank (on its device: no host round trip) and plan the
+        buckets for this rank's engine, which pulls them with `ipc_bucket`; returns their bytes."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        model = self.worker.model
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        names = dict(model.named_parameters())  # engines name tied weights once
+        if self.ipc_sender is None:
+            self.ipc_sender = IPCSender(DTYPES[dtype], threshold_bytes, self.worker.parallel.device)
+        self.ipc_transfer = self.ipc_sender.start([(k, v) for k, v in state.items() if k in names], version)
+        return self.ipc_transfer.nbytes
+
+    def ipc_bucket(self, index: int) -> IPCBucket:
+        """Pack bucket `index` for the engine (bucket `index - 1`, which it finished reading, goes)."""
+        return self.ipc_transfer.bucket(index)
+
+    def finish_ipc(self) -> None:
+        """Release the last bucket and the gathered weights."""
+        if self.ipc_transfer is not None:
+            self.ipc_transfer.close()
+            self.ipc_transfer = None
+
     def init_remote_push(self, settings: RemoteSettings) -> None:
         """Rank 0 opens its own client to the remote servers: it holds the full weights after the
         gather, so it pushes them (the driver's client generates)."""
@@ -179,6 +211,7 @@ class EngineRank:
         self.tokenizer = load_tokenizer(policy_spec(cfg))
         self.engine = build_engine(cfg, self.tokenizer)
         self.receiver: WeightReceiver | None = None
+        self.ipc_receiver = IPCReceiver()
 
     def dtype(self) -> str:
         return str(self.engine.dtype).removeprefix("torch.")
@@ -193,17 +226,34 @@ class EngineRank:
         self.engine.update_weights(self.receiver.receive())
         return self.receiver.version
 
+    def receive_ipc(self, sender: "ActorHandle") -> int:
+        """Load the weights policy rank `sender` (on this engine's GPU) offers after `start_ipc`:
+        its buckets are pulled one by one while the engine loads them, so the sender packs bucket
+        k+1 only after the engine finished reading bucket k (ridgeline.inference.ipc_transport).
+        Returns the version received."""
+        import ray
+
+        def buckets():
+            index, count = 0, 1
+            while index < count:
+                bucket = ray.get(sender.ipc_bucket.remote(index))
+                count, index = bucket.count, index + 1
+                yield bucket
+
+        self.engine.update_weights(self.ipc_receiver.weights(buckets()))
+        return self.ipc_receiver.version
+
     def probe(self) -> torch.Tensor:
         return torch.tensor(self.engine.score(*probe_tokens(self.tokenizer)))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.engine.model.state_dict().items()}
 
-    def sleep(self) -> None:
-        self.engine.sleep()
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
 
-    def wake_up(self) -> None:
-        self.engine.wake_up()
+    def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
+        self.engine.wake_up(tags)
 
     def shutdown(self) -> None:
         if self.receiver is not None:
@@ -328,11 +378,11 @@ class RayEngineGroup:
     def update_weights(self, named_tensors) -> None:
         raise RuntimeError("engines in other processes take weights through RayWeightSync.sync, not update_weights")
 
-    def sleep(self) -> None:
-        self.ray.get([a.sleep.remote() for a in self.actors])
+    def sleep(self, level: int = 1) -> None:
+        self.ray.get([a.sleep.remote(level) for a in self.actors])
 
-    def wake_up(self) -> None:
-        self.ray.get([a.wake_up.remote() for a in self.actors])
+    def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
+        self.ray.get([a.wake_up.remote(tags) for a in self.actors])
 
     def close(self) -> None:
         """Nothing to release here: `RayWorkers.shutdown` kills the engine actors."""
@@ -368,11 +418,67 @@ class RayWeightSync:
                            f"{len(self.engines.actors)} engine(s)", self.tolerance)
 
     def probe(self, version: int | None = None) -> float:
-        """The worst engine's |logprob difference| from the trainer on the probe text (max over
-        tokens for float32 engines, mean for bf16/fp16: `probe_tolerance`); `StaleWeightsError`
-        when one exceeds the engine dtype's tolerance."""
-        return probe_engines(self.policy.call("probe")[0],
-                             self.ray.get([e.probe.remote() for e in self.engines.actors]), self.tolerance, version)
+        return probe_ray_engines(self.ray, self.policy, self.engines, self.tolerance, version)
+
+
+def probe_ray_engines(ray, policy: RayPolicyGroup, engines: RayEngineGroup, tolerance: ProbeTolerance,
+                      version: int | None = None) -> float:
+    """The worst engine's |logprob difference| from the trainer on the probe text (max over tokens
+    for float32 engines, mean for bf16/fp16: `probe_tolerance`); `StaleWeightsError` when one
+    exceeds the engine dtype's tolerance."""
+    return probe_engines(policy.call("probe")[0], ray.get([e.probe.remote() for e in engines.actors]), tolerance,
+                         version)
+
+
+def weight_sync_kind(device: str, colocated: bool) -> Literal["cuda_ipc", "broadcast"]:
+    """How the weights reach engine actors: CUDA IPC handles when the policy computes on CUDA
+    (`device`: "cuda" or "cpu") and every engine shares a policy rank's GPU
+    (`trainer.placement.colocate_all`); otherwise a broadcast over the weight-sync group."""
+    return "cuda_ipc" if device == "cuda" and colocated else "broadcast"
+
+
+class RayIPCWeightSync:
+    """Engines colocated with the policy on GPUs: policy rank r hands engine r, on the same GPU,
+    CUDA IPC handles of its gathered weights in buckets of at most `threshold_bytes`
+    (`generator.weight_transfer_threshold_cuda_ipc_GB`), then the same probe as `RayWeightSync`.
+
+    Wake order (the engines sleep while the trainer trains): the engines' weights wake first, the
+    weights are handed over, then the KV cache wakes, so device memory never holds the trainer's
+    state and a full KV cache at once. Engines that are awake are left as they are."""
+
+    def __init__(self, ray, policy: RayPolicyGroup, engines: RayEngineGroup, threshold_bytes: int):
+        if len(engines.actors) != policy.world_size:
+            # a handle opens only on its own GPU: engine r must share policy rank r's
+            raise ValueError(f"CUDA IPC weight sync pairs policy rank r with engine r on one GPU, but there are "
+                             f"{policy.world_size} policy ranks and {len(engines.actors)} engines. Fix: "
+                             f"generator.num_inference_engines={policy.world_size}, or "
+                             "trainer.placement.colocate_all=false")
+        self.ray, self.policy, self.engines = ray, policy, engines
+        self.threshold_bytes = int(threshold_bytes)
+        self.dtype = str(engines.dtype).removeprefix("torch.")
+        self.tolerance = probe_tolerance(engines.dtype)
+        self.describe = (f"CUDA IPC, policy rank r -> engine r ({policy.world_size} pair(s)), buckets of at most "
+                         f"{self.threshold_bytes / GIB:g} GiB (generator.weight_transfer_threshold_cuda_ipc_GB)")
+
+    def sync(self, version: int) -> dict[str, float]:
+        self.engines.wake_up(("weights",))
+        start = time.perf_counter()
+        nbytes = self.policy.call("start_ipc", self.dtype, self.threshold_bytes, version)[0]
+        try:
+            versions = self.ray.get([e.receive_ipc.remote(p) for e, p in zip(self.engines.actors, self.policy.actors)])
+        finally:
+            self.policy.call("finish_ipc")
+        seconds = time.perf_counter() - start
+        if any(v != version for v in versions):
+            raise RuntimeError(f"engines report weight versions {versions} after sending version {version}")
+        self.engines.wake_up(("kv_cache",))
+        t0 = time.perf_counter()
+        worst = self.probe(version)
+        return sync_report(version, nbytes, seconds, worst, time.perf_counter() - t0,
+                           f"{len(self.engines.actors)} colocated engine(s) over CUDA IPC", self.tolerance)
+
+    def probe(self, version: int | None = None) -> float:
+        return probe_ray_engines(self.ray, self.policy, self.engines, self.tolerance, version)
 
 
 # ------------------------------------------------------------------------------ building
@@ -382,7 +488,7 @@ class RayWorkers:
     ref: RayRefGroup | None
     critic: RayCriticGroup | None
     engine: Any   # RayEngineGroup, or a RemoteEngine client (generator.run_engines_locally=false)
-    weight_sync: RayWeightSync
+    weight_sync: RayWeightSync | RayIPCWeightSync
     plan: PlacementPlan
     groups: dict[str, Any]
     parameters: int = 0   # of the policy
@@ -451,8 +557,11 @@ def build_ray_workers(cfg: DictConfig, tokenizer) -> RayWorkers:
         return _with_remote_engines(cfg, tokenizer, ray, plan, groups, policy, ref, critic,
                                     int(infos[0]["parameters"]))
     engines = RayEngineGroup(ray, engine_actors)
-    sync = RayWeightSync(ray, policy, engines, usable_backend(cfg.generator.weight_sync_backend),
-                         float(cfg.generator.weight_sync_timeout))
+    g = cfg.generator
+    if weight_sync_kind("cuda" if plan.device == "GPU" else "cpu", bool(t.placement.colocate_all)) == "cuda_ipc":
+        sync = RayIPCWeightSync(ray, policy, engines, int(float(g.weight_transfer_threshold_cuda_ipc_GB) * GIB))
+    else:
+        sync = RayWeightSync(ray, policy, engines, usable_backend(g.weight_sync_backend), float(g.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
     return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
 

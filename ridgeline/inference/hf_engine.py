@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ridgeline.inference.sampling import sample_next
-from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams
+from ridgeline.inference.types import WAKE_TAGS, EngineOutput, EngineRequest, MemoryTag, SamplingParams, wake_order
 from ridgeline.models.forward import forward_last_logits, positions_from_mask
 from ridgeline.tracking.progress import progress
 
@@ -43,15 +43,22 @@ class HFEngine:
         eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = tuple(sorted(i for i in eos_ids if i is not None))
         self._params = dict(self.model.named_parameters())
-        self._asleep = False
+        self._shapes = {name: p.shape for name, p in self._params.items()}
+        self._asleep: set[str] = set()    # memory tags released by `sleep`
+        self._dropped = False             # sleep(level=2) dropped the weights' values
+        self._unfilled: set[str] = set()  # woken after a drop, not yet refilled by update_weights
 
     # -- weights -----------------------------------------------------------------------------
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy (and cast) each tensor into the parameter of that name, in place; weights that are
+        asleep are woken first."""
+        self.wake_up(("weights",))
         for name, tensor in named_tensors:
             if name not in self._params:
                 continue  # tied weights appear once under their first name
             self._params[name].copy_(tensor)
+            self._unfilled.discard(name)
 
     def reset_prefix_cache(self) -> None:
         """Nothing to drop: the embedded engine shares a prompt's cache within one batch only."""
@@ -63,6 +70,7 @@ class HFEngine:
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Teacher-forced logprobs of `response_ids` (temperature 1, fp32 softmax), computed as the
         trainer computes them: one plain forward, logits of the response positions only."""
+        self._check_ready("score")
         if not response_ids:
             return []
         seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.device)
@@ -72,24 +80,74 @@ class HFEngine:
         logprobs = torch.log_softmax(out.logits[0, :-1].float(), -1)
         return logprobs.gather(-1, seq[0, -len(response_ids):, None]).squeeze(-1).tolist()
 
+    # -- sleep ---------------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
-        """Release the device for training (colocated GPU runs); on CPU there is nothing to free.
-        Both levels keep the weights (on the host), so no update is needed after waking."""
+        """Release the device for training. Level 1 moves the weights to host memory (pinned, for
+        a fast way back; on a CPU they already are there), level 2 drops their values and keeps
+        names, shapes and dtypes: after `wake_up(("weights",))` the next `update_weights` refills
+        them. The engine has no KV cache between calls (each `generate` builds its own), so
+        releasing "kv_cache" only marks the engine unusable until it is woken."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if level == 2 and not self._dropped:
+            self._drop_weights()
+        elif "weights" not in self._asleep and not self._dropped:
+            self._offload_weights()
+        self._asleep = set(WAKE_TAGS)
         if self.device.type == "cuda":
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
-        self._asleep = True
+            torch.cuda.empty_cache()  # hand the freed blocks back to the device, for the trainer
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
+        """Take back `tags`: "weights" returns them to the device (after level 2: allocated, to be
+        refilled by `update_weights`), "kv_cache" makes the engine usable again."""
+        for tag in wake_order(tags):
+            if tag == "weights" and tag in self._asleep:
+                self._restore_weights()
+            self._asleep.discard(tag)
+
+    def _offload_weights(self) -> None:
+        if self.device.type == "cpu":
+            return
+        for p in self._params.values():
+            host = torch.empty(p.shape, dtype=p.dtype, pin_memory=self.device.type == "cuda")
+            host.copy_(p.data)
+            p.data = host
+
+    def _drop_weights(self) -> None:
+        # the Parameter objects stay (tied weights keep sharing one), only their storage goes: an
+        # empty tensor where it was (`.data` cannot point at a meta tensor), shapes kept aside
+        for p in self._params.values():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._dropped = True
+        self._unfilled.clear()
+
+    def _restore_weights(self) -> None:
+        if self._dropped:
+            for name, p in self._params.items():
+                p.data = torch.empty(self._shapes[name], dtype=p.dtype, device=self.device)
+            self._dropped = False
+            self._unfilled = set(self._params)
+            return
+        if self.device.type == "cpu":
+            return
+        for p in self._params.values():
+            p.data = p.data.to(self.device, non_blocking=True)
         if self.device.type == "cuda":
-            self.model.to(self.device)
-        self._asleep = False
+            torch.cuda.synchronize(self.device)  # the pinned host copies may go once the copies landed
+
+    def _check_ready(self, what: str) -> None:
+        if self._asleep:
+            raise RuntimeError(f"HFEngine.{what} called while asleep ({' and '.join(sorted(self._asleep))} "
+                               "released); call wake_up() first")
+        if self._unfilled:
+            raise RuntimeError(f"HFEngine.{what}: sleep(level=2) dropped the weights and {len(self._unfilled)} of "
+                               f"them were not loaded since (e.g. {min(self._unfilled)}); call update_weights with "
+                               "the policy's full weights first")
 
     # -- generation --------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
-        if self._asleep:
-            raise RuntimeError("HFEngine.generate called while asleep; call wake_up() first")
+        self._check_ready("generate")
         generator = None  # greedy decoding draws nothing
         if any(r.sampling_params.temperature > 0 for r in requests):
             generator = torch.Generator(device=self.device)

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ridgeline.inference.types import EngineError
+from ridgeline.inference.types import WAKE_TAGS, EngineError, MemoryTag, wake_order
 
 # Weights cross from this process to vLLM's engine process in batches of at most this many bytes
 # (each batch is one collective_rpc message, held in memory twice while in flight).
@@ -135,12 +135,13 @@ def tensor_batches(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: tor
 
 class LibraryEngine:
     """Base of `VLLMEngine` and `SGLangEngine`: subclasses name their config mapping, the kwarg
-    holding the model folder and the one holding the context length."""
+    holding the model folder and the one holding the context length, and how they release
+    (`_release(level)`) and take back (`_resume(tags)`) device memory."""
 
     model_key: str = "model"
     length_key: str = "max_model_len"
     sleep_kwarg: str = "enable_sleep_mode"   # the engine kwarg that lets sleep free device memory
-    _asleep: bool = False
+    _asleep_tags: tuple[MemoryTag, ...] = ()  # Ridgeline's tags (WAKE_TAGS) released right now
     _device_sleeps: bool = False   # this platform has device memory to free (not a CPU)
     _can_sleep: bool = False       # the engine was built with `sleep_kwarg`
 
@@ -164,7 +165,7 @@ class LibraryEngine:
         nothing to free: the engine only refuses work until `wake_up`."""
         if level not in (1, 2):
             raise EngineError(f"sleep level must be 1 or 2, got {level}")
-        if self._asleep:
+        if self._asleep_tags:
             return
         if self._device_sleeps:
             if not self._can_sleep:
@@ -172,11 +173,22 @@ class LibraryEngine:
                                   "without. Fix: trainer.placement.colocate_all=true (or "
                                   f"+generator.engine_init_kwargs.{self.sleep_kwarg}=true)")
             self._release(level)
-        self._asleep = True
+        self._asleep_tags = WAKE_TAGS
+
+    def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
+        """Take back the memory of `tags` that is released, weights before the KV cache."""
+        todo = tuple(t for t in wake_order(tags) if t in self._asleep_tags)
+        if todo and self._device_sleeps:
+            self._resume(todo)
+        self._asleep_tags = tuple(t for t in self._asleep_tags if t not in todo)
 
     def _release(self, level: int) -> None:
         raise NotImplementedError
 
+    def _resume(self, tags: tuple[MemoryTag, ...]) -> None:
+        raise NotImplementedError
+
     def _check_awake(self, what: str) -> None:
-        if self._asleep:
-            raise EngineError(f"{type(self).__name__}.{what} called while asleep; call wake_up() first")
+        if self._asleep_tags:
+            raise EngineError(f"{type(self).__name__}.{what} called while asleep ({' and '.join(self._asleep_tags)} "
+                              "released); call wake_up() first")

@@ -32,7 +32,8 @@ import torch
 
 from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port, usable_backend
 from ridgeline.inference.launch import WORKER_EXTENSION
-from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest
+from ridgeline.inference.sglang_engine import CUDA_GRAPH, KV_CACHE, WEIGHTS, resume_tags
+from ridgeline.inference.types import WAKE_TAGS, EngineError, EngineOutput, EngineRequest, MemoryTag, wake_order
 from ridgeline.seeding import request_seeds
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class RemoteEngine:
         self.retried = 0      # connection retries so far (logged and counted, never silent)
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="ridgeline-remote")
         self._group: _UpdateGroup | None = None
+        self._asleep_tags: tuple[MemoryTag, ...] = ()   # put to sleep by this client (WAKE_TAGS)
+        self._released: list[str] = []                  # SGLang servers: their memory tags released
         self.check_health()
         self.model_names = [self._model_name(u) for u in self.urls]
 
@@ -223,7 +226,9 @@ class RemoteEngine:
 
     # -- weights and memory -------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> dict:
-        """Push the weights to every server (cast to the servers' dtype); returns bytes / seconds."""
+        """Push the weights to every server (cast to the servers' dtype); returns bytes / seconds.
+        Servers this client put to sleep get their weights' memory back first."""
+        self.wake_up(("weights",))
         if self._group is None:
             self._group = self._open_group()
         return self._group.push(list(named_tensors), version)
@@ -233,15 +238,31 @@ class RemoteEngine:
         self._map(lambda u: self.request("POST", u, route), self.urls)
 
     def sleep(self, level: int = 1) -> None:
+        """vLLM servers: `/sleep?level=N`; SGLang servers release all their memory (SGLang's
+        release has no levels)."""
         if self.settings.api == "openai":
             self._map(lambda u: self.request("POST", u, f"/sleep?level={level}"), self.urls)
         else:
             self._map(lambda u: self.request("POST", u, "/release_memory_occupation", {}), self.urls)
+            self._released = [WEIGHTS, KV_CACHE, CUDA_GRAPH]
+        self._asleep_tags = WAKE_TAGS
 
-    def wake_up(self) -> None:
-        route = "/wake_up" if self.settings.api == "openai" else "/resume_memory_occupation"
-        self._map(lambda u: self.request("POST", u, route, {} if self.settings.api != "openai" else None),
-                  self.urls)
+    def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
+        """Take back what this client put to sleep, for `tags`: vLLM's `/wake_up?tags=...`, SGLang's
+        `/resume_memory_occupation {"tags": [...]}` (`sglang_engine.resume_tags`)."""
+        todo = tuple(t for t in wake_order(tags) if t in self._asleep_tags)
+        if not todo:
+            return
+        if self.settings.api == "openai":
+            query = "&".join(f"tags={t}" for t in todo)
+            self._map(lambda u: self.request("POST", u, f"/wake_up?{query}"), self.urls)
+        else:
+            resumed = resume_tags(todo, self._released)
+            if resumed:
+                self._map(lambda u: self.request("POST", u, "/resume_memory_occupation", {"tags": resumed}),
+                          self.urls)
+            self._released = [t for t in self._released if t not in resumed]
+        self._asleep_tags = tuple(t for t in self._asleep_tags if t not in todo)
 
     def close(self) -> None:
         if self._group is not None:

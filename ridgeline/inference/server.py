@@ -14,7 +14,7 @@ SGLang-style native routes (the same request and answer shapes as SGLang's serve
                                        weight_version}
   POST /destroy_weights_update_group  {group_name}
   POST /update_weights_from_disk      {model_path}: a folder of safetensors in HF names
-  POST /release_memory_occupation, /resume_memory_occupation
+  POST /release_memory_occupation, /resume_memory_occupation {tags}: sleep / wake_up(tags)
 OpenAI-compatible routes (the subset vLLM serves that token-in/token-out rollouts need)
   GET  /v1/models
   POST /v1/completions    {prompt: token ids, max_tokens, temperature, top_p, top_k, min_p,
@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import torch
 
+from ridgeline.inference.sglang_engine import CUDA_GRAPH, KV_CACHE, WEIGHTS
 from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSyncError
 from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams
 
@@ -253,14 +254,22 @@ class EngineService:
         self.weight_version = str(body.get("weight_version") or int(self.weight_version) + 1)
         return {"success": True, "message": f"loaded {len(files)} file(s) from {folder}"}
 
-    def release_memory(self, _: dict) -> dict:
+    def release_memory(self, body: dict) -> dict:
+        """SGLang's route; the embedded engine releases its weights and KV cache together."""
+        tags = _memory_tags(body)
+        if set(tags) - {CUDA_GRAPH} != {WEIGHTS, KV_CACHE}:
+            raise RequestError(f"tags={tags!r}: ridgeline serve releases the weights and the KV cache together; "
+                               "send no tags, or both")
         with self.lock:
             self.engine.sleep()
         return {"success": True}
 
-    def resume_memory(self, _: dict) -> dict:
+    def resume_memory(self, body: dict) -> dict:
+        """SGLang's route: "weights" and "kv_cache" are the engine's wake-up tags, "cuda_graph"
+        names memory the embedded engine does not have (nothing to resume); no tags: all."""
+        tags = _memory_tags(body)
         with self.lock:
-            self.engine.wake_up()
+            self.engine.wake_up(tuple(t for t in tags if t != CUDA_GRAPH))
         return {"success": True}
 
     def health_generate(self, _: dict) -> dict:
@@ -282,6 +291,16 @@ class EngineService:
             ("POST", "/release_memory_occupation"): self.release_memory,
             ("POST", "/resume_memory_occupation"): self.resume_memory,
         }
+
+
+def _memory_tags(body: dict) -> list[str]:
+    """The `tags` of SGLang's release / resume routes (none: all of SGLang's memory types)."""
+    tags = body.get("tags")
+    if tags is None:
+        return [WEIGHTS, KV_CACHE, CUDA_GRAPH]
+    if not isinstance(tags, list) or not set(tags) <= {WEIGHTS, KV_CACHE, CUDA_GRAPH}:
+        raise RequestError(f"tags={tags!r} must be a list of {[WEIGHTS, KV_CACHE, CUDA_GRAPH]}")
+    return tags
 
 
 def _finish(out: EngineOutput) -> dict[str, Any]:

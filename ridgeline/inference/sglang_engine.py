@@ -31,7 +31,9 @@ environment variable SGLANG_RETURN_ORIGINAL_LOGPROB=1 would make them unscaled: 
 Sleep (`enable_memory_saver`): level 1 releases the KV cache, and the weights too only when they
 can come back (`+generator.engine_init_kwargs.enable_weights_cpu_backup=true` keeps a host copy);
 level 2 releases everything (weights, KV cache, CUDA graphs), and the next `update_weights`
-brings the weights back. Weights are resumed before they are loaded; `wake_up` resumes the rest.
+brings the weights back. `wake_up(("weights",))` resumes SGLang's "weights", `wake_up(("kv_cache",))`
+its "kv_cache" and "cuda_graph" (what generation needs besides the weights), each only if released
+(`resume_tags`); weights are resumed before they are loaded.
 On SGLang's CPU backend there is no device memory to free: sleep is bookkeeping only.
 
 Only the mapping functions are tested here (no SGLang in the test environments); the engine's
@@ -46,7 +48,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from omegaconf import DictConfig
 
-from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest, SamplingParams, StopReason
+from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest, SamplingParams, StopReason, wake_order
 from ridgeline.seeding import request_seeds
 from ridgeline.inference.library_engine import (
     LibraryEngine,
@@ -121,6 +123,17 @@ def stop_reason(finish_reason: dict | None) -> StopReason:
     raise EngineError(f"SGLang finished a request with finish_reason={finish_reason!r} (expected stop or length)")
 
 
+# Ridgeline's wake-up tags -> the SGLang memory they take back
+RESUMED_BY: dict[str, tuple[str, ...]] = {"weights": (WEIGHTS,), "kv_cache": (KV_CACHE, CUDA_GRAPH)}
+
+
+def resume_tags(tags: Sequence[str], released: Sequence[str]) -> list[str]:
+    """SGLang tags for `resume_memory_occupation` when Ridgeline wakes `tags`: those that `tags`
+    map to (`RESUMED_BY`) and that are released (SGLang refuses to resume memory it holds)."""
+    wanted = {s for t in wake_order(tags) for s in RESUMED_BY[t]}
+    return [t for t in (WEIGHTS, KV_CACHE, CUDA_GRAPH) if t in wanted and t in released]
+
+
 def release_tags(level: int, weights_cpu_backup: bool) -> list[str]:
     """The memory `sleep(level)` releases (see the module docstring)."""
     if level == 1:
@@ -185,8 +198,7 @@ class SGLangEngine(LibraryEngine):
         self._seeded = bool(kwargs.get("enable_deterministic_inference", False))
         self.update_batch_bytes = 512 * 1024 * 1024
         self.engine = Engine(**kwargs)
-        self._released: list[str] = []  # memory tags released right now
-        self._asleep = False
+        self._released: list[str] = []  # SGLang's memory tags released right now
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
@@ -232,7 +244,7 @@ class SGLangEngine(LibraryEngine):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """`update_weights_from_tensor` in batches (engine dtype), flushing the cache after the last.
         Tensors stay on their device: SGLang hands CUDA tensors to its workers by IPC handle."""
-        self._resume([WEIGHTS])
+        self.wake_up((WEIGHTS,))
         batches = tensor_batches(named_tensors, self.dtype, self.update_batch_bytes, device=None)
         batch = next(batches, None)
         while batch is not None:
@@ -255,7 +267,7 @@ class SGLangEngine(LibraryEngine):
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str | torch.dtype],
                                         shapes: list[list[int]], group_name: str, flush_cache: bool = True) -> None:
-        self._resume([WEIGHTS])
+        self.wake_up((WEIGHTS,))
         dtype_names = [str(d).removeprefix("torch.") for d in dtypes]
         self._checked("update_weights_from_distributed", self.engine.update_weights_from_distributed(
             names=list(names), dtypes=dtype_names, shapes=[list(s) for s in shapes],
@@ -272,13 +284,8 @@ class SGLangEngine(LibraryEngine):
         self._released = release_tags(level, self._weights_cpu_backup)
         self.engine.release_memory_occupation(tags=self._released)
 
-    def wake_up(self) -> None:
-        self._resume(list(self._released))
-        self._asleep = False
-
-    def _resume(self, tags: list[str]) -> None:
-        """Resume those of `tags` that are released (SGLang fails on a tag that is not)."""
-        todo = [t for t in tags if t in self._released]
+    def _resume(self, tags: tuple[str, ...]) -> None:
+        todo = resume_tags(tags, self._released)
         if todo:
             self.engine.resume_memory_occupation(tags=todo)
             self._released = [t for t in self._released if t not in todo]

@@ -8,6 +8,21 @@ from typing import Iterable, Literal, Protocol
 import torch
 
 StopReason = Literal["stop", "length"]
+MemoryTag = Literal["weights", "kv_cache"]
+# What an engine's `wake_up` takes back, in the order it must: the weights first (so a weight sync
+# can land while the trainer still holds its memory), the KV cache last (vLLM's and SGLang's tags)
+WAKE_TAGS: tuple[MemoryTag, ...] = ("weights", "kv_cache")
+
+
+def wake_order(tags: Iterable[str]) -> tuple[MemoryTag, ...]:
+    """`tags` checked against `WAKE_TAGS` and put in wake order."""
+    if isinstance(tags, str):
+        raise TypeError(f"wake_up takes a tuple of memory tags, e.g. ({tags!r},), not the string {tags!r}")
+    tags = tuple(tags)
+    unknown = sorted(set(tags) - set(WAKE_TAGS))
+    if unknown:
+        raise ValueError(f"unknown engine memory tag(s) {unknown}: wake_up takes {list(WAKE_TAGS)}")
+    return tuple(t for t in WAKE_TAGS if t in tags)
 
 
 @dataclass(frozen=True)
@@ -53,8 +68,13 @@ class InferenceEngine(Protocol):
     """One interface for the embedded engine, vLLM, SGLang and remote servers.
 
     `update_weights` takes tensors held by the caller's process (a colocated engine, or an engine
-    process that received them over the weight-sync group); `score` gives teacher-forced logprobs,
-    which the stale-weights probe compares with the trainer's."""
+    process that received them over the weight-sync group or through IPC handles); `score` gives
+    teacher-forced logprobs, which the stale-weights probe compares with the trainer's.
+
+    Sleep / wake (colocated engines hand their device memory to the trainer while it trains): `sleep`
+    releases the weights and the KV cache; `wake_up(("weights",))`, then the weight sync, then
+    `wake_up(("kv_cache",))`, so memory never holds the trainer's state and a full KV cache at
+    once. An engine refuses `generate` / `score` until both are back."""
 
     dtype: torch.dtype
 
@@ -65,7 +85,8 @@ class InferenceEngine(Protocol):
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load these (Hugging Face-named) weights; also drops any cached prefixes."""
+        """Load these (Hugging Face-named) weights; also drops any cached prefixes. Weights that are
+        asleep are woken first (the KV cache stays asleep)."""
         ...
 
     def reset_prefix_cache(self) -> None: ...
@@ -75,7 +96,9 @@ class InferenceEngine(Protocol):
         (the next `update_weights` brings them back)."""
         ...
 
-    def wake_up(self) -> None: ...
+    def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
+        """Take back the memory of `tags` (see `WAKE_TAGS`); tags that are awake are left alone."""
+        ...
 
     def close(self) -> None: ...
 

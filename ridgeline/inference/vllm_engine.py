@@ -175,7 +175,8 @@ class VLLMEngine(LibraryEngine):
     * update_weights: the tensors go to every worker through `collective_rpc` and the worker
       extension (`vllm_worker`), in batches that the worker loads as one set (vLLM's in-place
       `reload_weights`), then the prefix cache is reset.
-    * sleep / wake_up: `LLM.sleep(level)` / `LLM.wake_up()` (needs enable_sleep_mode, i.e.
+    * sleep / wake_up(tags): `LLM.sleep(level)` / `LLM.wake_up(tags=[...])`, vLLM's tags being
+      Ridgeline's ("weights", "kv_cache"; needs enable_sleep_mode, i.e.
       trainer.placement.colocate_all). Where vLLM has no sleep mode (its CPU platform) there is no
       device memory to free: both are bookkeeping only, like the embedded engine on CPU.
     """
@@ -205,8 +206,6 @@ class VLLMEngine(LibraryEngine):
         self.update_batch_bytes = UPDATE_BATCH_BYTES
         with _without_chat_template_warmup_warning():
             self.llm = LLM(**kwargs)
-        self._asleep_tags: list[str] = []  # what vLLM holds released right now
-        self._asleep = False
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
@@ -257,9 +256,7 @@ class VLLMEngine(LibraryEngine):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face-named weights in every worker, then drop cached prefixes. While asleep
         the weights' memory is brought back first (the KV cache stays released until wake_up)."""
-        if "weights" in self._asleep_tags:
-            self.llm.wake_up(tags=["weights"])
-            self._asleep_tags.remove("weights")
+        self.wake_up(("weights",))
         from ridgeline.inference.vllm_worker import pack_tensors
 
         # all batches but the last are staged in the workers, the last one loads the whole set
@@ -273,7 +270,7 @@ class VLLMEngine(LibraryEngine):
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:
-        if self._asleep_tags:
+        if self._device_sleeps and "kv_cache" in self._asleep_tags:
             return  # vLLM dropped every cached prefix when it went to sleep
         if self.llm.reset_prefix_cache() is False:
             raise EngineError("vLLM refused to reset its prefix cache (requests still running)")
@@ -282,14 +279,9 @@ class VLLMEngine(LibraryEngine):
     def _release(self, level: int) -> None:
         """Level 1: weights offloaded to host memory, KV cache dropped. Level 2: both dropped."""
         self.llm.sleep(level=level)
-        self._asleep_tags = ["weights", "kv_cache"]
 
-    def wake_up(self) -> None:
-        if self._asleep_tags:
-            # after an update_weights while asleep only the KV cache is still released
-            self.llm.wake_up(tags=None if len(self._asleep_tags) == 2 else list(self._asleep_tags))
-        self._asleep_tags = []
-        self._asleep = False
+    def _resume(self, tags: tuple[str, ...]) -> None:
+        self.llm.wake_up(tags=list(tags))
 
     def close(self) -> None:
         llm = self.__dict__.pop("llm", None)

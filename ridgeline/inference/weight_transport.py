@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 # Every tensor starts on this byte boundary, so a receiver can view its bytes as the tensor's
 # dtype in place, without a copy.
-_ALIGN = 64
+ALIGN = 64
 _MB = 1e6
 
 
@@ -110,11 +110,17 @@ class SyncStats:
     seconds_per_mb: float
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16" (the names headers carry)."""
     return str(dtype).removeprefix("torch.")
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def wire_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a weight travels in: floating tensors in the engine's `dtype`, others as they are."""
+    return dtype if tensor.is_floating_point() else tensor.dtype
+
+
+def dtype_from_name(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise WeightSyncError(f"weight sync header names an unknown dtype {name!r}")
@@ -251,7 +257,7 @@ class TensorBroadcaster(_Endpoint):
         """An engine rank: receive one tensor per (shape, dtype), in order."""
         out = []
         for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-            t = torch.empty(tuple(shape), dtype=_dtype_from_name(str(dtype).removeprefix("torch.")),
+            t = torch.empty(tuple(shape), dtype=dtype_from_name(str(dtype).removeprefix("torch.")),
                             device=self.device)
             self._broadcast(t, f"tensor {i + 1}")
             out.append(t)
@@ -265,8 +271,8 @@ class WeightSender(_Endpoint):
     def __init__(self, spec: GroupSpec, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
         if spec.rank != 0:
             raise ValueError("the weight sender is rank 0 of the weight-sync group")
-        if chunk_bytes < _ALIGN:
-            raise ValueError(f"chunk_bytes must be at least {_ALIGN}")
+        if chunk_bytes < ALIGN:
+            raise ValueError(f"chunk_bytes must be at least {ALIGN}")
         super().__init__(spec)
         self.chunk_bytes = chunk_bytes
         self.version = 0
@@ -283,10 +289,10 @@ class WeightSender(_Endpoint):
         offset = 0
         for name, t in named_tensors:
             t = t.detach()
-            wire = dtype if t.is_floating_point() else t.dtype
+            wire = wire_dtype(t, dtype)
             nbytes = t.numel() * wire.itemsize
-            offset = -(-offset // _ALIGN) * _ALIGN
-            metas.append(TensorMeta(name, tuple(t.shape), _dtype_name(wire), offset, nbytes))
+            offset = -(-offset // ALIGN) * ALIGN
+            metas.append(TensorMeta(name, tuple(t.shape), dtype_name(wire), offset, nbytes))
             tensors.append(t)
             offset += nbytes
         header = SyncHeader(self.version, self.chunk_bytes, offset, tuple(metas))
@@ -300,7 +306,7 @@ class WeightSender(_Endpoint):
         sent = 0  # chunks broadcast so far
         for meta, t in zip(metas, tensors):
             # cast one tensor at a time so the sender never holds a second copy of the model
-            src = t.to(device=self.device, dtype=_dtype_from_name(meta.dtype)).contiguous().reshape(-1)
+            src = t.to(device=self.device, dtype=dtype_from_name(meta.dtype)).contiguous().reshape(-1)
             src = src.view(torch.uint8)
             pos, end = meta.offset, meta.offset + meta.nbytes
             while pos < end:
@@ -359,6 +365,6 @@ class WeightReceiver(_Endpoint):
         self.version = header.version
         out = []
         for m in header.tensors:
-            piece = flat[m.offset:m.offset + m.nbytes].view(_dtype_from_name(m.dtype))
+            piece = flat[m.offset:m.offset + m.nbytes].view(dtype_from_name(m.dtype))
             out.append((m.name, piece.view(m.shape)))
         return out
