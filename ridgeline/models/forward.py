@@ -8,11 +8,14 @@ a 17 s generate call). Making the slice contiguous keeps it a single matmul.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,6 +90,9 @@ def select_attention(model: PreTrainedModel, device: torch.device, max_tokens: i
     (`prefer_eager_attention`). Returns the implementation the model now runs."""
     if device.type == "cuda" and flash_attn and flash_attention_available():
         model.set_attn_implementation("flash_attention_2")
+    elif device.type == "cuda" and flash_attn:
+        log.info("trainer.flash_attn=true but the flash-attn package is not installed: PyTorch's SDPA runs instead "
+                 "(pip install flash-attn, or trainer.flash_attn=false to silence this)")
     else:
         prefer_eager_attention(model, max_tokens, device)
     return getattr(model.config, "_attn_implementation", None) or "eager"

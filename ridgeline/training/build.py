@@ -62,7 +62,8 @@ def load_training_model(cfg: DictConfig, spec: ModelSpec, dtype: torch.dtype, to
     kernel `select_attention` picks for `device` (FlashAttention-2 / SDPA on CUDA, eager for
     short rows on a CPU)."""
     model = load_model(spec, dtype, tokenizer)
-    select_attention(model, device, training_max_tokens(cfg), bool(cfg.trainer.flash_attn))
+    kernel = select_attention(model, device, training_max_tokens(cfg), bool(cfg.trainer.flash_attn))
+    log.info("%s: %s attention on %s", spec.path, kernel, device)
     return model
 
 

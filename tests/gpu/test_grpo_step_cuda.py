@@ -28,26 +28,30 @@ PROMPTS_PER_STEP = 8  # the quickstart's train_batch_size
 @dataclass
 class Seen:
     """Device types met during the run (a CPU tensor among them fails the test)."""
-    batch: set[str] = field(default_factory=set)    # TrainingBatch tensors handed to the policy update
+    batch: set[str] = field(default_factory=set)    # micro-batch tensors the policy loss receives
     policy: set[str] = field(default_factory=set)   # policy parameters at the update
     engine: set[str] = field(default_factory=set)   # engine parameters while it generates
 
 
 def watch_devices(trainer: Trainer) -> Seen:
-    """Wrap the policy update and the engine's generate to note where their tensors are."""
+    """Wrap the policy loss and the engine's generate to note where their tensors are. The trainer
+    keeps its batches on the host; the worker moves each micro-batch to the GPU, so the loss sees
+    the micro-batch's tensors there."""
     seen = Seen()
-    train, generate = trainer.policy.train, trainer.engine.generate
+    policy = trainer.workers.policy
+    loss_fn, generate = policy.policy_loss_fn, trainer.engine.generate
 
-    def train_and_look(batch):
-        seen.batch |= {v.device.type for v in vars(batch).values() if isinstance(v, torch.Tensor)}
-        seen.policy |= {p.device.type for p in trainer.policy.model.parameters()}
-        return train(batch)
+    def loss_and_look(log_probs, old_log_probs, advantages, loss_mask, config, rollout_log_probs=None):
+        seen.batch |= {t.device.type for t in (log_probs, old_log_probs, advantages, loss_mask, rollout_log_probs)
+                       if t is not None}
+        seen.policy |= {p.device.type for p in policy.model.parameters()}
+        return loss_fn(log_probs, old_log_probs, advantages, loss_mask, config, rollout_log_probs=rollout_log_probs)
 
     def generate_and_look(*args, **kwargs):
         seen.engine |= {p.device.type for p in trainer.engine.model.parameters()}
         return generate(*args, **kwargs)
 
-    trainer.policy.train = train_and_look
+    policy.policy_loss_fn = loss_and_look
     trainer.engine.generate = generate_and_look
     return seen
 
@@ -77,8 +81,8 @@ def test_policy_engine_and_batches_live_on_cuda(run):
     assert seen.batch == {"cuda"}, seen.batch
     assert seen.policy == {"cuda"}, seen.policy
     assert seen.engine == {"cuda"}, seen.engine
-    assert {p.device.type for p in trainer.policy.model.parameters()} == {"cuda"}
-    moments = [t for state in trainer.policy.optimizer.state.values() for t in state.values()
+    assert {p.device.type for p in trainer.workers.policy.model.parameters()} == {"cuda"}
+    moments = [t for state in trainer.workers.policy.optimizer.state.values() for t in state.values()
                if isinstance(t, torch.Tensor) and t.dim() > 0]  # exp_avg, exp_avg_sq (not the step count)
     assert moments and {t.device.type for t in moments} == {"cuda"}
 
@@ -97,7 +101,7 @@ def test_throughput_and_mfu(run, figures):
     """Figures of the warm steps (the first one loads CUDA kernels and autotunes)."""
     trainer, _, steps, _ = run
     warm = steps[1:]
-    parameters = sum(p.numel() for p in trainer.policy.model.parameters())
+    parameters = sum(p.numel() for p in trainer.workers.policy.model.parameters())
     # throughput/tokens_per_second is the step's trained tokens (attention mask) over the step's seconds
     trained = [row["throughput/tokens_per_second"] * row["timing/step"] for row in warm]
     train_seconds = [row["timing/policy_train"] for row in warm]
