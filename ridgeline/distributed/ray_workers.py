@@ -550,7 +550,9 @@ def build_ray_workers(cfg: DictConfig, tokenizer) -> RayWorkers:
             host, port = ray.get(actors[0].master_address.remote())
             infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
     mini = t.policy_mini_batch_size * n
-    policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world), mini)
+    # the driver's copy of the ranks' settings (the trainer reads kl_estimator from it): computed for
+    # the host, so the driver never opens a CUDA context; the ranks compute their own
+    policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world, torch.device("cpu")), mini)
     ref = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
     critic = RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n) if critic_actors else None
     if not cfg.generator.run_engines_locally:

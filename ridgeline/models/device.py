@@ -29,7 +29,9 @@ def resolve_device(name: str) -> torch.device:
             raise ValueError(f"trainer.device={name} but CUDA is not available here (torch {torch.__version__}, "
                              f"built with CUDA {torch.version.cuda}). Fix: trainer.device=auto or cpu, or "
                              "install a CUDA build of PyTorch on a machine with a GPU")
-        index = torch.cuda.current_device() if name == "cuda" else int(name.split(":", 1)[1])
+        # the current device without initialising CUDA in a process that never used it (a Ray driver)
+        current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        index = current if name == "cuda" else int(name.split(":", 1)[1])
         if not 0 <= index < torch.cuda.device_count():
             raise ValueError(f"trainer.device={name}: this machine has {torch.cuda.device_count()} GPU(s)")
         return torch.device("cuda", index)

@@ -81,12 +81,14 @@ class Trainer:
     def __init__(self, cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, workers: Workers, engine: InferenceEngine,
                  generator: Generator, train_data: PromptDataset, val_data: PromptDataset | None,
                  trackers: list[Tracker], run_dir: Path, run: RunState, checkpointer: Checkpointer,
-                 weight_sync: WeightSync, device: torch.device, shutdown: Callable[[], None] | None = None,
-                 env_override: str | None = None):
+                 weight_sync: WeightSync, device: torch.device, colocated: bool = False,
+                 shutdown: Callable[[], None] | None = None, env_override: str | None = None):
         """`workers` are the one-process workers, or with trainer.strategy=fsdp2 the Ray groups of
         ridgeline.distributed.ray_workers (the same protocols); `weight_sync.sync(step)` brings the
-        engine(s) the policy's weights; `device` is where this process computes (its engine, its
-        workers when they are local); `shutdown()` (if any) stops the workers and engines."""
+        engine(s) the policy's weights; `device` is where this process computes (its engine and
+        workers when they are local; the host for a Ray driver); `colocated`: the engines share the
+        training GPUs, so they sleep while the trainer trains; `shutdown()` (if any) stops the
+        workers and engines."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.workers = workers
@@ -102,9 +104,7 @@ class Trainer:
         self.device = device
         self._shutdown = shutdown
         self.env_override = env_override  # environment.reward_fn: one env for every row
-        # engines sharing the trainer's GPU release it while the trainer trains (sleep / wake)
-        self.colocated = bool(cfg.trainer.placement.colocate_all) and device.type == "cuda" \
-            and bool(cfg.generator.run_engines_locally)
+        self.colocated = colocated
         self.history: list[dict[str, float]] = []
         self.in_step = False                           # a step's update may be half done
         self.stop_requested = False                    # Ctrl-C with trainer.ckpt_on_interrupt
@@ -113,7 +113,6 @@ class Trainer:
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
         seed_everything(t.seed)
-        device = resolve_device(t.device)
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -134,8 +133,8 @@ class Trainer:
         if resume_from is not None:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
 
-        autocast = training_autocast_dtype(t.mixed_precision, device)
         if t.strategy == "single":
+            device = resolve_device(t.device)
             policy = build_policy_worker(cfg, tokenizer)
             workers = Workers(policy, build_ref_worker(cfg, tokenizer, policy=policy), build_critic(cfg, tokenizer))
             engine = build_engine(cfg, tokenizer, policy.model)
@@ -145,6 +144,8 @@ class Trainer:
                     engine, tokenizer, push=lambda version: engine.update_weights(policy.named_weights(), version),
                     trainer_probe=lambda: probe_logprobs(policy.model, tokenizer, device=device))
             shutdown = engine.close
+            # an embedded engine on the trainer's GPU releases it while the trainer trains (sleep / wake)
+            colocated = bool(t.placement.colocate_all) and device.type == "cuda" and not isinstance(engine, RemoteEngine)
             parameters = sum(p.numel() for p in policy.model.parameters())
             where = (f"one process on {device}, {len(engine.urls)} remote engine(s)" if isinstance(engine, RemoteEngine)
                      else f"one process on {device}")
@@ -155,6 +156,13 @@ class Trainer:
             engine, weight_sync, shutdown = ray_workers.engine, ray_workers.weight_sync, ray_workers.shutdown
             parameters = ray_workers.parameters
             where = f"{t.strategy} on Ray: {ray_workers.plan.describe()}"
+            # the driver holds no model: it computes rewards and advantages on the host and never
+            # opens a CUDA context; engine actors colocated with GPU ranks sleep while they train
+            device = torch.device("cpu")
+            colocated = bool(t.placement.colocate_all) and ray_workers.plan.device == "GPU" \
+                and bool(cfg.generator.run_engines_locally)
+        compute = (str(training_autocast_dtype(t.mixed_precision, device) or torch.float32) if t.strategy == "single"
+                   else f"mixed_precision={t.mixed_precision} on the ranks")
         try:
             run = RunState(run_id=checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id(), algorithm=AlgorithmState(
                 kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
@@ -164,7 +172,7 @@ class Trainer:
             generator = build_generator(cfg, engine, tokenizer)
             loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
             log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s; memory allocator %s)",
-                     t.policy.model.path, parameters / 1e6, autocast or torch.float32, engine.dtype,
+                     t.policy.model.path, parameters / 1e6, compute, engine.dtype,
                      f", critic {t.critic.model.path}" if workers.critic is not None else "", where, active_allocator())
             checkpoint.prepare_metrics(run_dir, resume_from)  # before a tracker opens metrics.jsonl
             trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
@@ -172,7 +180,8 @@ class Trainer:
                                       resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
             checkpointer = Checkpointer(cfg, tokenizer, fingerprint, run_dir)
             trainer = cls(cfg, tokenizer, workers, engine, generator, train_data, val_data, trackers, run_dir, run,
-                          checkpointer, weight_sync, device, shutdown=shutdown, env_override=env_override)
+                          checkpointer, weight_sync, device, colocated=colocated, shutdown=shutdown,
+                          env_override=env_override)
             if resume_from is not None:
                 checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
                 weight_sync.sync(run.global_step)   # the engines get the resumed policy
