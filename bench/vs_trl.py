@@ -396,7 +396,7 @@ def ridgeline_child(stamps: Path, overrides: list[str]) -> int:
 
     def train(self):
         rec["t_train_begin"] = time.time()
-        rec["parameters"] = sum(p.numel() for p in self.policy.model.parameters())
+        rec["parameters"] = sum(p.numel() for p in self.workers.policy.model.parameters())
         rec["allocator"] = active_allocator()
         rec["engine_dtype"] = str(getattr(self.engine, "dtype", ""))
         try:
@@ -405,7 +405,7 @@ def ridgeline_child(stamps: Path, overrides: list[str]) -> int:
             rec["t_train_end"] = time.time()
 
     def _log(self, metrics):
-        rec["log"].append([self.global_step, time.time()])
+        rec["log"].append([self.run.global_step, time.time()])
         return original_log(self, metrics)
 
     if not callable(original_log):
