@@ -122,3 +122,34 @@ def test_trainer_device_auto_is_the_cpu_without_cuda_and_cuda_is_refused_by_name
         load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "trainer.device=cuda:1"])
     cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}"])
     assert OmegaConf.select(cfg, "trainer.device") == "auto"
+
+
+def test_offload_after_step_parks_the_optimizer_state_on_the_host_between_steps(tmp_path, tiny_tokenizer):
+    """`optimizer_config.offload_after_step` acts on a GPU shared with the engines: AdamW's moments
+    wait on the host between training phases and are back next to the parameters for each step."""
+    from ridgeline.training.build import offloads_optimizer
+
+    cfg = _cfg(tmp_path)
+    opt = cfg.trainer.policy.optimizer_config
+    assert offloads_optimizer(cfg, opt, torch.device("cuda", 0))            # colocate_all and engines in the job
+    assert not offloads_optimizer(cfg, opt, torch.device("cpu"))            # nothing to free on a CPU
+    remote = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "generator.run_engines_locally=false"])
+    assert not offloads_optimizer(remote, remote.trainer.policy.optimizer_config, torch.device("cuda", 0))
+
+    policy = build_policy_worker(cfg, tiny_tokenizer, ON_META)
+    policy.offload_optimizer = True
+    seen: list[set[str]] = []
+    step = policy.optimizer.step
+
+    def step_and_look(*args, **kwargs):
+        seen.append({v.device.type for s in policy.optimizer.state.values() for k, v in s.items() if k != "step"})
+        return step(*args, **kwargs)
+
+    policy.optimizer.step = step_and_look
+    batch = _batch(tiny_tokenizer, grouped=True)
+    with StrictDevices():
+        policy.train(batch)
+        policy.train(batch)
+    moments = [v for s in policy.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert moments and {v.device.type for v in moments} == {"cpu"}   # parked after the phase
+    assert seen == [set(), {"meta"}]  # no state before the first step; on the device for the second
