@@ -32,7 +32,7 @@ def trainer():
 
 
 @pytest.mark.parametrize("threshold_gib,sleep_level", [(1.0, 0), (32 / 1024, 2)])
-def test_cuda_ipc_handoff_is_bit_equal_and_passes_the_probe(trainer, threshold_gib, sleep_level):
+def test_cuda_ipc_handoff_is_bit_equal_and_passes_the_probe(trainer, threshold_gib, sleep_level, figures):
     """The default 1 GiB threshold (one bucket), and 32 MiB buckets into an engine whose weights
     sleep(level=2) dropped (woken first, refilled by the handoff)."""
     proc, to_child, to_parent = start_engine("cuda", llama_config(**SMOLLM2_135M))
@@ -51,6 +51,9 @@ def test_cuda_ipc_handoff_is_bit_equal_and_passes_the_probe(trainer, threshold_g
     print(f"\nCUDA IPC handoff: {transfer.nbytes / 1e6:.0f} MB in {transfer.count} bucket(s) of <= "
           f"{threshold_gib:g} GiB: {reply['seconds']:.3f} s, {reply['seconds'] / gb:.3f} s/GB; probe mean |diff| "
           f"{diff:.3g}")
+    figures.record(f"cuda_ipc_handoff_{threshold_gib:g}GiB", model="SmolLM2-135M shape, bf16",
+                   megabytes=transfer.nbytes / 1e6, buckets=float(transfer.count), seconds=reply["seconds"],
+                   seconds_per_gb=reply["seconds"] / gb, probe_mean_abs_diff=diff)
 
 
 def test_engine_sleep_frees_its_gpu_memory_and_wake_restores_generation():
