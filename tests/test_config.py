@@ -241,6 +241,12 @@ def runnable_cfg():
 # --------------------------------------------------------------------------- defaults
 
 
+def test_the_base_config_itself_passes_validation():
+    """SkyRL's defaults: fsdp2 on 4 policy GPUs, colocated with 1 engine of tensor parallelism 4."""
+    cfg = load_config([])
+    assert cfg.trainer.strategy == "fsdp2" and cfg.generator.inference_engine_tensor_parallel_size == 4
+
+
 def test_base_config_loads_with_runnable_overrides(runnable_cfg):
     assert runnable_cfg.trainer.strategy == "single"
     assert runnable_cfg.generator.backend == "hf"
@@ -493,9 +499,10 @@ def test_cuda_ipc_bucket_threshold_must_be_positive():
 
 
 def test_base_defaults_are_checked_as_a_multi_process_run():
-    """The base default strategy is fsdp2 (SkyRL's): its placement defaults (4 policy ranks
-    colocated with 1 engine) do not fit together, and the message says how to fix them."""
-    err = _error([])
+    """The base default strategy is fsdp2 (SkyRL's): 4 policy ranks colocated with engines whose
+    devices are counted as engines x tensor parallelism; one engine of TP 1 does not fit, and the
+    message says how to fix it."""
+    err = _error(["generator.inference_engine_tensor_parallel_size=1"])
     msg = str(err)
     assert "trainer.placement.colocate_all=true shares the policy's 4 devices" in msg
     assert "Fix: generator.num_inference_engines=4, or trainer.placement.colocate_all=false" in msg
@@ -515,6 +522,9 @@ def test_checkpoint_keys_are_checked():
     assert len(err.problems) == 5 and msg.count("Fix:") == 5
     for mode in ("none", "latest"):
         load_config(RUNNABLE + [f"trainer.resume_mode={mode}"])
+    # SkyRL's scripts write null for "start fresh" (its docs: null / "none"): accepted, and no resume
+    from ridgeline.trainer.checkpoint import find_resume_checkpoint
+    assert find_resume_checkpoint(load_config(RUNNABLE + ["trainer.resume_mode=null"])) is None
     load_config(RUNNABLE + ["trainer.resume_mode=from_path", "trainer.resume_path=/ckpts/global_step_10",
                             "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=3", "trainer.hf_save_interval=5",
                             "trainer.nonfinite_loss=stop", "trainer.ckpt_on_interrupt=true",

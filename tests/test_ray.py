@@ -50,6 +50,17 @@ def test_separate_pools_and_policy_ref_sharing():
     assert [(p.name, p.bundles, p.num_nodes) for p in plan.pools] == [("policy", 4, 2), ("ref", 1, 1), ("engines", 1, 1)]
 
 
+def test_colocation_counts_engines_times_tensor_parallelism():
+    """SkyRL's rule: num_inference_engines x inference_engine_tensor_parallel_size devices, here 2 x 4
+    on 8 policy GPUs; each engine takes the first bundle of its block."""
+    plan = plan_placement(_placement(policy_num_gpus_per_node=8), num_engines=2, engine_tp=4, use_ref=False,
+                          use_critic=False, device="GPU")
+    assert [(p.name, p.bundles) for p in plan.pools] == [("colocated", 8)]
+    assert [bundle_index(plan, "engine", i) for i in range(2)] == [0, 4]
+    assert load_config(["trainer.placement.policy_num_gpus_per_node=8", "trainer.placement.ref_num_gpus_per_node=8",
+                        "generator.num_inference_engines=2"]).generator.inference_engine_tensor_parallel_size == 4
+
+
 def test_colocation_with_unequal_counts_names_the_keys():
     with pytest.raises(PlacementConfigError, match=r"num_inference_engines=1 x 1 .* Fix: generator.num_inference_engines=4"):
         plan_placement(_placement(), num_engines=1, engine_tp=1, use_ref=False, use_critic=False, device="CPU")

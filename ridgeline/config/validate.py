@@ -26,7 +26,7 @@ FREE_FORM: tuple[str, ...] = ("generator.engine_init_kwargs", "environment.skyrl
 
 CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.strategy": ("fsdp2", "fsdp", "single", "deepspeed", "megatron"),
-    "trainer.resume_mode": ("none", "latest", "from_path"),
+    "trainer.resume_mode": ("none", None, "latest", "from_path"),   # null: SkyRL's spelling of none
     "trainer.mixed_precision": ("auto", "bf16", "fp32"),
     "trainer.nonfinite_loss": ("skip", "stop"),
     "trainer.algorithm.loss_reduction": ("token_mean", "sequence_mean", "seq_mean_token_sum_norm"),
@@ -374,6 +374,8 @@ class _Checker:
             return "'all-linear' or a list of module names"
         if key in FREE_FORM and default is not None:
             return None if isinstance(value, dict) else "a map"
+        if value is None and None in CHOICES.get(key, ()):
+            return None  # a choice that may be null (trainer.resume_mode: SkyRL's "none")
         if default is None:
             if key == "data.prepare" and value is not None and not isinstance(value, dict):
                 return "null or a map {dataset: ..., output_dir: ...}"
@@ -636,7 +638,8 @@ class _Checker:
         use_ref = self.val(f"{a}.use_kl_loss") is True or self.val(f"{a}.use_kl_in_reward") is True
         try:
             plan = plan_placement(self.val("trainer.placement"), num_engines=self.num("generator.num_inference_engines"),
-                                  engine_tp=1, use_ref=use_ref,
+                                  engine_tp=self.num("generator.inference_engine_tensor_parallel_size") or 1,
+                                  use_ref=use_ref,
                                   use_critic=critic is not None and critic is not _MISSING, device="CPU",
                                   remote_engines=self.val("generator.run_engines_locally") is False)
         except PlacementConfigError as exc:

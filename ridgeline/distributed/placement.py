@@ -85,7 +85,8 @@ class PlacementPlan:
 def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool, use_critic: bool,
                    device: str, remote_engines: bool = False) -> PlacementPlan:
     """The pools of a run. `placement` is the `trainer.placement` section; `engine_tp` the devices
-    per engine (1 for the hf engine); `device` "GPU" or "CPU"; `remote_engines`: the engines are
+    per engine (`generator.inference_engine_tensor_parallel_size`; the hf engine computes on the
+    first device of its block); `device` "GPU" or "CPU"; `remote_engines`: the engines are
     servers elsewhere (`generator.run_engines_locally=false`), so none is placed. Raises
     PlacementConfigError naming the keys when colocation asks for counts that do not match."""
     p = placement

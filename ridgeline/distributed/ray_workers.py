@@ -509,7 +509,10 @@ class RayWorkers:
 def placement_plan(cfg: DictConfig) -> PlacementPlan:
     g = cfg.generator
     device = "GPU" if resolve_device(cfg.trainer.device).type == "cuda" else "CPU"
-    return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines), engine_tp=1,
+    # an engine takes `inference_engine_tensor_parallel_size` devices of the plan (SkyRL's rule: engines x TP =
+    # the GPUs they need); the embedded hf engine computes on the first of its block
+    return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines),
+                          engine_tp=int(g.inference_engine_tensor_parallel_size),
                           use_ref=needs_ref(cfg), use_critic=cfg.trainer.critic.model.path is not None, device=device,
                           remote_engines=not g.run_engines_locally)
 

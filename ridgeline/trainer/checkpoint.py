@@ -121,11 +121,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def find_resume_checkpoint(cfg: DictConfig) -> Path | None:
-    """The checkpoint `trainer.resume_mode` asks for: none -> None; latest -> the one the pointer
+    """The checkpoint `trainer.resume_mode` asks for: none (or null, as SkyRL writes it) -> None;
+    latest -> the one the pointer
     in `trainer.ckpt_path` names (None, logged, when there is none); from_path -> `resume_path`,
     which must be a complete checkpoint."""
     t = cfg.trainer
-    if t.resume_mode == "none":
+    if t.resume_mode in (None, "none"):
         return None
     if t.resume_mode == "latest":
         folder = latest_checkpoint(Path(t.ckpt_path))
