@@ -241,6 +241,15 @@ def runnable_cfg():
 # --------------------------------------------------------------------------- defaults
 
 
+def test_features_not_built_are_named_before_other_problems():
+    """One sentence each for what this build does not have (Megatron, sequence parallelism), listed
+    before the unrelated problems, whose messages may follow from them."""
+    err = _error(RUNNABLE + ["trainer.epochs=0", "trainer.strategy=megatron", "trainer.policy.sequence_parallel_size=2"])
+    assert {p.split("=")[0] for p in err.problems[:2]} == {"trainer.strategy", "trainer.policy.sequence_parallel_size"}
+    assert "sequence parallelism is not built" in str(err) and "megatron are not planned" in str(err)
+    assert any(p.startswith("trainer.epochs=0") for p in err.problems[2:])
+
+
 def test_the_base_config_itself_passes_validation():
     """SkyRL's defaults: fsdp2 on 4 policy GPUs, colocated with 1 engine of tensor parallelism 4."""
     cfg = load_config([])

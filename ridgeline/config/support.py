@@ -38,7 +38,8 @@ __all__ = [
     "unbuilt_defaults",
 ]
 
-_MULTI = "multi-process training (issue 6)"
+_SP = ("sequence parallelism is not built: FSDP2 shards the parameters, every rank holds whole "
+       "sequences")
 
 # dotted key (or prefix.*) -> what to use today / which issue brings it
 NOT_YET: dict[str, str] = {
@@ -46,11 +47,13 @@ NOT_YET: dict[str, str] = {
     "trainer.strategy": "single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on "
     "CPU workers, NCCL on GPUs) are built; deepspeed and megatron are not planned",
     # placement and sharding
-    "trainer.critic.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
-    "trainer.policy.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
-    "trainer.ref.sequence_parallel_size": "sequence parallelism arrives with " + _MULTI,
-    "trainer.policy.use_torch_compile": "torch.compile support arrives with issue 8",
-    "trainer.policy.record_memory": "CUDA memory snapshots arrive with the GPU work of issue 6",
+    "trainer.critic.sequence_parallel_size": _SP,
+    "trainer.policy.sequence_parallel_size": _SP,
+    "trainer.ref.sequence_parallel_size": _SP,
+    "trainer.policy.use_torch_compile": "torch.compile is not built (on one CPU core it costs minutes of "
+    "compilation per shape; docs/benchmarks.md)",
+    "trainer.policy.record_memory": "CUDA memory snapshots are not built (memory/peak_gpu_gib is logged every "
+    "step)",
     # dumps
     # generator / engines
 }

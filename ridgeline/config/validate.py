@@ -949,6 +949,7 @@ class _Checker:
     def run(self) -> list[str]:
         self.structure()
         self.types()
+        self.not_yet()  # features this build does not have come first: they explain what follows
         self.choices()
         self.numbers()
         self.batches()
@@ -959,7 +960,6 @@ class _Checker:
         self.placement()
         self.device()
         self.engines()
-        self.not_yet()
         self.extensions()
         return self.problems
 
