@@ -241,6 +241,31 @@ def runnable_cfg():
 # --------------------------------------------------------------------------- defaults
 
 
+@pytest.mark.parametrize("key, meant", [
+    ("trainer.polcy.optimizer_config.lr", "trainer.policy.optimizer_config.lr"),   # a misspelt section
+    ("trainer.n_samples_per_prompt", "generator.n_samples_per_prompt"),            # the right name elsewhere
+    ("generator.sampling_params.temprature", "generator.sampling_params.temperature"),
+    ("trainer.epoch", "trainer.epochs"),
+    # SkyRL keys with no counterpart here: a suggestion would name a key that means something else
+    ("trainer.bf16", None), ("trainer.policy.model.lora.init_method", None), ("trainer.gpu_type", None),
+])
+def test_suggestions_for_unknown_keys_only_name_keys_that_mean_the_same(key, meant):
+    from ridgeline.config.validate import suggest_key
+    assert suggest_key(key) == meant
+
+
+def test_megatron_and_deepspeed_settings_are_named_once_with_their_backend():
+    err = _error(RUNNABLE + ["trainer.policy.megatron_config.tensor_model_parallel_size=2",
+                             "trainer.ref.megatron_config.context_parallel_size=1",
+                             "deepspeed_config.train.zero_optimization.sub_group_size=1"])
+    assert len(err.problems) == 2, err.problems
+    assert ("trainer.policy.megatron_config, trainer.ref.megatron_config configure megatron, which is not built "
+            "(trainer.strategy=single)") in str(err)
+    assert "deepspeed_config configure deepspeed, which is not built" in str(err)
+    err = _error(RUNNABLE + ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2"])
+    assert len(err.problems) == 1 and err.problems[0].startswith("trainer.strategy=megatron is not supported yet")
+
+
 def test_features_not_built_are_named_before_other_problems():
     """One sentence each for what this build does not have (Megatron, sequence parallelism), listed
     before the unrelated problems, whose messages may follow from them."""

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ridgeline.config.validate import (
     FREE_FORM,
+    UNBUILT_STRATEGY_SECTIONS,
     ConfigError,
     _base_default,
     _base_leaves,
@@ -141,6 +142,11 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
         # config knows: Hydra decides, and its refusal comes back as a ConfigError with the fix.
         if ov.is_add() or ov.is_force_add() or key in known or under_free_form(key):
             usable.append(text)
+            continue
+        if any(part in UNBUILT_STRATEGY_SECTIONS for part in key.split(".")):
+            # a setting of Megatron / DeepSpeed: added, so that validation names the backend once
+            # for all of its settings instead of one "unknown key" each
+            usable.append("+" + text)
             continue
         # a CHANGE of a key the base config does not have: Hydra would refuse it
         value = _show(ov.value()) if not isinstance(ov.value(), dict) else "..."

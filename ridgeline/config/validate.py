@@ -38,6 +38,9 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "generator.override_existing_update_group": ("auto", "enable", "disable"),
     "generator.weight_sync_backend": ("nccl", "gloo"),
 }
+# sections of SkyRL's training backends that are not built here: one sentence for the whole section
+# (trainer.strategy names the backend), never an "unknown key" per setting
+UNBUILT_STRATEGY_SECTIONS = {"megatron_config": "megatron", "deepspeed_config": "deepspeed"}
 # generator.engine_init_kwargs the embedded engine takes (vllm/sglang take any of theirs)
 HF_ENGINE_KWARGS: tuple[str, ...] = ("attn_implementation",)
 # built-in estimators that ignore critic values (a user's estimator may read them)
@@ -142,12 +145,12 @@ def suggest_key(key: str) -> str | None:
     if same_leaf:
         close = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)
         return close[0]
-    siblings = [k for k in all_keys if k.rpartition(".")[0] == parent]
-    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.75)
-    if close:
-        return close[0]
-    close = difflib.get_close_matches(key, all_keys, n=1, cutoff=0.8)
-    return close[0] if close else None
+    # a misspelt name in its own section: the names themselves must be close (compared whole, the
+    # shared section prefix made `lora.init_method` look like `lora.rank` and `sampling_params.stop`
+    # like `top_p`, which mean something else)
+    siblings = {k.rpartition(".")[2]: k for k in all_keys if k.rpartition(".")[0] == parent}
+    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.8)
+    return siblings[close[0]] if close else None
 
 
 def under_free_form(key: str) -> bool:
@@ -290,10 +293,14 @@ class _Checker:
 
     # 1. unknown and missing keys --------------------------------------------------------
     def structure(self) -> None:
+        unbuilt: dict[str, list[str]] = {}  # strategy name -> sections of its settings in the config
+
         def rec(c: dict, b: dict, prefix: str) -> None:
             for k, v in c.items():
                 key = f"{prefix}.{k}" if prefix else str(k)
-                if k not in b:
+                if k not in b and k in UNBUILT_STRATEGY_SECTIONS:
+                    unbuilt.setdefault(UNBUILT_STRATEGY_SECTIONS[k], []).append(key)
+                elif k not in b:
                     self._unknown(key, v)
                 elif key in FREE_FORM:
                     continue
@@ -312,6 +319,12 @@ class _Checker:
                            "ridgeline.config.load_config().")
             return
         rec(self.c, _base_tree(), "")
+        strategy = self.val("trainer.strategy")
+        for name, sections in unbuilt.items():
+            if str(strategy).lower() == name.lower():
+                continue  # trainer.strategy's own "not supported" sentence covers its settings
+            self.add(sections[0], f"{', '.join(sections)} configure {name}, which is not built (trainer.strategy="
+                                  f"{_show(strategy)}). Fix: remove them.")
 
     def _unknown(self, key: str, value: Any) -> None:
         if key.startswith("trainer.critic.model.lora") or key.startswith("trainer.ref.model.lora"):
