@@ -382,9 +382,14 @@ def test_unknown_key_without_plus_is_ours_not_hydras():
     assert "generator.n_samples_per_prompt" in str(err)
 
 
-def test_free_form_key_without_plus_asks_for_plus():
+def test_free_form_keys_are_set_without_plus_as_skyrl_scripts_write_them():
+    cfg = load_config(RUNNABLE + ["generator.backend=vllm", "generator.engine_init_kwargs.attention_backend=fa3",
+                                  "environment.skyrl_gym.text2sql.db_path=/data/sql"])
+    assert cfg.generator.engine_init_kwargs.attention_backend == "fa3"
+    assert cfg.environment.skyrl_gym.text2sql.db_path == "/data/sql"
+    # and the usual checks still apply to what was set
     err = _error(RUNNABLE + ["generator.engine_init_kwargs.attention_backend=fa3"])
-    assert "+generator.engine_init_kwargs.attention_backend=fa3" in str(err)
+    assert "generator.engine_init_kwargs has attention_backend, which the embedded hf engine does not take" in str(err)
 
 
 def test_wrong_type():

@@ -138,10 +138,14 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
                 f"The override {text!r} deletes {key}: Ridgeline reads every key of the base "
                 f"config. Fix: set it to a value instead, e.g. {key}=VALUE.")
             continue
-        # Inside a free-form map a preset may already have created the key, which only the composed
-        # config knows: Hydra decides, and its refusal comes back as a ConfigError with the fix.
-        if ov.is_add() or ov.is_force_add() or key in known or under_free_form(key):
+        if ov.is_add() or ov.is_force_add() or key in known:
             usable.append(text)
+            continue
+        if under_free_form(key):
+            # Inside a free-form map (per-env settings, engine kwargs) a key may or may not exist
+            # yet (a preset may have created it): SkyRL's scripts set them without '+', so set it
+            # either way ('++': add or override)
+            usable.append("++" + text)
             continue
         if any(part in UNBUILT_STRATEGY_SECTIONS for part in key.split(".")):
             # a setting of Megatron / DeepSpeed: added, so that validation names the backend once
