@@ -15,9 +15,9 @@ What is read: `data.val_data` (the files to score; `data.prepare` writes them fi
 What is written to `--output` (default SkyRL-Train's eval-only dump folder,
 `<trainer.export_path>/dumped_evals/eval_only`): the eval dump (`<data_source>.jsonl`, every
 sample, and `aggregated_results.jsonl`, the metrics; ridgeline.tracking.dumps) and `config.yaml`
-(the resolved config); the metrics table is printed. Each file of `data.val_data` is reported by its rows' data_source; when two files share a
-data source, each is reported as `<data_source>/<file stem>` (metric key
-`eval/<data_source>_<file stem>/...`) so they stay apart.
+(the resolved config); the metrics table is printed. Each file of `data.val_data` is reported by
+its rows' data_source; when two files share a data source, each is reported as
+`<data_source>/<file stem>` (metric key `eval/<data_source>_<file stem>/...`) so they stay apart.
 
 `python -m ridgeline.entrypoints.eval ...` runs the same thing.
 """
@@ -285,8 +285,8 @@ def labelled_rows(cfg: DictConfig, tokenizer) -> list[tuple[str, PromptRow]]:
     if not files:
         raise FileNotFoundError("data.val_data is empty: name the dataset files to score, "
                                 "e.g. data.val_data=[data/validation.parquet]")
-    datasets = [PromptDataset([f], default_env_class=cfg.environment.env_class,
-                              max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer) for f in files]
+    datasets = [PromptDataset([f], default_env_class=cfg.environment.env_class, max_prompt_tokens=t.max_prompt_length,
+                              tokenizer=tokenizer, config_key="data.val_data") for f in files]
     files_of: dict[str, set[str]] = {}
     for file, data in zip(files, datasets):
         for source in data.data_sources():

@@ -29,7 +29,7 @@ and removed by the next write.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import logging
 import os
@@ -116,7 +116,8 @@ def written_by_skyrl(folder: Path) -> bool:
     """A `global_step_N` folder SkyRL-Train wrote (its `trainer_state.pt`, no `COMPLETE`): its
     sharded model and optimizer files are not a format Ridgeline reads."""
     folder = Path(folder)
-    return checkpoint_step(folder) is not None and (folder / SKYRL_STATE).is_file() and not (folder / COMPLETE).is_file()
+    return (checkpoint_step(folder) is not None and (folder / SKYRL_STATE).is_file()
+            and not (folder / COMPLETE).is_file())
 
 
 def _skyrl_refusal(folder: Path, how: str) -> CheckpointError:
@@ -200,23 +201,16 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
-def _file_digest(path: str) -> dict[str, Any]:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"file": str(path), "size": os.path.getsize(path), "sha256": h.hexdigest()}
-
-
 def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, Any]:
     """What identifies a run: a resume that changes any of it is refused (unless
-    `trainer.resume_ignore_config_changes`). Data files are compared by content, not path."""
+    `trainer.resume_ignore_config_changes`). Data is compared by content (`PromptDataset.digests`),
+    not by path."""
     t = cfg.trainer
     fingerprint = {
         "trainer.policy.model.path": t.policy.model.path,
         "trainer.policy.model.gguf_file": t.policy.model.get("gguf_file"),
         "trainer.critic.model.path": t.critic.model.path,
-        "data.train_data": [_file_digest(f) for f in train_data.files],
+        "data.train_data": [dataclasses.asdict(d) for d in train_data.digests()],
         "usable training rows": len(train_data),
         "trainer.seed": t.seed,
         "trainer.train_batch_size": t.train_batch_size,

@@ -121,9 +121,11 @@ class Trainer:
         prepare_data_if_missing(cfg.data)
         default_env = cfg.environment.env_class
         train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
-                                   max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer)
+                                   max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
+                                   config_key="data.train_data")
         val_data = (PromptDataset(list(cfg.data.val_data), default_env_class=default_env,
-                                  max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer)
+                                  max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
+                                  config_key="data.val_data")
                     if cfg.data.val_data else None)
         if len(train_data) < t.train_batch_size:
             raise ValueError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
