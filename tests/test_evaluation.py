@@ -12,7 +12,7 @@ import pytest
 from ridgeline.entrypoints import eval as eval_cli
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, TrajectoryID
 from ridgeline.inference.types import SamplingParams
-from ridgeline.tracking.dumps import AGGREGATED_FILE, read_eval_dump, read_eval_metrics
+from ridgeline.tracking.dumps import AGGREGATED_FILE, read_eval_dump
 from ridgeline.trainer.evaluation import EvalAccumulator, pass_at_k, reported_ks
 
 
@@ -144,7 +144,7 @@ def test_dump_writes_skyrls_files(tmp_path):
     assert rows[2]["ground_truth"] == "9" and rows[2]["parsed"] is None and rows[2]["sample_index"] == 0
     assert [r["data_source"] for r in read_eval_dump(folder)] == ["arith"] * 3 + ["openai/gsm8k"]
     assert (folder / AGGREGATED_FILE).read_text().count("\n") == 1
-    metrics = read_eval_metrics(folder)
+    metrics = read_metrics(folder)
     assert metrics == {**acc.metrics(), "timing/eval": 1.5}
     assert metrics["eval/arith/pass_at_1"] == pytest.approx(0.25)  # (1/2 + 0/1) / 2
     # a second dump into the folder replaces the first as a whole
@@ -173,6 +173,10 @@ def read_results(folder: Path) -> list[dict]:
     return read_eval_dump(folder)
 
 
+def read_metrics(folder: Path) -> dict:
+    return json.loads((folder / AGGREGATED_FILE).read_text())
+
+
 def test_cli_options_may_follow_the_overrides():
     parser = argparse.ArgumentParser(prog="ridgeline")
     eval_cli.add_parser(parser.add_subparsers(dest="command"))
@@ -190,7 +194,7 @@ def test_eval_on_the_tiny_preset_writes_metrics_and_dump(tmp_path, capsys):
                               "generator.eval_sampling_params.temperature=1.0"))
     assert code == 0
     folder = tmp_path / "dumped_evals" / "eval_only"  # the default: SkyRL's, under trainer.export_path
-    metrics = read_eval_metrics(folder)
+    metrics = read_metrics(folder)
     for name in ["pass_at_1", "pass_at_2", "pass_at_4", "avg_score", "num_prompts"]:
         assert f"eval/arithmetic/{name}" in metrics and f"eval/all/{name}" in metrics
     assert metrics["eval/all/num_prompts"] == 16
@@ -226,7 +230,7 @@ def test_files_sharing_a_data_source_are_reported_apart(tmp_path):
     code = eval_cli.main(tiny(tmp_path, f"data.val_data=[{data}/train.parquet,{data}/validation.parquet]",
                               "--output", str(tmp_path / "out")))
     assert code == 0
-    metrics = read_eval_metrics(tmp_path / "out")
+    metrics = read_metrics(tmp_path / "out")
     assert metrics["eval/arithmetic_train/num_prompts"] == 16
     assert metrics["eval/arithmetic_validation/num_prompts"] == 16
     assert metrics["eval/all/num_prompts"] == 32

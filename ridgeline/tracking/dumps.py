@@ -153,9 +153,3 @@ def read_eval_dump(folder: str | Path) -> list[dict[str, Any]]:
     folder = Path(folder)
     return [row for path in sorted(folder.glob("*.jsonl")) if path.name != AGGREGATED_FILE
             for row in read_jsonl(path).rows]
-
-
-def read_eval_metrics(folder: str | Path) -> dict[str, float]:
-    """The metrics line of an eval dump (`aggregated_results.jsonl`)."""
-    rows = read_jsonl(Path(folder) / AGGREGATED_FILE).rows
-    return rows[0] if rows else {}

@@ -104,10 +104,11 @@ def pointed_step(root: Path) -> int | None:
         return int(text)
     legacy = root / LEGACY_POINTER
     if legacy.is_file():
-        step = checkpoint_step(Path(legacy.read_text().strip()))
+        name = legacy.read_text().strip()
+        step = checkpoint_step(Path(name))
         if step is None:
-            raise CheckpointError(f"{legacy} holds {legacy.read_text().strip()!r}, not a {CKPT_PREFIX}N folder "
-                                  "name. Fix: delete it (the newest complete checkpoint is then taken)")
+            raise CheckpointError(f"{legacy} holds {name!r}, not a {CKPT_PREFIX}N folder name. Fix: delete it "
+                                  "(the newest complete checkpoint is then taken)")
         return step
     return None
 
@@ -473,9 +474,9 @@ class Checkpointer:
         OmegaConf.save(self.cfg, folder / "config.yaml", resolve=True)
 
     def save(self, run: RunState, workers: Workers, steps_per_epoch: int) -> Path:
-        """Write `global_step_<N>` atomically, point `latest_ckpt_global_step.txt` at it, prune. On any failure the temp
-        folder is removed, the previous checkpoint and pointer stay as they were, and a
-        CheckpointError names the path and the cause."""
+        """Write `global_step_<N>` atomically, point `latest_ckpt_global_step.txt` at it, prune. On
+        any failure the temp folder is removed, the previous checkpoint and pointer stay as they
+        were, and a CheckpointError names the path and the cause."""
         root = self.root
         name = f"{CKPT_PREFIX}{run.global_step}"
         final = root / name
