@@ -50,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
         return 2
+    from ridgeline.data import DatasetError
     from ridgeline.trainer.checkpoint import CheckpointError
     try:
         run_training(cfg)
-    except CheckpointError as err:
+    except (CheckpointError, DatasetError) as err:  # what the user fixes: one message, no traceback
         print(f"ridgeline: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:

@@ -1,11 +1,13 @@
 """Checkpoints on the tiny preset: what a checkpoint holds, atomic writes and failures, the latest
-pointer and pruning, refused resumes, non-finite losses and Ctrl-C."""
+pointer (SkyRL's latest_ckpt_global_step.txt, and the older `latest`) and pruning, SkyRL-written
+checkpoints, refused resumes, non-finite losses and Ctrl-C."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -45,7 +47,8 @@ def critic_run(tmp_path_factory):
 def test_a_checkpoint_holds_everything_and_loads_back_exactly(critic_run):
     out, cfg, done = critic_run
     root = out / "tiny" / "ckpts"
-    assert (root / "latest").read_text().strip() == "global_step_2"
+    assert (root / "latest_ckpt_global_step.txt").read_text() == "2"  # SkyRL's content: the step, no newline
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "global_step_2", "latest_ckpt_global_step.txt"]
     folder = root / "global_step_2"
     names = {p.name for p in folder.iterdir()}
     assert names == {"policy", "policy_optim.pt", "critic", "critic_optim.pt", "trainer_state.json", "rng_state.pt",
@@ -92,8 +95,9 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_stops_the_run(tmp_path
     msg = str(info.value)
     assert str(root / "global_step_2") in msg and "No space left on device" in msg
     assert "global_step_1" in msg  # the checkpoint to resume from
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "latest"]  # temp folder removed
-    assert (root / "latest").read_text().strip() == "global_step_1" and checkpoint.is_complete(root / "global_step_1")
+    # temp folder removed, the pointer untouched
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "latest_ckpt_global_step.txt"]
+    assert (root / "latest_ckpt_global_step.txt").read_text() == "1" and checkpoint.is_complete(root / "global_step_1")
     assert trainer.run.global_step == 2  # stopped right there
 
 
@@ -104,10 +108,20 @@ def test_incomplete_folders_are_never_loaded_and_the_pointer_wins(tmp_path):
     for step in (1, 2):
         (root / f"global_step_{step}" / "COMPLETE").write_text("{}")
     assert checkpoint.latest_checkpoint(root) == root / "global_step_2"  # 3 is incomplete, no pointer
+    # the older pointer `latest`, as checkpoints written before SkyRL's file hold it
     (root / "latest").write_text("global_step_1\n")
-    assert checkpoint.latest_checkpoint(root) == root / "global_step_1"
+    assert checkpoint.pointed_step(root) == 1 and checkpoint.latest_checkpoint(root) == root / "global_step_1"
     (root / "latest").write_text("global_step_3\n")  # names an incomplete folder: newest complete
     assert checkpoint.latest_checkpoint(root) == root / "global_step_2"
+    # SkyRL's pointer, when there, is the one read
+    (root / "latest_ckpt_global_step.txt").write_text("1")
+    assert checkpoint.pointed_step(root) == 1 and checkpoint.latest_checkpoint(root) == root / "global_step_1"
+    (root / "latest_ckpt_global_step.txt").write_text("3\n")
+    assert checkpoint.latest_checkpoint(root) == root / "global_step_2"
+    (root / "latest_ckpt_global_step.txt").write_text("global_step_1")
+    with pytest.raises(CheckpointError, match="holds 'global_step_1', not a step number"):
+        checkpoint.latest_checkpoint(root)
+    (root / "latest_ckpt_global_step.txt").unlink()
     cfg = tiny(tmp_path, "trainer.resume_mode=from_path", f"trainer.resume_path={root}/global_step_3")
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         checkpoint.find_resume_checkpoint(cfg)
@@ -124,12 +138,51 @@ def test_incomplete_folders_are_never_loaded_and_the_pointer_wins(tmp_path):
         ["global_step_2", "global_step_3", "global_step_4", "latest"]
 
 
+def test_resume_goes_through_skyrls_pointer_file_alone(critic_run, tmp_path):
+    """A ckpt_path holding only SkyRL's layout (latest_ckpt_global_step.txt + global_step_N/):
+    resume_mode=latest loads the step the file names, not the newest folder."""
+    out, _, _ = critic_run
+    ckpts = tmp_path / "ckpts"
+    for step in (1, 2):
+        shutil.copytree(out / "tiny" / "ckpts" / f"global_step_{step}", ckpts / f"global_step_{step}")
+    (ckpts / "latest_ckpt_global_step.txt").write_text("1")
+    data = out / "tiny" / "data"
+    resumed = Trainer.from_config(tiny(out, *CRITIC, "trainer.resume_mode=latest", f"trainer.ckpt_path={ckpts}",
+                                       f"trainer.run_dir={tmp_path / 'run'}", f"data.train_data=[{data}/train.parquet]",
+                                       f"data.val_data=[{data}/validation.parquet]"))
+    assert resumed.run.global_step == 1 and resumed.run.data_position == (0, 1)
+    assert resumed.checkpointer.last == ckpts / "global_step_1"
+
+
+def test_a_checkpoint_skyrl_wrote_is_recognised_and_refused(tmp_path):
+    """SkyRL-Train's own checkpoints (trainer_state.pt, FSDP shards, no COMPLETE): the pointer's step
+    is read, and loading is refused in one sentence with the fix, whichever way it is named."""
+    root = tmp_path / "ckpts"
+    for step in (2, 3):
+        folder = root / f"global_step_{step}"
+        (folder / "policy").mkdir(parents=True)
+        for name in ("trainer_state.pt", "data.pt", "policy/model_world_size_1_rank_0.pt"):
+            (folder / name).write_bytes(b"\0")
+    (root / "latest_ckpt_global_step.txt").write_text("3")
+    assert checkpoint.pointed_step(root) == 3 and checkpoint.written_by_skyrl(root / "global_step_3")
+    expected = r"global_step_3, a checkpoint written by SkyRL-Train \(step 3;.*Fix: start afresh"
+    with pytest.raises(CheckpointError, match=expected):
+        checkpoint.find_resume_checkpoint(tiny(tmp_path, "trainer.resume_mode=latest", f"trainer.ckpt_path={root}"))
+    with pytest.raises(CheckpointError, match=expected):
+        checkpoint.find_resume_checkpoint(tiny(tmp_path, "trainer.resume_mode=from_path",
+                                               f"trainer.resume_path={root}/global_step_3"))
+    with pytest.raises(CheckpointError, match=expected):
+        checkpoint.export_checkpoint(root, tmp_path / "exported")
+
+
 def test_max_ckpts_to_keep_prunes_after_the_pointer_moves(tmp_path):
     root = tmp_path / "tiny" / "ckpts"
     (root / ".tmp_global_step_3_0123abcd").mkdir(parents=True)  # left by a run killed while writing
+    (root / "latest").write_text("global_step_3\n")  # the older pointer: replaced by SkyRL's file
     Trainer.from_config(tiny(tmp_path, "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=1",
                              "trainer.epochs=2")).train()
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_4", "latest"]
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_4", "latest_ckpt_global_step.txt"]
+    assert (root / "latest_ckpt_global_step.txt").read_text() == "4"
 
 
 def test_resuming_another_run_is_refused_unless_told(critic_run, tmp_path, caplog):
@@ -210,7 +263,7 @@ def test_ctrl_c_finishes_the_step_then_checkpoints_it(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     root = tmp_path / "tiny" / "ckpts"
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_2", "latest"]
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_2", "latest_ckpt_global_step.txt"]
     assert trainer.run.global_step == 2 and signal.getsignal(signal.SIGINT) is handler
     steps = [json.loads(line)["step"] for line in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]

@@ -1,12 +1,17 @@
-"""Data: preparing GSM8K/arithmetic, row validation, loading, filtering and batching."""
+"""Data: preparing GSM8K/arithmetic, row validation, loading (files, .json as SkyRL writes it,
+dataset folders and hub `name:split` names through datasets.load_dataset), filtering and batching."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import logging
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ridgeline.data import DatasetError, PromptDataset, PromptRow, prepare_arithmetic, prepare_gsm8k, validate_row
+from ridgeline.data import sources
 from ridgeline.data.cli import add_prepare_parser, main as cli_main, run_prepare
+from ridgeline.data.sources import parse_dataset_name
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared/data/gsm8k"
@@ -322,6 +329,156 @@ def test_dataset_missing_file_and_bad_jsonl(tmp_path) -> None:
         PromptDataset([write_jsonl(tmp_path / "rows.csv", [good_row()])])
     with pytest.raises(DatasetError, match="no rows"):
         PromptDataset([write_jsonl(tmp_path / "empty.jsonl", [])])
+
+
+# --- .json files and load_dataset names (SkyRL's data.train_data entries) --------------------------
+
+
+def skyrl_rows(count: int) -> list[dict]:
+    return [good_row(data_source="skyrl", extra_info={"index": i, "split": "train"}) for i in range(count)]
+
+
+def test_json_files_as_skyrl_writes_them(tmp_path) -> None:
+    """SkyRL reads .json / .jsonl with datasets.load_dataset("json"): JSON lines (Dataset.to_json)
+    or one array of rows (DataFrame.to_json(orient="records"), as its livecodebench example writes).
+    Both read here to the same rows as there."""
+    pd = pytest.importorskip("pandas")
+    datasets = pytest.importorskip("datasets")
+    rows = skyrl_rows(5)
+    files = {"records.json": lambda p: pd.DataFrame(rows).to_json(p, orient="records"),
+             "lines.json": lambda p: datasets.Dataset.from_list(rows).to_json(str(p)),
+             "indented.json": lambda p: p.write_text(json.dumps(rows, indent=2)),
+             "array.jsonl": lambda p: p.write_text(json.dumps(rows))}
+    for name, write in files.items():
+        write(tmp_path / name)
+        dataset = PromptDataset([tmp_path / name])
+        theirs = datasets.load_dataset("json", data_files=str(tmp_path / name), cache_dir=str(tmp_path / "hf"))["train"]
+        assert [r.prompt for r in dataset] == [r["prompt"] for r in theirs] == [r["prompt"] for r in rows], name
+        assert [r.extra_info for r in dataset] == [r["extra_info"] for r in rows], name
+        assert dataset[4].reward_spec == {"method": "rule", "ground_truth": "2"}
+    bad = tmp_path / "bad.json"
+    bad.write_text('[\n  {"prompt": []},\n  oops\n]')
+    with pytest.raises(DatasetError, match=r"bad\.json \(a JSON array\): invalid JSON at line 3, column 3"):
+        PromptDataset([bad])
+    (tmp_path / "numbers.json").write_text("[1, 2]")
+    with pytest.raises(DatasetError, match=r"numbers\.json row 0: expected a row object"):
+        PromptDataset([tmp_path / "numbers.json"])
+
+
+def test_dataset_names_split_at_the_first_colon() -> None:
+    assert parse_dataset_name("openai/gsm8k") == ("openai/gsm8k", "train")  # SkyRL's default split
+    assert parse_dataset_name("openai/gsm8k:test") == ("openai/gsm8k", "test")
+    assert parse_dataset_name("data/folder:validation") == ("data/folder", "validation")
+    assert parse_dataset_name("a:b:c") == ("a", "b:c")
+    assert parse_dataset_name("a:") == ("a", "")
+
+
+@pytest.fixture()
+def hf_cache(tmp_path, monkeypatch) -> Path:
+    """load_dataset's cache in the test's folder, not the user's."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    return tmp_path / "hf_cache"
+
+
+def test_a_dataset_folder_loads_through_load_dataset_with_its_split(tmp_path, hf_cache) -> None:
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", skyrl_rows(3))
+    write_jsonl(folder / "test.jsonl", [good_row(data_source="held-out")])
+    train = PromptDataset([str(folder)], config_key="data.train_data")
+    test = PromptDataset([f"{folder}:test"], config_key="data.val_data")
+    assert len(train) == 3 and [r.extra_info["index"] for r in train] == [0, 1, 2]
+    assert test.data_sources() == ["held-out"] and test[0].env_class == "arithmetic"
+    with pytest.raises(DatasetError, match=r"data.val_data lists '.*my_dataset:dev': the dataset '.*my_dataset' has "
+                                           r"no split 'dev'; its splits: train, test. Fix: .*my_dataset:train"):
+        PromptDataset([f"{folder}:dev"], config_key="data.val_data")
+    with pytest.raises(DatasetError, match=r"data.train_data lists '.*my_dataset:': nothing after the colon"):
+        PromptDataset([f"{folder}:"], config_key="data.train_data")
+    # identity by content, for a resume: the rows, not the folder's name
+    before = train.digests()[0]
+    write_jsonl(folder / "train.jsonl", skyrl_rows(2))
+    after = PromptDataset([str(folder)]).digests()[0]
+    assert before.file == after.file == str(folder) and before.sha256 != after.sha256
+
+
+class FakeHub(http.server.BaseHTTPRequestHandler):
+    """A hub on localhost: no such dataset (the hub's own 404), or an answer that never comes."""
+
+    def do_GET(self):
+        if self.path.startswith("/api/datasets/ridgeline-tests/missing"):
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+            self.end_headers()
+        else:
+            time.sleep(5)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def fake_hub():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hub_names_fail_fast_with_one_message_naming_the_key(tmp_path, hf_cache, fake_hub, monkeypatch) -> None:
+    import datasets
+    import huggingface_hub
+
+    def load(name):
+        start = time.monotonic()
+        with pytest.raises(DatasetError) as info:
+            PromptDataset([name], config_key="data.train_data")
+        return str(info.value), time.monotonic() - start
+
+    # no hub at the endpoint (connection refused): no retries
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    message, seconds = load("ridgeline-tests/no-such-dataset:test")
+    assert message.startswith("data.train_data lists 'ridgeline-tests/no-such-dataset:test': neither a local")
+    assert "the Hugging Face Hub could not be reached to load 'ridgeline-tests/no-such-dataset'" in message
+    assert "HF_HUB_OFFLINE=1" in message and seconds < 5
+    # a hub that never answers: the probe's time limit
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", fake_hub)
+    monkeypatch.setattr(sources, "HUB_TIMEOUT_S", 0.5)
+    message, seconds = load("ridgeline-tests/silent")
+    assert "could not be reached" in message and "Timeout" in message and seconds < 4
+    # the hub says there is no such dataset
+    message, _ = load("ridgeline-tests/missing")
+    assert message.endswith("and the Hugging Face Hub has no dataset 'ridgeline-tests/missing'")
+    # neither a path nor a hub id
+    message, _ = load(str(tmp_path / "no" / "such" / "folder"))
+    assert message.endswith("nor a Hugging Face dataset name")
+    # offline: the local cache only, which does not have it
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    message, seconds = load("ridgeline-tests/no-such-dataset")
+    assert "datasets.load_dataset('ridgeline-tests/no-such-dataset') failed" in message
+    assert "HF_HUB_OFFLINE is set" in message and seconds < 5
+
+
+def test_train_command_names_an_unreachable_hub_dataset_without_a_traceback(tmp_path, hf_cache, monkeypatch,
+                                                                           capsys) -> None:
+    import huggingface_hub
+
+    from ridgeline import cli
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    code = cli.main(["train", "+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=16",
+                     "data.train_data=[openai/gsm8k:train]"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith("ridgeline: data.train_data lists 'openai/gsm8k:train': neither a local")
 
 
 @pytest.fixture()

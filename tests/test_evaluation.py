@@ -1,5 +1,6 @@
-"""Held-out evaluation: pass@k maths, grouping by prompt and data source, dumps, and `ridgeline eval`
-end to end on the tiny model (a preset, a saved Hugging Face folder, a bare safetensors checkpoint)."""
+"""Held-out evaluation: pass@k maths, grouping by prompt and data source, dumps (SkyRL's files),
+and `ridgeline eval` end to end on the tiny model (a preset, a saved Hugging Face folder, a bare
+safetensors checkpoint)."""
 
 import argparse
 import json
@@ -9,18 +10,19 @@ from pathlib import Path
 import pytest
 
 from ridgeline.entrypoints import eval as eval_cli
-from ridgeline.generation.types import GeneratorOutput, TrajectoryID
-from ridgeline.trainer.evaluation import (METRICS_FILE, RESULTS_FILE, EvalAccumulator, pass_at_k,
-                                          reported_ks)
+from ridgeline.generation.types import GeneratorInput, GeneratorOutput, TrajectoryID
+from ridgeline.inference.types import SamplingParams
+from ridgeline.tracking.dumps import AGGREGATED_FILE, read_eval_dump
+from ridgeline.trainer.evaluation import EvalAccumulator, pass_at_k, reported_ks
 
 
 def output(rewards, metadata=None, stop="stop", uids=None):
-    """A GeneratorOutput with these rewards (one trajectory each) and 3-token responses; without
-    uids every trajectory is a prompt of its own."""
+    """A GeneratorOutput with these rewards (one trajectory each), prompt ids [1, i] and 3-token
+    responses; without uids every trajectory is a prompt of its own."""
     size = len(rewards)
     uids = list(uids) if uids is not None else [f"p{i}" for i in range(size)]
     return GeneratorOutput(
-        prompt_token_ids=[[1]] * size, response_ids=[[5, 6, 7]] * size, rewards=list(rewards),
+        prompt_token_ids=[[1, i] for i in range(size)], response_ids=[[5, 6, 7]] * size, rewards=list(rewards),
         loss_masks=[[1, 1, 1]] * size, stop_reasons=[stop] * size, rollout_logprobs=[[0.0] * 3] * size,
         responses=[f"answer {i}" for i in range(size)],
         trajectory_ids=[TrajectoryID(uid, uids[:i].count(uid)) for i, uid in enumerate(uids)],
@@ -29,6 +31,21 @@ def output(rewards, metadata=None, stop="stop", uids=None):
 
 def prompt(text):
     return [{"role": "user", "content": text}]
+
+
+def inputs(prompts, ground_truths, env_class="arith"):
+    """The GeneratorInput of a batch: one entry per trajectory, the ground truth in the row's reward_spec."""
+    return GeneratorInput(prompts=list(prompts), env_classes=[env_class] * len(prompts),
+                          env_extras=[{"reward_spec": {"method": "rule", "ground_truth": t}} for t in ground_truths],
+                          trajectory_ids=[], sampling_params=SamplingParams(), mode="eval")
+
+
+def decode(ids):
+    return " ".join(f"t{i}" for i in ids)
+
+
+def add(acc, sources, prompts, out, ground_truths):
+    acc.add(sources, inputs(prompts, ground_truths), out, decode)
 
 
 # ------------------------------------------------------------------------------------ pass@k
@@ -58,9 +75,9 @@ def test_sources_are_reported_separately_and_together():
     acc = EvalAccumulator()
     # batch 1: two prompts of "arith" with 4 samples each; batch 2: one "openai/gsm8k" prompt.
     # Batch 2 reuses the uid "0-eval-0" as the trainer does: uids group within a call only.
-    acc.add(["arith"] * 8, [prompt("p1")] * 4 + [prompt("p2")] * 4,
-            output([1, 0, 0, 0, 0, 0, 0, 0], uids=["0-eval-0"] * 4 + ["0-eval-1"] * 4), ["5"] * 8)
-    acc.add(["openai/gsm8k"] * 4, [prompt("p3")] * 4, output([1.0, 1.0, 0.5, 1.0], uids=["0-eval-0"] * 4), ["7"] * 4)
+    add(acc, ["arith"] * 8, [prompt("p1")] * 4 + [prompt("p2")] * 4,
+        output([1, 0, 0, 0, 0, 0, 0, 0], uids=["0-eval-0"] * 4 + ["0-eval-1"] * 4), ["5"] * 8)
+    add(acc, ["openai/gsm8k"] * 4, [prompt("p3")] * 4, output([1.0, 1.0, 0.5, 1.0], uids=["0-eval-0"] * 4), ["7"] * 4)
     m = acc.metrics()
     # arith: c = 1 of 4 and c = 0 of 4
     assert m["eval/arith/pass_at_1"] == pytest.approx((0.25 + 0) / 2)
@@ -85,19 +102,19 @@ def test_sources_are_reported_separately_and_together():
 def test_samples_with_uids_of_their_own_are_prompts_of_their_own():
     """One sample per prompt: no pass@k beyond 1."""
     acc = EvalAccumulator()
-    acc.add(["arith"] * 4, [prompt("p")] * 4, output([1, 0, 0, 0]), ["5"] * 4)
+    add(acc, ["arith"] * 4, [prompt("p")] * 4, output([1, 0, 0, 0]), ["5"] * 4)
     m = acc.metrics()
     assert m == {"eval/arith/pass_at_1": 0.25, "eval/arith/avg_score": 0.25, "eval/arith/num_prompts": 4,
                  "eval/all/pass_at_1": 0.25, "eval/all/avg_score": 0.25, "eval/all/num_prompts": 4}
     assert EvalAccumulator().metrics() == {}
 
 
-def test_per_token_rewards_are_summed():
+def test_per_token_rewards_are_summed(tmp_path):
     acc = EvalAccumulator()
-    acc.add(["multi"] * 3, [prompt("p")] * 3,
-            output([[0.0, 0.0, 1.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.0]], uids=["a", "a", "a"]), [None] * 3)
+    rewards = [[0.0, 0.0, 1.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.0]]
+    add(acc, ["multi"] * 3, [prompt("p")] * 3, output(rewards, uids=["a", "a", "a"]), [None] * 3)
     m = acc.metrics()
-    assert [r["reward"] for r in acc.records] == [1.0, 1.0, 0.5]
+    assert [r["score"] for r in acc.records] == rewards  # SkyRL's score: the reward as generated
     assert [r["passed"] for r in acc.records] == [True, True, False]
     assert m["eval/multi/pass_at_1"] == pytest.approx(2 / 3)
     assert m["eval/multi/pass_at_2"] == pytest.approx(1.0)  # 1 - C(1,2)/C(3,2), C(1,2) = 0
@@ -105,35 +122,46 @@ def test_per_token_rewards_are_summed():
     assert m["eval/multi/avg_score"] == pytest.approx(2.5 / 3)
 
 
-def test_dump_writes_every_sample_and_the_metrics(tmp_path):
+def test_dump_writes_skyrls_files(tmp_path):
+    """SkyRL's layout: one <data_source>.jsonl per source ("/" -> "_"), SkyRL's record fields plus
+    Ridgeline's, and aggregated_results.jsonl with the metrics on one line."""
     acc = EvalAccumulator()
     metadata = [{"parsed": "5", "ground_truth": "5"}, {"parsed": "4", "ground_truth": "5"},
                 {"parsed": None, "ground_truth": "9"}]
     # the third row has no ground truth in its reward_spec: the env's metadata supplies it
-    acc.add(["arith"] * 3, [prompt("2+3"), prompt("2+3"), prompt("4+5")],
-            output([1.0, 0.5, 0.0], metadata, "length", uids=["0", "0", "1"]), ["5", "5", None])
-    folder = tmp_path / "dumped_eval" / "global_step_3_eval_results"
-    path = acc.dump(folder, extra_metrics={"timing/eval": 1.5})
-    assert path == folder / RESULTS_FILE
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    add(acc, ["arith"] * 3, [prompt("2+3"), prompt("2+3"), prompt("4+5")],
+        output([1.0, 0.5, 0.0], metadata, "length", uids=["0", "0", "1"]), ["5", "5", None])
+    add(acc, ["openai/gsm8k"], [prompt("q")], output([1.0]), ["7"])
+    folder = tmp_path / "dumped_evals" / "global_step_3_evals"
+    assert acc.dump(folder, extra_metrics={"timing/eval": 1.5}) == folder
+    assert sorted(p.name for p in folder.iterdir()) == [AGGREGATED_FILE, "arith.jsonl", "openai_gsm8k.jsonl"]
+    rows = [json.loads(line) for line in (folder / "arith.jsonl").read_text().splitlines()]
     assert len(rows) == 3
-    assert rows[1] == {"data_source": "arith", "prompt_index": 0, "sample_index": 1, "prompt": prompt("2+3"),
-                       "response": "answer 1", "reward": 0.5, "passed": False, "parsed": "4",
-                       "ground_truth": "5", "stop_reason": "length", "num_tokens": 3}
+    assert rows[1] == {"input_prompt": "t1 t1", "output_response": "t5 t6 t7", "score": 0.5, "stop_reason": "length",
+                       "env_class": "arith", "env_extras": {"reward_spec": {"method": "rule", "ground_truth": "5"}},
+                       "data_source": "arith", "prompt_index": 0, "sample_index": 1, "passed": False, "parsed": "4",
+                       "ground_truth": "5", "num_tokens": 3}
     assert rows[2]["ground_truth"] == "9" and rows[2]["parsed"] is None and rows[2]["sample_index"] == 0
-    metrics = json.loads((folder / METRICS_FILE).read_text())
+    assert [r["data_source"] for r in read_eval_dump(folder)] == ["arith"] * 3 + ["openai/gsm8k"]
+    assert (folder / AGGREGATED_FILE).read_text().count("\n") == 1
+    metrics = read_metrics(folder)
     assert metrics == {**acc.metrics(), "timing/eval": 1.5}
     assert metrics["eval/arith/pass_at_1"] == pytest.approx(0.25)  # (1/2 + 0/1) / 2
+    # a second dump into the folder replaces the first as a whole
+    again = EvalAccumulator()
+    add(again, ["arith"], [prompt("p")], output([0.0]), ["1"])
+    again.dump(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [AGGREGATED_FILE, "arith.jsonl"]
 
 
 def test_outputs_without_step_metadata_dump_parsed_as_none(tmp_path):
     acc = EvalAccumulator()
     out = output([1.0])
     out.step_metadata = []
-    acc.add(["arith"], [prompt("p")], out, ["1"])
+    add(acc, ["arith"], [prompt("p")], out, ["1"])
     assert acc.records[0]["parsed"] is None and acc.records[0]["ground_truth"] == "1"
-    with pytest.raises(ValueError, match="2 data sources for 1 trajectories"):
-        acc.add(["arith"] * 2, [prompt("p")] * 2, out, ["1"] * 2)
+    with pytest.raises(ValueError, match="2 data sources for 2 inputs and 1 trajectories"):
+        add(acc, ["arith"] * 2, [prompt("p")] * 2, out, ["1"] * 2)
 
 
 # ------------------------------------------------------------------------------------ ridgeline eval
@@ -142,7 +170,11 @@ def tiny(export, *extra):
 
 
 def read_results(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / RESULTS_FILE).read_text().splitlines()]
+    return read_eval_dump(folder)
+
+
+def read_metrics(folder: Path) -> dict:
+    return json.loads((folder / AGGREGATED_FILE).read_text())
 
 
 def test_cli_options_may_follow_the_overrides():
@@ -161,8 +193,8 @@ def test_eval_on_the_tiny_preset_writes_metrics_and_dump(tmp_path, capsys):
     code = eval_cli.main(tiny(tmp_path, "generator.eval_n_samples_per_prompt=4",
                               "generator.eval_sampling_params.temperature=1.0"))
     assert code == 0
-    folder = tmp_path / "tiny" / "eval"  # the default: <trainer.run_dir>/eval
-    metrics = json.loads((folder / METRICS_FILE).read_text())
+    folder = tmp_path / "dumped_evals" / "eval_only"  # the default: SkyRL's, under trainer.export_path
+    metrics = read_metrics(folder)
     for name in ["pass_at_1", "pass_at_2", "pass_at_4", "avg_score", "num_prompts"]:
         assert f"eval/arithmetic/{name}" in metrics and f"eval/all/{name}" in metrics
     assert metrics["eval/all/num_prompts"] == 16
@@ -171,7 +203,7 @@ def test_eval_on_the_tiny_preset_writes_metrics_and_dump(tmp_path, capsys):
     assert len(rows) == 16 * 4
     assert [r["sample_index"] for r in rows[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]
     assert all(r["ground_truth"] is not None and "parsed" in r and r["num_tokens"] <= 4 for r in rows)
-    assert sum(r["reward"] for r in rows) / len(rows) == pytest.approx(metrics["eval/all/avg_score"])
+    assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(metrics["eval/all/avg_score"])
     assert (folder / "config.yaml").exists()
     printed = capsys.readouterr().out
     assert "pass@4" in printed and "arithmetic" in printed
@@ -188,9 +220,9 @@ def test_eval_matches_the_trainers_eval(tmp_path):
     trained = Trainer.from_config(load_config(overrides)).evaluate()
     for key in ["eval/all/pass_at_1", "eval/all/avg_score", "eval/arithmetic/pass_at_1"]:
         assert report.metrics[key] == pytest.approx(trained[key]), key
-    dumped = read_results(tmp_path / "dumped_eval" / "global_step_0_eval_results")
+    dumped = read_results(tmp_path / "dumped_evals" / "global_step_0_evals")
     mine = read_results(tmp_path / "out")
-    assert [(r["response"], r["reward"]) for r in mine] == [(r["response"], r["reward"]) for r in dumped]
+    assert [(r["output_response"], r["score"]) for r in mine] == [(r["output_response"], r["score"]) for r in dumped]
 
 
 def test_files_sharing_a_data_source_are_reported_apart(tmp_path):
@@ -198,7 +230,7 @@ def test_files_sharing_a_data_source_are_reported_apart(tmp_path):
     code = eval_cli.main(tiny(tmp_path, f"data.val_data=[{data}/train.parquet,{data}/validation.parquet]",
                               "--output", str(tmp_path / "out")))
     assert code == 0
-    metrics = json.loads((tmp_path / "out" / METRICS_FILE).read_text())
+    metrics = read_metrics(tmp_path / "out")
     assert metrics["eval/arithmetic_train/num_prompts"] == 16
     assert metrics["eval/arithmetic_validation/num_prompts"] == 16
     assert metrics["eval/all/num_prompts"] == 32
@@ -244,12 +276,12 @@ def test_eval_zeroes_truncated_rewards_and_never_penalises_length(tmp_path):
         assert eval_cli.main([*base, *extra, "--output", str(tmp_path / name)]) == 0
         runs[name] = read_results(tmp_path / name)
     plain, strict = runs["plain"], runs["strict"]
-    assert [r["response"] for r in strict] == [r["response"] for r in plain]
+    assert [r["output_response"] for r in strict] == [r["output_response"] for r in plain]
     for a, b in zip(plain, strict):
-        assert b["reward"] == (a["reward"] if a["stop_reason"] == "stop" else 0.0)
+        assert b["score"] == (a["score"] if a["stop_reason"] == "stop" else 0.0)
     # so the equalities above can fail: a truncated response with a reward, and a stopped one
     # longer than max_generate_length 4 - buffer 2 tokens, which a penalty would have cost
-    assert any(r["stop_reason"] != "stop" and r["reward"] > 0 for r in plain)
+    assert any(r["stop_reason"] != "stop" and r["score"] > 0 for r in plain)
     assert any(r["stop_reason"] == "stop" and r["num_tokens"] > 2 for r in plain)
 
 
@@ -294,5 +326,5 @@ def test_eval_scores_a_training_checkpoint(tmp_path):
     trainer.train()
     ckpt_root = Path(trainer.cfg.trainer.ckpt_path)
     report = evaluate_model(load_config(overrides), checkpoint=ckpt_root, output=tmp_path / "eval")
-    assert (tmp_path / "eval" / "metrics.json").exists()
+    assert (tmp_path / "eval" / AGGREGATED_FILE).exists()
     assert "eval/all/pass_at_1" in report.metrics

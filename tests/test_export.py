@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,8 +59,8 @@ def assert_same_logprobs(folder, trainer):
 
 
 def test_periodic_exports_load_with_transformers(run):
-    exports = run.run_dir / "exports"
-    assert sorted(p.name for p in exports.iterdir()) == ["global_step_1", "global_step_2"]
+    exports = Path(run.cfg.trainer.export_path)  # SkyRL's place: <export_path>/global_step_<N>
+    assert sorted(p.name for p in exports.glob("global_step_*")) == ["global_step_1", "global_step_2"]
     assert sorted(p.name for p in (exports / "global_step_2").iterdir()) == ["critic", "policy"]
     assert_same_logprobs(exports / "global_step_2" / "policy", run)
     critic = load_value_model(ModelSpec(str(exports / "global_step_2" / "critic")))

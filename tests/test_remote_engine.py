@@ -22,6 +22,7 @@ from ridgeline.inference.remote import RemoteEngine, RemoteSettings, normalize_u
 from ridgeline.inference.server import EngineService, make_http_server
 from ridgeline.inference.types import EngineError, EngineRequest, SamplingParams
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
+from ridgeline.tracking.dumps import read_eval_dump
 
 from conftest import REPO, chat_ids
 
@@ -299,8 +300,7 @@ def test_eval_through_a_remote_server_scores_like_the_embedded_engine(server, tm
     local = evaluate_model(load_config(base), output=tmp_path / "local")
     remote = evaluate_model(load_config(remote_cfg), output=tmp_path / "remote")
     assert remote.metrics["eval/all/avg_score"] == local.metrics["eval/all/avg_score"]
-    responses = [[json.loads(line)["response"] for line in (tmp_path / d / "eval_results.jsonl").read_text().splitlines()]
-                 for d in ("local", "remote")]
+    responses = [[r["output_response"] for r in read_eval_dump(tmp_path / d)] for d in ("local", "remote")]
     assert responses[0] == responses[1] and len(responses[0]) == 16
     with pytest.raises(CheckpointArgumentError, match="the servers score the weights they hold"):
         evaluate_model(load_config(remote_cfg), checkpoint=tmp_path, output=tmp_path / "x")

@@ -63,11 +63,14 @@ def make_run(run_dir: Path, steps: int = 6) -> Path:
                   [0.0, [0.0, 1.0]] * 4, limit=3, overwrite=True)
     write_samples(run_dir / "samples.jsonl", steps, ["plain last prompt"] * 2, ["last answer", "other"],
                   [1.0, 0.0])
-    dump = run_dir / "dumped_eval" / f"global_step_{steps}_eval_results"
+    # an eval dump as SkyRL-Train writes it (no `passed`: the score decides), copied into the run folder
+    dump = run_dir / "dumped_evals" / f"global_step_{steps}_evals"
     dump.mkdir(parents=True)
-    records = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"q{i} {NASTY}"}],
-                "response": f"r{i}", "reward": float(i % 2), "ground_truth": str(i)} for i in range(6)]
-    (dump / "eval_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    records = [{"input_prompt": f"<|user|>q{i} {NASTY}", "output_response": f"r{i}",
+                "score": float(i % 2) if i < 4 else [0.0, float(i % 2)], "stop_reason": "stop", "env_class": "gsm8k",
+                "env_extras": {}, "data_source": "openai/gsm8k", "ground_truth": str(i)} for i in range(6)]
+    (dump / "openai_gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (dump / "aggregated_results.jsonl").write_text(json.dumps({"eval/all/avg_score": 0.5}) + "\n")
     return run_dir
 
 
@@ -105,7 +108,10 @@ def test_report_series_and_samples(tmp_path):
     first = [s for s in data.samples if s["step"] == 1]
     assert len(first) == 3 and [s["reward"] for s in first] == [0.0, 0.0, 1.0]  # lists summed
     assert first[0]["prompt"] == f"system: be brief\nuser: first {NASTY}"  # the earlier run's is gone
-    assert [step for step, _, _ in data.eval_dumps] == [6]
+    [(step, folder, records)] = data.eval_dumps
+    assert step == 6 and folder.name == "global_step_6_evals" and len(records) == 6  # the metrics line is not a sample
+    # pass rate 3 of 6: the last two scores are per token, and [0.0, 1.0] sums to a pass
+    assert "<td>6</td><td>6</td><td>0.5</td>" in write_report(tmp_path / "run").read_text()
 
 
 def test_report_of_an_empty_and_a_crashed_run(tmp_path):

@@ -65,7 +65,7 @@ def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path):
     assert proc.returncode == -signal.SIGKILL, log_file.read_text()[-3000:]
     killed_at = max(train_steps(read_rows(run_dir)))
     assert 2 <= killed_at < 8
-    assert (run_dir / "ckpts" / "latest").exists()
+    assert (run_dir / "ckpts" / "latest_ckpt_global_step.txt").read_text().isdigit()
 
     again = subprocess.run(command, capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -319,7 +319,7 @@ def test_dump_training_batch_rows(tmp_path, tiny_tokenizer):
     batch = build_training_batch(prompts, [answer, turn], [[1] * len(answer), turn_mask], [1.0, [0.0] * 9 + [0.5]],
                                  ["u0", "u1"], None, tok.pad_token_id)
     batch.advantages = batch.response_mask * torch.tensor([[0.5], [-0.5]])
-    path = dump_training_batch(batch, tok, tmp_path / "dumped_data" / "global_step_7_training_batch.jsonl", 7)
+    path = dump_training_batch(batch, tok, tmp_path / "dumped_data" / "global_step_7_training_input.jsonl", 7)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 2
     first, second = rows

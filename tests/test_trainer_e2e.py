@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +20,10 @@ def tiny_overrides(run_dir, *extra):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """Three real GRPO steps of the tiny preset (shared by the tests below)."""
+    """Three real GRPO steps of the tiny preset (shared by the tests below), a Hugging Face export
+    every two steps."""
     out = tmp_path_factory.mktemp("tiny")
-    cfg = load_config(tiny_overrides(out, "data.prepare.num_train=48"))
+    cfg = load_config(tiny_overrides(out, "data.prepare.num_train=48", "trainer.hf_save_interval=2"))
     summary = run_training(cfg)
     return cfg, summary, read_metrics(out / "tiny" / "metrics.jsonl")
 
@@ -48,14 +50,24 @@ def test_every_step_logs_the_promised_metrics(tiny_run):
     assert "eval/arithmetic/pass_at_1" in evals[0]
 
 
-def test_final_model_loads_with_transformers_and_eval_is_dumped(tiny_run):
+def test_final_model_loads_with_transformers_and_exports_and_evals_are_where_skyrl_puts_them(tiny_run):
     cfg, summary, _ = tiny_run
     model = AutoModelForCausalLM.from_pretrained(summary["final_model"])
     assert model.config.vocab_size > 0
-    dumped = sorted((__import__("pathlib").Path(cfg.trainer.export_path) / "dumped_eval").iterdir())
-    assert [d.name for d in dumped] == ["global_step_0_eval_results", "global_step_3_eval_results"]
-    first = json.loads((dumped[0] / "eval_results.jsonl").read_text().splitlines()[0])
-    assert {"prompt", "response", "reward", "ground_truth"} <= set(first)
+    export = Path(cfg.trainer.export_path)
+    # hf_save_interval=2 over 3 steps: step 2, and one after the last step (as SkyRL does)
+    assert sorted(p.name for p in export.glob("global_step_*")) == ["global_step_2", "global_step_3"]
+    assert (export / "global_step_3" / "policy" / "model.safetensors").is_file()
+    dumped = sorted((export / "dumped_evals").iterdir())
+    assert [d.name for d in dumped] == ["global_step_0_evals", "global_step_3_evals"]
+    assert sorted(p.name for p in dumped[0].iterdir()) == ["aggregated_results.jsonl", "arithmetic.jsonl"]
+    first = json.loads((dumped[0] / "arithmetic.jsonl").read_text().splitlines()[0])
+    assert {"input_prompt", "output_response", "score", "stop_reason", "env_class", "env_extras",
+            "data_source"} <= set(first)  # SkyRL's fields
+    assert first["env_class"] == "arithmetic" and first["input_prompt"].endswith("assistant\n")
+    aggregated = json.loads((dumped[1] / "aggregated_results.jsonl").read_text())
+    assert aggregated["eval/all/pass_at_1"] == [r for r in read_metrics(export / "tiny" / "metrics.jsonl")
+                                                if r["step"] == 3][-1]["eval/all/pass_at_1"]
 
 
 def test_weights_reach_the_engine_after_a_step(tiny_run, tmp_path):
@@ -183,8 +195,8 @@ def test_a_run_writes_its_trackers_dumps_samples_and_report(tmp_path, monkeypatc
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "mlruns").is_dir() and (run_dir / "mlflow_run_id").exists()
     assert list((run_dir / "wandb").glob("offline-run-*"))
-    dumps = sorted((tmp_path / "dumped_data").glob("global_step_*_training_batch.jsonl"))
-    assert [d.name for d in dumps] == ["global_step_1_training_batch.jsonl", "global_step_2_training_batch.jsonl"]
+    dumps = sorted((tmp_path / "dumped_data").iterdir())  # SkyRL's folder and file stem
+    assert [d.name for d in dumps] == ["global_step_1_training_input.jsonl", "global_step_2_training_input.jsonl"]
     first = json.loads(dumps[0].read_text().splitlines()[0])
     assert {"uid", "prompt", "response", "reward"} <= set(first)
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]

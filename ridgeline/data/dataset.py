@@ -1,7 +1,8 @@
 """Prompt datasets: load, validate, filter and batch SkyRL-format rows.
 
-Everything is read and validated up front: a bad row should stop a run
-before any GPU time is spent, with a message naming file/row/column.
+Sources (files, dataset folders, hub `name:split`) are read by `sources.read_rows`. Everything is
+read and validated up front: a bad row should stop a run before any GPU time is spent, with a
+message naming file/row/column.
 Batching uses a torch-free RNG keyed on (seed, epoch) so a resumed run can
 regenerate exactly the order it was in and skip the batches already done.
 """
@@ -9,7 +10,6 @@ regenerate exactly the order it was in and skip the batches already done.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -17,67 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .schema import DatasetError, PromptRow, validate_row
+from .sources import SourceDigest, file_digest, is_data_file, read_rows, rows_digest
 
-__all__ = ["PromptDataset", "read_rows", "write_parquet", "SUPPORTED_SUFFIXES"]
+__all__ = ["PromptDataset", "write_parquet"]
 
 logger = logging.getLogger(__name__)
-
-SUPPORTED_SUFFIXES = (".parquet", ".jsonl")
-
-
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise DatasetError(f"{path}: could not read parquet file: {exc}", file=str(path)) from exc
-    # pandas.DataFrame.to_parquet may store the index as an extra column; it is not data.
-    index_columns = [name for name in table.column_names if name.startswith("__index_level_")]
-    if index_columns:
-        table = table.drop_columns(index_columns)
-    return table.to_pylist()
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with path.open("r", encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue  # tolerate blank lines, e.g. a trailing newline
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                index = len(rows)
-                raise DatasetError(
-                    f"{path} row {index} (line {line_number}): invalid JSON: {exc.msg} at column {exc.colno}",
-                    file=str(path),
-                    index=index,
-                    problems=[(None, f"invalid JSON: {exc.msg}")],
-                ) from exc
-    return rows
-
-
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Raw (unvalidated) rows of one .parquet or .jsonl file."""
-    path = Path(path)
-    if not path.exists():
-        raise DatasetError(f"dataset file not found: {path} (resolved to {path.resolve()})", file=str(path))
-    if path.is_dir():
-        raise DatasetError(
-            f"dataset path is a directory, expected a file: {path} "
-            f"(list the files, e.g. {path / 'train.parquet'})",
-            file=str(path),
-        )
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return _read_parquet(path)
-    if suffix == ".jsonl":
-        return _read_jsonl(path)
-    raise DatasetError(
-        f"{path}: unsupported file type {suffix or '(none)'!r}; expected one of {', '.join(SUPPORTED_SUFFIXES)}",
-        file=str(path),
-    )
 
 
 def encode_chat_prompt(tokenizer: Any, prompt: list[dict[str, str]]) -> list[int]:
@@ -105,15 +49,18 @@ def _epoch_rng(seed: int, epoch: int) -> random.Random:
 
 
 class PromptDataset(Sequence[PromptRow]):
-    """Validated prompt rows from one or more .parquet / .jsonl files.
+    """Validated prompt rows from one or more sources: .parquet / .json / .jsonl files, dataset
+    folders or hub `name:split` names (`sources.read_rows`).
 
     Args:
-        files: paths (a single path is accepted too); rows keep file order.
+        files: the sources (a single one is accepted too); rows keep their order.
         default_env_class: env for rows whose ``env_class`` is missing/None.
         max_prompt_tokens: with ``tokenizer``, drop rows whose chat-templated
             prompt (with generation prompt) is longer; the count is in
             ``num_dropped_too_long`` and logged as a warning.
         tokenizer: a Hugging Face tokenizer with a chat template.
+        config_key: the config key listing the sources (e.g. ``data.train_data``), named in the
+            messages about sources that are not local files.
 
     Raises:
         DatasetError: a file is missing/unreadable, a row is invalid (all
@@ -127,6 +74,7 @@ class PromptDataset(Sequence[PromptRow]):
         default_env_class: str = "gsm8k",
         max_prompt_tokens: int | None = None,
         tokenizer: Any = None,
+        config_key: str | None = None,
     ) -> None:
         if isinstance(files, (str, Path)):
             files = [files]
@@ -138,8 +86,12 @@ class PromptDataset(Sequence[PromptRow]):
         self.num_dropped_too_long = 0
 
         rows: list[PromptRow] = []
+        self._loaded_digests: dict[str, SourceDigest] = {}  # sources that are not files, by their rows
         for file in self.files:
-            for index, raw in enumerate(read_rows(file)):
+            raw_rows = read_rows(file, config_key)
+            if not is_data_file(file):
+                self._loaded_digests[file] = rows_digest(file, raw_rows)
+            for index, raw in enumerate(raw_rows):
                 rows.append(validate_row(raw, file=file, index=index, default_env_class=default_env_class))
         if not rows:
             raise DatasetError(f"dataset has no rows: {', '.join(self.files)}")
@@ -174,6 +126,11 @@ class PromptDataset(Sequence[PromptRow]):
 
     def __repr__(self) -> str:
         return f"PromptDataset(files={self.files!r}, rows={len(self)})"
+
+    def digests(self) -> list[SourceDigest]:
+        """Each source by content (a file's bytes, hashed now; a loaded dataset's rows), for the
+        checkpoint fingerprint: moving a file keeps its digest, editing it does not."""
+        return [self._loaded_digests.get(file) or file_digest(file) for file in self.files]
 
     def data_sources(self) -> list[str]:
         """Distinct ``data_source`` values, in order of first appearance."""

@@ -12,11 +12,12 @@ What is read: `data.val_data` (the files to score; `data.prepare` writes them fi
 `generator.max_num_seqs`, the environment settings, `trainer.eval_batch_size`,
 `trainer.max_prompt_length` and `trainer.seed`.
 
-What is written to `--output` (default `<trainer.run_dir>/eval`): `metrics.json`,
-`eval_results.jsonl` (every sample) and `config.yaml` (the resolved config); the metrics table is
-printed. Each file of `data.val_data` is reported by its rows' data_source; when two files share a
-data source, each is reported as `<data_source>/<file stem>` (metric key
-`eval/<data_source>_<file stem>/...`) so they stay apart.
+What is written to `--output` (default SkyRL-Train's eval-only dump folder,
+`<trainer.export_path>/dumped_evals/eval_only`): the eval dump (`<data_source>.jsonl`, every
+sample, and `aggregated_results.jsonl`, the metrics; ridgeline.tracking.dumps) and `config.yaml`
+(the resolved config); the metrics table is printed. Each file of `data.val_data` is reported by
+its rows' data_source; when two files share a data source, each is reported as
+`<data_source>/<file stem>` (metric key `eval/<data_source>_<file stem>/...`) so they stay apart.
 
 `python -m ridgeline.entrypoints.eval ...` runs the same thing.
 """
@@ -65,7 +66,8 @@ def _add_arguments(parser: argparse.ArgumentParser, overrides_nargs: str = "*") 
                              "(config.json + weights), safetensors files or LoRA adapters for the model "
                              "of trainer.policy.model.path, or a training checkpoint")
     parser.add_argument("--output", type=Path, default=None,
-                        help="where metrics.json and eval_results.jsonl go (default: <trainer.run_dir>/eval)")
+                        help="where the eval dump and config.yaml go "
+                             "(default: <trainer.export_path>/dumped_evals/eval_only)")
     parser.add_argument("overrides", nargs=overrides_nargs,
                         help="Hydra overrides, e.g. +experiment=tiny trainer.seed=1")
 
@@ -110,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ridgeline eval: {err}", file=sys.stderr)
         return 1
     print(format_table(report.metrics))
-    print(f"{report.num_samples} samples in {report.seconds:.1f} s; metrics: {report.output / 'metrics.json'}; "
-          f"samples: {report.results}")
+    print(f"{report.num_samples} samples in {report.seconds:.1f} s; metrics and samples (one file per data "
+          f"source) in {report.output}")
     return 0
 
 
@@ -128,8 +130,7 @@ class CheckpointArgumentError(ValueError):
 @dataclass
 class EvalReport:
     metrics: dict[str, float]
-    output: Path          # the folder with metrics.json, eval_results.jsonl and config.yaml
-    results: Path         # eval_results.jsonl
+    output: Path          # the eval dump (ridgeline.tracking.dumps) and config.yaml
     num_samples: int
     seconds: float
 
@@ -140,13 +141,14 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     from omegaconf import OmegaConf
 
     from ridgeline.inference.hf_engine import HFEngine
+    from ridgeline.tracking.dumps import eval_dump_folder
     from ridgeline.trainer.builders import (build_generator, load_environments, prepare_data_if_missing,
                                             seed_everything)
     from ridgeline.trainer.evaluation import run_eval
 
     t, g = cfg.trainer, cfg.generator
     seed_everything(t.seed)
-    output = Path(output) if output is not None else Path(t.run_dir) / "eval"
+    output = Path(output) if output is not None else eval_dump_folder(t.export_path, None)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a copy; the caller's stays as it is
     if g.run_engines_locally and g.backend == "hf":
         tokenizer, model = load_policy(cfg, checkpoint)
@@ -164,9 +166,9 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     metrics, acc = run_eval(generator, labelled, cfg, env_override=env_override)
     seconds = metrics["timing/eval"]
     engine.close()
-    results = acc.dump(output, extra_metrics={"timing/eval": seconds})
+    acc.dump(output, extra_metrics={"timing/eval": seconds})
     OmegaConf.save(cfg, output / "config.yaml")
-    return EvalReport(acc.metrics(), output, results, len(acc.records), seconds)
+    return EvalReport(acc.metrics(), output, len(acc.records), seconds)
 
 
 def engine_tokenizer(cfg: DictConfig, checkpoint: Path | None):
@@ -265,11 +267,11 @@ def _training_checkpoint_policy(folder: Path) -> Path:
     from ridgeline.trainer import checkpoint as ckpt
 
     policy = folder / "policy"
-    if (policy / "config.json").exists() or is_adapter_folder(policy) or ckpt.latest_checkpoint(folder) is not None:
-        try:
+    try:
+        if (policy / "config.json").exists() or is_adapter_folder(policy) or ckpt.latest_checkpoint(folder) is not None:
             return ckpt.resolve_checkpoint(folder) / "policy"
-        except ckpt.CheckpointError as err:
-            raise CheckpointArgumentError(f"--checkpoint {folder}: {err}") from None
+    except ckpt.CheckpointError as err:
+        raise CheckpointArgumentError(f"--checkpoint {folder}: {err}") from None
     return folder
 
 
@@ -283,8 +285,8 @@ def labelled_rows(cfg: DictConfig, tokenizer) -> list[tuple[str, PromptRow]]:
     if not files:
         raise FileNotFoundError("data.val_data is empty: name the dataset files to score, "
                                 "e.g. data.val_data=[data/validation.parquet]")
-    datasets = [PromptDataset([f], default_env_class=cfg.environment.env_class,
-                              max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer) for f in files]
+    datasets = [PromptDataset([f], default_env_class=cfg.environment.env_class, max_prompt_tokens=t.max_prompt_length,
+                              tokenizer=tokenizer, config_key="data.val_data") for f in files]
     files_of: dict[str, set[str]] = {}
     for file, data in zip(files, datasets):
         for source in data.data_sources():

@@ -1,6 +1,8 @@
-"""`trainer.dump_data_batch`: what a step trained on, one readable JSON line per row.
+"""Debugging dumps under `trainer.export_path`, at SkyRL-Train's paths and file names.
 
-Each line (`dump_training_batch`):
+`trainer.dump_data_batch`: what a step trained on, one readable JSON line per row, in
+`<export_path>/dumped_data/global_step_<N>_training_input.jsonl` (SkyRL pickles its own batch
+class under that stem as `.pkl`). Each line (`dump_training_batch`):
 
     {"step": 3, "row": 0, "uid": "3-train-0",
      "prompt": "<|im_start|>user\\n...",            # decoded prompt tokens (special tokens kept)
@@ -17,13 +19,22 @@ Summaries are over the row's response tokens. The text is decoded from `batch.se
 the token ids the policy was trained on, so a tokenisation surprise shows up here. When the loss
 mask leaves tokens out (multi-turn observations, overlong filtering), `trained_response` repeats
 the response with each masked run replaced by `[N tokens not trained]`.
+
+`trainer.dump_eval_results`: every eval sample, in `eval_dump_folder(export_path, step)` =
+`<export_path>/dumped_evals/global_step_<N>_evals/` (`eval_only/` outside training): one
+`<data_source>.jsonl` per data source ("/" written as "_") with one line per sample, and
+`aggregated_results.jsonl`, one line holding the eval metrics (`write_eval_dump`,
+`read_eval_dump`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ridgeline.tracking.jsonl import read_jsonl
 
 if TYPE_CHECKING:  # only for annotations: the dump works on the tensors it is handed
     import torch
@@ -82,11 +93,63 @@ def training_batch_rows(batch: TrainingBatch, tokenizer, step: int) -> list[dict
 
 
 def dump_training_batch(batch: TrainingBatch, tokenizer, path: str | Path, step: int) -> Path:
-    """Write `batch` as JSON lines to `path` (replaced if it exists); returns the path. Suggested
-    place: `export_path/dumped_data/global_step_<N>_training_batch.jsonl`, next to the eval dumps."""
+    """Write `batch` as JSON lines to `path` (replaced if it exists); returns the path. The
+    trainer's place: `export_path/dumped_data/global_step_<N>_training_input.jsonl`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for row in training_batch_rows(batch, tokenizer, step):
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
+
+
+# ------------------------------------------------------------------------------------ eval dumps
+EVAL_DUMPS = "dumped_evals"
+AGGREGATED_FILE = "aggregated_results.jsonl"
+_STEP_FOLDER = re.compile(r"^global_step_(\d+)_evals$")
+
+
+def eval_dump_folder(export_path: str | Path, step: int | None) -> Path:
+    """SkyRL's folder for the eval at `step`; `eval_only` for an eval outside training (None)."""
+    return Path(export_path) / EVAL_DUMPS / ("eval_only" if step is None else f"global_step_{step}_evals")
+
+
+def eval_dump_step(folder: Path) -> int | None:
+    """The step of an `eval_dump_folder`, None for any other folder."""
+    match = _STEP_FOLDER.match(Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+def source_file(data_source: str) -> str:
+    """The file of one data source in an eval dump: "/" would make a subfolder, so it becomes "_"."""
+    return data_source.replace("/", "_") + ".jsonl"
+
+
+def write_eval_dump(folder: str | Path, records: Sequence[dict[str, Any]], metrics: dict[str, float]) -> Path:
+    """`folder/<data_source>.jsonl` for each `records[i]["data_source"]` (records in their order)
+    and `folder/aggregated_results.jsonl` (`metrics` on one line); returns the folder. An earlier
+    dump in the folder (it holds `aggregated_results.jsonl`) is replaced as a whole, so a data
+    source it had and this one has not leaves no file behind."""
+    folder = Path(folder)
+    if (folder / AGGREGATED_FILE).is_file():
+        for old in folder.glob("*.jsonl"):
+            old.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    by_file: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_file.setdefault(source_file(record["data_source"]), []).append(record)
+    for name, rows in by_file.items():
+        with (folder / name).open("w", encoding="utf-8") as f:
+            for row in rows:
+                # default=str: ground truths and extras from parquet may be numpy scalars and the like
+                f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    (folder / AGGREGATED_FILE).write_text(json.dumps(metrics, ensure_ascii=False) + "\n", encoding="utf-8")
+    return folder
+
+
+def read_eval_dump(folder: str | Path) -> list[dict[str, Any]]:
+    """Every sample record of an eval dump, file by file in name order (a truncated last line,
+    left by a killed run, is skipped)."""
+    folder = Path(folder)
+    return [row for path in sorted(folder.glob("*.jsonl")) if path.name != AGGREGATED_FILE
+            for row in read_jsonl(path).rows]

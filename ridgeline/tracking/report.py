@@ -2,8 +2,8 @@
 
 Reads what the run left in its folder: `metrics.jsonl` (required for the charts, may be empty or
 end in a truncated line), `config.yaml`, `samples.jsonl` (see `samples.py`) and the eval dumps
-(`dumped_eval/global_step_<N>_eval_results/eval_results.jsonl`, in the run folder or under
-`trainer.export_path`). Charts are inline PNGs; the page loads nothing from anywhere, so it can
+(`dumped_evals/global_step_<N>_evals/`, SkyRL's layout, `dumps.py`; under `trainer.export_path`,
+or in the run folder). Charts are inline PNGs; the page loads nothing from anywhere, so it can
 be mailed or attached to an issue. A metric the run did not log is simply not drawn.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ridgeline.tracking import charts
+from ridgeline.tracking.dumps import EVAL_DUMPS, eval_dump_step, read_eval_dump
 from ridgeline.tracking.jsonl import read_jsonl
 from ridgeline.tracking.samples import SAMPLES_FILE, write_samples
 
@@ -26,7 +27,6 @@ __all__ = ["RunData", "build_charts", "load_run", "render_report", "write_report
 REPORT_FILE = "report.html"
 MAX_TEXT = 3000           # characters of a prompt / response shown in a table cell
 EVAL_EXAMPLES = 3         # passing and failing examples shown from the last eval dump
-_EVAL_DIR = re.compile(r"global_step_(\d+)_eval_results$")
 _PASS_AT_1 = re.compile(r"^eval/(.+)/pass_at_1$")
 PASS_THRESHOLD = 1.0      # as in ridgeline.trainer.evaluation: full reward counts as solved
 
@@ -73,11 +73,21 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _score(record: dict) -> float | None:
+    """An eval dump record's total reward: its `score`, summed when it is per token."""
+    score = record.get("score")
+    if isinstance(score, list) and all(_is_number(x) for x in score):
+        return float(sum(score))
+    return float(score) if _is_number(score) else None
+
+
 def _passed(record: dict) -> bool:
-    """An eval dump record's verdict: its `passed` field, else reward >= PASS_THRESHOLD."""
+    """An eval dump record's verdict: its `passed` field (Ridgeline's), else score >=
+    PASS_THRESHOLD (a dump SkyRL-Train wrote)."""
     if isinstance(record.get("passed"), bool):
         return record["passed"]
-    return _is_number(record.get("reward")) and record["reward"] >= PASS_THRESHOLD
+    score = _score(record)
+    return score is not None and score >= PASS_THRESHOLD
 
 
 def _read_config(run_dir: Path) -> dict:
@@ -93,11 +103,13 @@ def _read_config(run_dir: Path) -> dict:
 
 
 def _eval_dump_dirs(run_dir: Path, config: dict) -> list[Path]:
-    """Where eval dumps may be: the run folder, then `trainer.export_path` (SkyRL's place)."""
-    places = [run_dir / "dumped_eval"]
+    """Where eval dumps may be: `trainer.export_path` (where the trainer writes them, SkyRL's
+    place), then the run folder (a run folder copied elsewhere with its dumps)."""
+    places = []
     export = (config.get("trainer") or {}).get("export_path")
     if isinstance(export, str) and export:
-        places.append(Path(export) / "dumped_eval")
+        places.append(Path(export) / EVAL_DUMPS)
+    places.append(run_dir / EVAL_DUMPS)
     seen, out = set(), []
     for place in places:
         key = place.resolve()
@@ -118,10 +130,10 @@ def load_run(run_dir: str | Path) -> RunData:
         data.samples = read_jsonl(run_dir / SAMPLES_FILE).rows
     for place in _eval_dump_dirs(run_dir, data.config):
         for folder in place.iterdir():
-            match = _EVAL_DIR.match(folder.name)
-            if match and (folder / "eval_results.jsonl").exists():
-                data.eval_dumps.append((int(match.group(1)), folder,
-                                        read_jsonl(folder / "eval_results.jsonl").rows))
+            step = eval_dump_step(folder)
+            records = read_eval_dump(folder) if step is not None and folder.is_dir() else []
+            if records:
+                data.eval_dumps.append((step, folder, records))
     data.eval_dumps.sort(key=lambda item: item[0])
     return data
 
@@ -275,8 +287,9 @@ def _eval_section(data: RunData) -> str:
             from ridgeline.tracking.samples import prompt_text
             out += f"<h3>Examples from the eval at step {_e(step)}</h3>" + _table(
                 ["source", "prompt", "response", "ground truth", "reward"],
-                [[_e(r.get("data_source", "")), _text(prompt_text(r.get("prompt", ""))), _text(r.get("response", "")),
-                  _text(r.get("ground_truth", "")), _num(r.get("reward"))] for r in picked], "samples")
+                [[_e(r.get("data_source", "")), _text(prompt_text(r.get("input_prompt", ""))),
+                  _text(r.get("output_response", "")), _text(r.get("ground_truth", "")), _num(_score(r))]
+                 for r in picked], "samples")
     return out
 
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from ridgeline import envs
 from ridgeline.data import (PromptRow, prepare_arithmetic, prepare_code, prepare_gsm8k, prepare_multiply,
                             prepare_text2sql)
+from ridgeline.data.sources import is_data_file
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
 from ridgeline.generation.env_steps import EnvRunner
 from ridgeline.generation.generator import Generator
@@ -41,7 +42,8 @@ def prepare_data_if_missing(data_cfg: DictConfig) -> None:
         return
     spec = OmegaConf.to_container(data_cfg.prepare, resolve=True)
     name = spec.pop("dataset")
-    wanted = [Path(p) for p in list(data_cfg.train_data) + list(data_cfg.val_data)]
+    # files only: a dataset folder or hub name (sources.py) is not something a preparer writes
+    wanted = [Path(p) for p in list(data_cfg.train_data) + list(data_cfg.val_data) if is_data_file(p)]
     if all(p.exists() for p in wanted):
         return
     log.info("data.prepare: writing the %s dataset into %s", name, spec.get("output_dir"))

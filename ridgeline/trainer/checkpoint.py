@@ -21,12 +21,15 @@ to go on as if it had never stopped (docs/checkpointing.md):
 
 Writing is atomic: everything goes into `<ckpt_path>/.tmp_global_step_<N>_<random>`, every file is
 fsynced, `COMPLETE` is written, the folder is renamed to `global_step_<N>`, and only then the
-pointer file `<ckpt_path>/latest` is replaced (temp file + os.replace) and old checkpoints pruned.
+pointer file `<ckpt_path>/latest_ckpt_global_step.txt` (SkyRL-Train's name and content: the step
+number) is replaced (temp file + os.replace) and old checkpoints pruned. A `ckpt_path` written
+before that file existed holds the pointer `latest` (one line `global_step_<N>`): it is still read,
+and removed by the next write.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import logging
 import os
@@ -55,8 +58,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CKPT_PREFIX = "global_step_"
-POINTER = "latest"
+POINTER = "latest_ckpt_global_step.txt"   # SkyRL-Train's pointer: the step number, nothing else
+LEGACY_POINTER = "latest"                  # Ridgeline's earlier pointer (`global_step_<N>`): read only
 COMPLETE = "COMPLETE"
+SKYRL_STATE = "trainer_state.pt"           # in every checkpoint SkyRL-Train writes, in none of Ridgeline's
 FORMAT = 1
 _NAME = re.compile(rf"^{CKPT_PREFIX}(\d+)$")
 
@@ -85,20 +90,62 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint the `latest` pointer names; if the pointer is missing or names an incomplete
-    folder, the newest complete checkpoint (with a warning); None when there is none."""
+def pointed_step(root: Path) -> int | None:
+    """The step the pointer in `root` names: `latest_ckpt_global_step.txt` (SkyRL's file, a step
+    number), else the older `latest` (`global_step_<N>`); None when there is no pointer. Raises
+    CheckpointError when the pointer holds anything else."""
     root = Path(root)
     pointer = root / POINTER
-    complete = list_checkpoints(root)
     if pointer.is_file():
-        folder = root / pointer.read_text().strip()
+        text = pointer.read_text().strip()
+        if not text.isdigit():
+            raise CheckpointError(f"{pointer} holds {text!r}, not a step number. Fix: write the step of a "
+                                  f"complete checkpoint (e.g. 10 for {CKPT_PREFIX}10) into it, or delete it")
+        return int(text)
+    legacy = root / LEGACY_POINTER
+    if legacy.is_file():
+        name = legacy.read_text().strip()
+        step = checkpoint_step(Path(name))
+        if step is None:
+            raise CheckpointError(f"{legacy} holds {name!r}, not a {CKPT_PREFIX}N folder name. Fix: delete it "
+                                  "(the newest complete checkpoint is then taken)")
+        return step
+    return None
+
+
+def written_by_skyrl(folder: Path) -> bool:
+    """A `global_step_N` folder SkyRL-Train wrote (its `trainer_state.pt`, no `COMPLETE`): its
+    sharded model and optimizer files are not a format Ridgeline reads."""
+    folder = Path(folder)
+    return (checkpoint_step(folder) is not None and (folder / SKYRL_STATE).is_file()
+            and not (folder / COMPLETE).is_file())
+
+
+def _skyrl_refusal(folder: Path, how: str) -> CheckpointError:
+    return CheckpointError(
+        f"{how} {folder}, a checkpoint written by SkyRL-Train (step {checkpoint_step(folder)}; {SKYRL_STATE} "
+        "and FSDP shards, which Ridgeline cannot load). Fix: start afresh (trainer.resume_mode=none, or "
+        "another trainer.ckpt_path); to start from its weights, save them as a Hugging Face model with "
+        "SkyRL (trainer.hf_save_interval) and set trainer.policy.model.path to that folder")
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint the pointer names (`pointed_step`); if there is no pointer or it names a
+    missing or incomplete folder, the newest complete checkpoint (with a warning); None when there
+    is none. A pointer naming a checkpoint SkyRL-Train wrote raises CheckpointError (not loadable)."""
+    root = Path(root)
+    step = pointed_step(root)
+    complete = list_checkpoints(root)
+    fallback = f"taking the newest complete checkpoint {complete[-1]}" if complete else "no complete checkpoint"
+    if step is not None:
+        folder = root / f"{CKPT_PREFIX}{step}"
         if is_complete(folder):
             return folder
-        log.warning("%s names %s, which is missing or incomplete; %s", pointer, folder,
-                    f"taking the newest complete checkpoint {complete[-1]}" if complete else "no complete checkpoint")
+        if written_by_skyrl(folder):
+            raise _skyrl_refusal(folder, f"the pointer in {root} names")
+        log.warning("the pointer in %s names %s, which is missing or incomplete; %s", root, folder, fallback)
     elif complete:
-        log.warning("%s has no %s pointer; taking the newest complete checkpoint %s", root, POINTER, complete[-1])
+        log.warning("%s has no %s pointer; %s", root, POINTER, fallback)
     return complete[-1] if complete else None
 
 
@@ -109,6 +156,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if checkpoint_step(path) is not None:
+        if written_by_skyrl(path):
+            raise _skyrl_refusal(path, "cannot load")
         if not is_complete(path):
             raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker: its writing "
                                   "was interrupted); use an earlier global_step_N folder")
@@ -122,9 +171,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def find_resume_checkpoint(cfg: DictConfig) -> Path | None:
     """The checkpoint `trainer.resume_mode` asks for: none (or null, as SkyRL writes it) -> None;
-    latest -> the one the pointer
-    in `trainer.ckpt_path` names (None, logged, when there is none); from_path -> `resume_path`,
-    which must be a complete checkpoint."""
+    latest -> the one the pointer in `trainer.ckpt_path` names (`latest_checkpoint`; None, logged,
+    when there is none); from_path -> `resume_path`, which must be a complete checkpoint."""
     t = cfg.trainer
     if t.resume_mode in (None, "none"):
         return None
@@ -138,6 +186,8 @@ def find_resume_checkpoint(cfg: DictConfig) -> Path | None:
         raise CheckpointError(f"trainer.resume_path={path} does not exist (trainer.resume_mode=from_path). "
                               "Fix: name a checkpoint folder <ckpt_path>/global_step_N, or "
                               "trainer.resume_mode=latest")
+    if written_by_skyrl(path):
+        raise _skyrl_refusal(path, "trainer.resume_path names")
     if not is_complete(path):
         raise CheckpointError(f"trainer.resume_path={path} is not a complete checkpoint: a folder "
                               f"global_step_N holding a {COMPLETE} marker is needed (a folder without one "
@@ -152,23 +202,16 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
-def _file_digest(path: str) -> dict[str, Any]:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"file": str(path), "size": os.path.getsize(path), "sha256": h.hexdigest()}
-
-
 def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, Any]:
     """What identifies a run: a resume that changes any of it is refused (unless
-    `trainer.resume_ignore_config_changes`). Data files are compared by content, not path."""
+    `trainer.resume_ignore_config_changes`). Data is compared by content (`PromptDataset.digests`),
+    not by path."""
     t = cfg.trainer
     fingerprint = {
         "trainer.policy.model.path": t.policy.model.path,
         "trainer.policy.model.gguf_file": t.policy.model.get("gguf_file"),
         "trainer.critic.model.path": t.critic.model.path,
-        "data.train_data": [_file_digest(f) for f in train_data.files],
+        "data.train_data": [dataclasses.asdict(d) for d in train_data.digests()],
         "usable training rows": len(train_data),
         "trainer.seed": t.seed,
         "trainer.train_batch_size": t.train_batch_size,
@@ -360,16 +403,20 @@ def run_state_json(run: RunState, workers: Workers, run_dir: Path, steps_per_epo
     }
 
 
-def _write_pointer(root: Path, name: str) -> None:
+def _write_pointer(root: Path, step: int) -> None:
+    """`latest_ckpt_global_step.txt` := the step, as SkyRL writes it (digits, no newline), but
+    atomically: a reader sees the old pointer or the new one, never a torn file. The older `latest`
+    pointer goes once the new one is in place, so one file says which checkpoint is the latest."""
     tmp = root / f".{POINTER}.{secrets.token_hex(4)}.tmp"
     try:
         with open(tmp, "w") as f:
-            f.write(name + "\n")
+            f.write(str(step))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, root / POINTER)
     finally:
         tmp.unlink(missing_ok=True)
+    (root / LEGACY_POINTER).unlink(missing_ok=True)
     _fsync_path(root, directory=True)
 
 
@@ -427,9 +474,9 @@ class Checkpointer:
         OmegaConf.save(self.cfg, folder / "config.yaml", resolve=True)
 
     def save(self, run: RunState, workers: Workers, steps_per_epoch: int) -> Path:
-        """Write `global_step_<N>` atomically, point `latest` at it, prune. On any failure the temp
-        folder is removed, the previous checkpoint and pointer stay as they were, and a
-        CheckpointError names the path and the cause."""
+        """Write `global_step_<N>` atomically, point `latest_ckpt_global_step.txt` at it, prune. On
+        any failure the temp folder is removed, the previous checkpoint and pointer stay as they
+        were, and a CheckpointError names the path and the cause."""
         root = self.root
         name = f"{CKPT_PREFIX}{run.global_step}"
         final = root / name
@@ -446,7 +493,7 @@ class Checkpointer:
                 _remove(final)
             os.rename(tmp, final)
             _fsync_path(root, directory=True)
-            _write_pointer(root, name)
+            _write_pointer(root, run.global_step)
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             previous = self.last or (latest_checkpoint(root) if root.is_dir() else None)

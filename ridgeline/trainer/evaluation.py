@@ -19,22 +19,22 @@ more variance.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig
 
 from ridgeline.data import PromptRow
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
-from ridgeline.generation.types import GeneratorOutput, total_reward
+from ridgeline.generation.types import GeneratorInput, GeneratorOutput, total_reward
 from ridgeline.inference.types import SamplingParams
 from ridgeline.seeding import derive_seed
+from ridgeline.tracking.dumps import write_eval_dump
 from ridgeline.trainer.builders import generator_input, truncation_policy
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,6 @@ log = logging.getLogger(__name__)
 PASS_THRESHOLD = 1.0
 """A trajectory passes when it earns the full reward (>= 1.0), so partial credit such as a
 format score never counts as a solved problem."""
-
-RESULTS_FILE = "eval_results.jsonl"
-METRICS_FILE = "metrics.json"
-
 
 def metric_key(data_source: str) -> str:
     # A data source like "openai/gsm8k" would add a level to "eval/<source>/pass_at_1".
@@ -114,28 +110,35 @@ class EvalAccumulator:
 
     Usage, per generated batch:
 
-        acc.add(data_sources, prompts, out, ground_truths)
+        acc.add(data_sources, inp, out, decode)
 
-    where every list has one entry per trajectory of `out`.
+    with one data source per trajectory of `out` (the name it is reported under), the batch's
+    input `inp` and `decode` turning token ids into text (the tokenizer's `decode`).
     """
 
     groups: dict[tuple, PromptGroup] = field(default_factory=dict)   # insertion order = prompt order
     records: list[dict[str, Any]] = field(default_factory=list)
     _calls: int = 0
 
-    def add(self, data_sources: Sequence[str], prompts: Sequence, out: GeneratorOutput,
-            ground_truths: Sequence) -> None:
-        """Score one generated batch.
+    def add(self, data_sources: Sequence[str], inp: GeneratorInput, out: GeneratorOutput,
+            decode: Callable[[list[int]], str]) -> None:
+        """Score one generated batch and keep a record per sample.
 
         Samples with the same uid (`out.uids`) are the n samples of one prompt. They group within
         this call only: a prompt's samples are generated together, and a uid may come again in
-        another batch.
-        Rewards may be numbers or per-token lists (multi-turn); a trajectory's reward is their sum.
+        another batch. Rewards may be numbers or per-token lists (multi-turn); a trajectory's
+        reward is their sum.
+
+        A record holds SkyRL-Train's fields (`input_prompt` and `output_response`: the decoded
+        token ids, special tokens kept; `score`: the reward as the generator gave it; `stop_reason`,
+        `env_class`, `env_extras`, `data_source`) and Ridgeline's: `prompt_index`, `sample_index`,
+        `passed`, `parsed` (the answer the env read), `ground_truth`, `num_tokens`.
         """
         self._calls += 1
         size = len(data_sources)
-        if len(out) != size:
-            raise ValueError(f"EvalAccumulator.add: {size} data sources for {len(out)} trajectories")
+        if len(out) != size or len(inp.env_classes) != size:
+            raise ValueError(f"EvalAccumulator.add: {size} data sources for {len(inp.env_classes)} inputs and "
+                             f"{len(out)} trajectories")
         uids = out.uids
         for i, source in enumerate(data_sources):
             key = (self._calls, uids[i])   # the call number scopes a uid to its batch
@@ -144,12 +147,16 @@ class EvalAccumulator:
                 group = self.groups[key] = PromptGroup(source, index=len(self.groups))
             reward = total_reward(out.rewards[i])
             metadata = out.step_metadata[i] if i < len(out.step_metadata) else {}
-            truth = ground_truths[i] if ground_truths[i] is not None else metadata.get("ground_truth")
+            extras = inp.env_extras[i]
+            truth = (extras.get("reward_spec") or {}).get("ground_truth")
+            if truth is None:  # e.g. an env that reads it from elsewhere reports it in its metadata
+                truth = metadata.get("ground_truth")
             self.records.append({
-                "data_source": source, "prompt_index": group.index, "sample_index": len(group.rewards),
-                "prompt": prompts[i], "response": out.responses[i], "reward": reward,
-                "passed": reward >= PASS_THRESHOLD, "parsed": metadata.get("parsed"), "ground_truth": truth,
-                "stop_reason": out.stop_reasons[i], "num_tokens": len(out.response_ids[i]),
+                "input_prompt": decode(out.prompt_token_ids[i]), "output_response": decode(out.response_ids[i]),
+                "score": out.rewards[i], "stop_reason": out.stop_reasons[i], "env_class": inp.env_classes[i],
+                "env_extras": extras, "data_source": source,
+                "prompt_index": group.index, "sample_index": len(group.rewards), "passed": reward >= PASS_THRESHOLD,
+                "parsed": metadata.get("parsed"), "ground_truth": truth, "num_tokens": len(out.response_ids[i]),
             })
             group.rewards.append(reward)
 
@@ -167,19 +174,10 @@ class EvalAccumulator:
         return result
 
     def dump(self, folder: Path, extra_metrics: dict[str, float] | None = None) -> Path:
-        """Write every sample to `folder/eval_results.jsonl` (one JSON object per line) and the
-        metrics, plus `extra_metrics` (e.g. timings), to `folder/metrics.json`; returns the
-        jsonl path."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / RESULTS_FILE
-        with path.open("w") as f:
-            for record in self.records:
-                # default=str: ground truths from parquet may be numpy scalars or other non-JSON types
-                f.write(json.dumps(record, default=str) + "\n")
-        metrics = {**self.metrics(), **(extra_metrics or {})}
-        (folder / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
-        return path
+        """SkyRL's dump files in `folder` (`ridgeline.tracking.dumps.write_eval_dump`): one
+        `<data_source>.jsonl` per data source, every sample's record, and `aggregated_results.jsonl`,
+        the metrics plus `extra_metrics` (e.g. timings). Returns the folder."""
+        return write_eval_dump(folder, self.records, {**self.metrics(), **(extra_metrics or {})})
 
 
 # ------------------------------------------------------------------------------------ the eval loop
@@ -207,8 +205,6 @@ def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: D
         out = generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "eval", b))
         out.rewards = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
                                               out.loss_masks, policy, training=False).rewards
-        picked = [item for item in batch for _ in range(n)]
-        acc.add([label for label, _ in picked], [row.prompt for _, row in picked], out,
-                [row.reward_spec.get("ground_truth") if row.reward_spec else None for _, row in picked])
+        acc.add([label for label, _ in batch for _ in range(n)], inp, out, generator.tokenizer.decode)
         log.info("eval batch %d/%d: %d prompts x %d samples", b + 1, num_batches, len(batch), n)
     return {**acc.metrics(), "timing/eval": time.perf_counter() - t0}, acc

@@ -45,7 +45,7 @@ from ridgeline.models.device import memory_metrics, resolve_device
 from ridgeline.models.loading import load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
-from ridgeline.tracking.dumps import dump_training_batch
+from ridgeline.tracking.dumps import dump_training_batch, eval_dump_folder
 from ridgeline.tracking.report import write_report
 from ridgeline.tracking.samples import write_samples
 from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_trackers
@@ -121,9 +121,11 @@ class Trainer:
         prepare_data_if_missing(cfg.data)
         default_env = cfg.environment.env_class
         train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
-                                   max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer)
+                                   max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
+                                   config_key="data.train_data")
         val_data = (PromptDataset(list(cfg.data.val_data), default_env_class=default_env,
-                                  max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer)
+                                  max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
+                                  config_key="data.val_data")
                     if cfg.data.val_data else None)
         if len(train_data) < t.train_batch_size:
             raise ValueError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
@@ -285,8 +287,9 @@ class Trainer:
         if epoch_done and t.update_ref_every_epoch and self.workers.ref is not None and epoch + 1 < t.epochs:
             self.update_ref()
         step = self.run.global_step
-        if t.hf_save_interval > 0 and step % t.hf_save_interval == 0:
-            self.checkpointer.export(self.workers, self.run_dir / "exports" / f"global_step_{step}", step)
+        if t.hf_save_interval > 0 and (step % t.hf_save_interval == 0 or step == self.total_steps):
+            # SkyRL's place: <export_path>/global_step_<N>/{policy,critic}, and one after the last step
+            self.checkpointer.export(self.workers, Path(t.export_path) / f"global_step_{step}", step)
         if t.ckpt_interval > 0 and (step % t.ckpt_interval == 0 or step == self.total_steps):
             self.save_checkpoint()
 
@@ -498,8 +501,9 @@ class Trainer:
                     self.engine.wake_up(("kv_cache",))
         metrics.update({f"timing/{k}": v for k, v in timer.seconds.items()})
         if t.dump_data_batch:  # outside the timer: a debugging aid, not part of the step
+            # SkyRL's folder and file stem (it pickles its own batch class; this is JSON lines)
             dump_training_batch(batch, self.tokenizer, Path(t.export_path) / "dumped_data"
-                                / f"global_step_{self.run.global_step}_training_batch.jsonl", self.run.global_step)
+                                / f"global_step_{self.run.global_step}_training_input.jsonl", self.run.global_step)
         trained_tokens = float(batch.attention_mask.sum())
         generated = float(batch.response_mask.sum())
         metrics["throughput/tokens_per_second"] = trained_tokens / timer.seconds["step"]
@@ -533,7 +537,7 @@ class Trainer:
         metrics, acc = run_eval(self.generator, [(row.data_source, row) for row in self.val_data], cfg,
                                 env_override=self.env_override, global_step=self.run.global_step)
         if cfg.trainer.dump_eval_results:
-            acc.dump(Path(cfg.trainer.export_path) / "dumped_eval" / f"global_step_{self.run.global_step}_eval_results")
+            acc.dump(eval_dump_folder(cfg.trainer.export_path, self.run.global_step))
         return metrics
 
     def save_final_model(self) -> Path:
