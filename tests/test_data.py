@@ -102,6 +102,19 @@ def test_prepared_gsm8k_is_loadable_and_rewards_reference_answers(gsm8k_files) -
         assert env.step(row.extra_info["answer"]).reward == 1.0
 
 
+def test_prepare_gsm8k_env_class(tmp_path) -> None:
+    from ridgeline.envs import make
+
+    (tmp_path / "in").mkdir()
+    for split in ("train", "test"):
+        write_jsonl(tmp_path / "in" / f"{split}.jsonl", [{"question": "q", "answer": "2 + 3 = 5\n#### 5"}])
+    for env_class, reward in (("gsm8k", 0.0), ("gsm8k_lenient", 1.0)):  # "#### 5.0" is 5 only to the lenient one
+        files = prepare_gsm8k(tmp_path / env_class, input_dir=tmp_path / "in", env_class=env_class)
+        [row] = PromptDataset([files["train"]])
+        assert row.env_class == env_class
+        assert make(row.env_class, extras=row.extras).step("#### 5.0").reward == reward
+
+
 def test_prepare_gsm8k_bad_input(tmp_path) -> None:
     (tmp_path / "in").mkdir()
     with pytest.raises(DatasetError, match="train.jsonl"):
@@ -563,6 +576,15 @@ def test_cli_prepare_arithmetic(tmp_path, capsys) -> None:
 
     assert cli_main(["prepare", "arithmetic", "--output", str(out), "--max-operand", "2"]) == 1
     assert "distinct problems" in capsys.readouterr().err
+
+
+def test_cli_prepare_env_class(tmp_path, capsys) -> None:
+    for env_class in ("multiply", "multiply_lenient"):
+        out = tmp_path / env_class
+        args = ["prepare", "multiply", "--output", str(out), "--num-train", "3", "--num-val", "1", "--num-digits", "2"]
+        assert cli_main(args + (["--env-class", env_class] if env_class != "multiply" else [])) == 0
+        assert {row["env_class"] for row in read_table(out / "train.parquet")} == {env_class}
+    capsys.readouterr()
 
 
 def test_cli_parser_wiring_and_gsm8k(tmp_path, capsys) -> None:

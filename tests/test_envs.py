@@ -1,4 +1,5 @@
-"""Environments: reward parsing, the gsm8k/arithmetic envs, and the registry."""
+"""Environments: reward parsing, the gsm8k_lenient/arithmetic envs, and the registry (skyrl-gym's exact
+gsm8k, gsm8k_multi_turn, multiply and text2sql: test_skyrl_envs.py)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ GARBAGE = [
 ]
 
 
-def gsm8k(ground_truth: str) -> Env:
-    return make("gsm8k", extras={"reward_spec": {"method": "rule", "ground_truth": ground_truth}})
+def gsm8k(ground_truth: str) -> Env:  # Ridgeline's lenient reader
+    return make("gsm8k_lenient", extras={"reward_spec": {"method": "rule", "ground_truth": ground_truth}})
 
 
 def arithmetic(ground_truth: str) -> Env:
@@ -130,7 +131,7 @@ def test_huge_int_does_not_raise() -> None:
     assert not numbers_equal("1", 10**5000)
 
 
-# --- gsm8k env ------------------------------------------------------------------------------
+# --- gsm8k_lenient env ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -183,14 +184,14 @@ def test_envs_never_raise_on_garbage(text: str) -> None:
 
 def test_env_requires_ground_truth() -> None:
     with pytest.raises(ValueError, match="reward_spec"):
-        make("gsm8k", extras={"data_source": "x"})
+        make("gsm8k_lenient", extras={"data_source": "x"})
     with pytest.raises(ValueError, match="not a number"):
         make("arithmetic", extras={"reward_spec": {"method": "rule", "ground_truth": "seven"}})
 
 
 def test_builtin_envs_reject_unknown_settings() -> None:
     with pytest.raises(TypeError, match="unknown settings"):
-        make("gsm8k", extras={"reward_spec": {"ground_truth": "1"}}, strictness=2)
+        make("gsm8k_lenient", extras={"reward_spec": {"ground_truth": "1"}}, strictness=2)
 
 
 # --- arithmetic env -------------------------------------------------------------------------
@@ -335,7 +336,7 @@ def test_load_env_module_dotted_and_errors(tmp_path, monkeypatch) -> None:
 
 # --- format_score (AnswerMatchEnv) -------------------------------------------------------------
 @pytest.mark.parametrize("env_name,right,wrong,none", [
-    ("gsm8k", "#### 7", "#### 8", "seven"),
+    ("gsm8k_lenient", "#### 7", "#### 8", "seven"),
     ("arithmetic", "3 + 4 = 7", "3 + 4 = 8", "no idea"),
 ])
 def test_format_score_rewards_a_parsed_but_wrong_answer(env_name, right, wrong, none):
@@ -349,10 +350,10 @@ def test_format_score_rewards_a_parsed_but_wrong_answer(env_name, right, wrong, 
 
 def test_unknown_env_setting_is_refused():
     with pytest.raises(TypeError, match="format_score"):
-        make("gsm8k", extras={"reward_spec": {"ground_truth": "1"}}, formatscore=0.1)
+        make("gsm8k_lenient", extras={"reward_spec": {"ground_truth": "1"}}, formatscore=0.1)
 
 
-# --- gsm8k mode: strict vs flexible ----------------------------------------------------------
+# --- gsm8k_lenient mode: strict vs flexible --------------------------------------------------
 @pytest.mark.parametrize("response, strict, flexible", [
     ("#### 72", 1.0, 1.0),
     ("She sold 48 + 24 = 72 clips.", 0.0, 1.0),  # no "####": only flexible reads it
@@ -363,22 +364,22 @@ def test_unknown_env_setting_is_refused():
 ])
 def test_gsm8k_strict_and_flexible_modes(response, strict, flexible):
     extras = {"reward_spec": {"method": "rule", "ground_truth": "72"}}
-    assert make("gsm8k", extras=extras).step(response).reward == strict  # default is strict
-    assert make("gsm8k", extras=extras, mode="strict").step(response).reward == strict
-    assert make("gsm8k", extras=extras, mode="flexible").step(response).reward == flexible
+    assert make("gsm8k_lenient", extras=extras).step(response).reward == strict  # default is strict
+    assert make("gsm8k_lenient", extras=extras, mode="strict").step(response).reward == strict
+    assert make("gsm8k_lenient", extras=extras, mode="flexible").step(response).reward == flexible
 
 
 def test_gsm8k_flexible_parsed_and_bad_mode():
-    env = make("gsm8k", extras={"reward_spec": {"ground_truth": "1234"}}, mode="flexible")
+    env = make("gsm8k_lenient", extras={"reward_spec": {"ground_truth": "1234"}}, mode="flexible")
     out = env.step("The total is $1,234.")
     assert (out.reward, out.metadata["parsed"]) == (1.0, "1234")
     with pytest.raises(ValueError, match="mode must be one of strict, flexible"):
-        make("gsm8k", extras={"reward_spec": {"ground_truth": "1"}}, mode="loose")
+        make("gsm8k_lenient", extras={"reward_spec": {"ground_truth": "1"}}, mode="loose")
 
 
 @pytest.mark.parametrize("text", GARBAGE)
 def test_gsm8k_flexible_never_raises_on_garbage(text):
-    env = make("gsm8k", extras={"reward_spec": {"ground_truth": "42"}}, mode="flexible")
+    env = make("gsm8k_lenient", extras={"reward_spec": {"ground_truth": "42"}}, mode="flexible")
     assert env.step(text).reward in (0.0, 1.0)
 
 

@@ -74,7 +74,7 @@ def test_multi_turn_examples_take_several_turns(tmp_path: Path) -> None:
 def test_text2sql_example_runs_real_sqlite(tmp_path: Path) -> None:
     rows = steps(run_example("text2sql", tmp_path))
     assert len(rows) == 2
-    assert all(r["environment/text2sql/sql_calls"] >= 0 for r in rows)
+    assert all(r["environment/text2sql_lenient/sql_calls"] >= 0 for r in rows)
     assert (tmp_path / "example_text2sql" / "data" / "databases" / "shop.sqlite").exists()
 
 

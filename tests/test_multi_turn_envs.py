@@ -1,4 +1,5 @@
-"""Answer-feedback-retry envs (feedback.py): gsm8k_multi_turn and multiply; prepare_multiply."""
+"""Answer-feedback-retry envs (feedback.py): gsm8k_multi_turn_lenient and multiply_lenient;
+prepare_multiply. (skyrl-gym's exact gsm8k_multi_turn and multiply: test_skyrl_envs.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ridgeline.data import PromptDataset
 from ridgeline.data.prepare_multiply import prepare_multiply
 from ridgeline.envs import make
 from ridgeline.envs.feedback import FeedbackEnv, Grade
-from ridgeline.envs.multiply import MultiplyEnv
+from ridgeline.envs.multiply import MultiplyLenientEnv
 
 GSM8K_FEEDBACK = "Your answer is incorrect. Please try again, and give the final answer after ####."
 
@@ -19,11 +20,11 @@ def extras(ground_truth: str) -> dict[str, Any]:
     return {"reward_spec": {"method": "rule", "ground_truth": ground_truth}}
 
 
-# --- gsm8k_multi_turn ---------------------------------------------------------------------------
+# --- gsm8k_multi_turn_lenient -------------------------------------------------------------------
 
 
 def test_gsm8k_multi_turn_wrong_then_right() -> None:
-    env = make("gsm8k_multi_turn", extras=extras("72"))
+    env = make("gsm8k_multi_turn_lenient", extras=extras("72"))
     assert env.max_turns == 3
     out = env.step("She sold 70 clips. #### 70")
     assert out.observations == [{"role": "user", "content": GSM8K_FEEDBACK}]
@@ -36,7 +37,7 @@ def test_gsm8k_multi_turn_wrong_then_right() -> None:
 
 
 def test_gsm8k_multi_turn_unparsable_and_last_turn() -> None:
-    env = make("gsm8k_multi_turn", extras=extras("72"), format_score=0.1)
+    env = make("gsm8k_multi_turn_lenient", extras=extras("72"), format_score=0.1)
     out = env.step("I think it is 72")  # strict mode: no "####", nothing read
     assert (out.reward, out.done, out.metadata["parsed"]) == (0.0, False, None)
     assert out.observations[0]["content"] == GSM8K_FEEDBACK
@@ -47,24 +48,24 @@ def test_gsm8k_multi_turn_unparsable_and_last_turn() -> None:
 
 
 def test_gsm8k_multi_turn_settings() -> None:
-    env = make("gsm8k_multi_turn", env_config={"max_turns": 1, "mode": "flexible"}, extras=extras("72"))
+    env = make("gsm8k_multi_turn_lenient", env_config={"max_turns": 1, "mode": "flexible"}, extras=extras("72"))
     out = env.step("The answer is 71.")
     assert (out.reward, out.done) == (0.0, True)
-    env = make("gsm8k_multi_turn", extras=extras("72"), mode="flexible", correct_score=2.0)
+    env = make("gsm8k_multi_turn_lenient", extras=extras("72"), mode="flexible", correct_score=2.0)
     assert env.step("so 72 in total").reward == 2.0
     with pytest.raises(TypeError, match="unknown settings"):
-        make("gsm8k_multi_turn", extras=extras("72"), feedback="x")
+        make("gsm8k_multi_turn_lenient", extras=extras("72"), feedback="x")
     with pytest.raises(ValueError, match="mode"):
-        make("gsm8k_multi_turn", extras=extras("72"), mode="lenient")
+        make("gsm8k_multi_turn_lenient", extras=extras("72"), mode="lenient")
 
 
 def test_gsm8k_multi_turn_right_first_time() -> None:
-    env = make("gsm8k_multi_turn", extras=extras("72"))
+    env = make("gsm8k_multi_turn_lenient", extras=extras("72"))
     assert env.step("#### 72").reward == 1.0
     assert env.get_metrics() == {"attempts": 1.0, "solved": 1.0}
 
 
-# --- multiply -----------------------------------------------------------------------------------
+# --- multiply_lenient ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -85,23 +86,23 @@ def test_gsm8k_multi_turn_right_first_time() -> None:
     ],
 )
 def test_multiply_rewards(response: str, reward: float) -> None:
-    env = make("multiply", extras=extras("56088"))
+    env = make("multiply_lenient", extras=extras("56088"))
     out = env.step(response)
     assert (out.reward, out.done, out.observations) == (reward, True, [])
 
 
 def test_multiply_multi_turn_retry() -> None:
-    env = make("multiply", extras=extras("56088"), max_turns=3)
+    env = make("multiply_lenient", extras=extras("56088"), max_turns=3)
     out = env.step("\\boxed{56000}")
     assert out.observations == [{"role": "user", "content": "Incorrect, try again"}]
     assert (out.reward, out.done, out.metadata["parsed"]) == (0.0, False, "56000")
     out = env.step("It is 56088")
-    assert out.observations == [{"role": "user", "content": MultiplyEnv.missing_box_message}]
+    assert out.observations == [{"role": "user", "content": MultiplyLenientEnv.missing_box_message}]
     out = env.step("\\boxed{56088}")
     assert (out.reward, out.done) == (1.0, True)
     assert env.get_metrics() == {"attempts": 3.0, "solved": 1.0}
 
-    env = make("multiply", extras=extras("56088"), max_turns=2)
+    env = make("multiply_lenient", extras=extras("56088"), max_turns=2)
     env.step("\\boxed{1}")
     out = env.step("\\boxed{2}")
     assert (out.reward, out.done) == (0.5, True)
@@ -110,9 +111,9 @@ def test_multiply_multi_turn_retry() -> None:
 
 def test_multiply_needs_ground_truth_and_no_settings() -> None:
     with pytest.raises(ValueError, match="reward_spec"):
-        make("multiply", extras={})
+        make("multiply_lenient", extras={})
     with pytest.raises(TypeError, match="unknown settings"):
-        make("multiply", extras=extras("1"), format_score=0.1)
+        make("multiply_lenient", extras=extras("1"), format_score=0.1)
 
 
 # --- the base -----------------------------------------------------------------------------------
@@ -150,12 +151,16 @@ def test_prepare_multiply(tmp_path) -> None:
         assert row.env_class == "multiply" and row.data_source == "multiply"
         assert row.prompt == [{"role": "user", "content": f"What is {a} * {b}? Put your final answer in \\boxed{{}}."}]
         assert row.reward_spec == {"method": "rule", "ground_truth": str(a * b)}
-        assert make("multiply", extras=row.extras).step(f"\\boxed{{{a * b}}}").reward == 1.0
+        assert make(row.env_class, extras=row.extras).step(f"\\boxed{{{a * b}}}").reward == 1.0
         problems.add((a, b))
     assert len(problems) == 50  # distinct, and validation does not overlap train
     # Same seed, same files; validation does not depend on num_train.
     again = prepare_multiply(tmp_path / "again", num_train=5, num_val=10, num_digits=2, seed=3)
     assert [r.prompt for r in PromptDataset(again["validation"])] == [r.prompt for r in val]
+    lenient = prepare_multiply(tmp_path / "lenient", num_train=5, num_val=1, num_digits=2, env_class="multiply_lenient")
+    row = PromptDataset(lenient["train"])[0]
+    assert row.env_class == "multiply_lenient"
+    assert make(row.env_class, extras=row.extras).step(f"\\boxed{{{row.reward_spec['ground_truth']}.0}}").reward == 1.0
 
 
 def test_prepare_multiply_limits(tmp_path) -> None:

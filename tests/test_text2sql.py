@@ -1,5 +1,5 @@
-"""text2sql: the read-only SQLite executor, result comparison, the multi-turn env and the
-synthetic dataset, all on real SQLite files."""
+"""text2sql_lenient: the read-only SQLite executor, result comparison, the multi-turn env and the
+synthetic dataset, all on real SQLite files. (skyrl-gym's exact text2sql: test_skyrl_envs.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ridgeline.data import PromptDataset
 from ridgeline.data.prepare_text2sql import DB_ID, prepare_text2sql, shop_questions
 from ridgeline.envs import make
 from ridgeline.envs.sql_executor import has_top_level_order_by, results_match, run_query
-from ridgeline.envs.text2sql import extract_tag  # importing the module registers "text2sql"
+from ridgeline.envs.text2sql_lenient import extract_tag
 
 ENDLESS = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
 
@@ -219,7 +219,7 @@ def test_top_level_order_by_detection():
 
 def env_for(db: Path, gold: str, **settings):
     extras = {"reward_spec": {"method": "rule", "ground_truth": gold}, "extra_info": {"db_id": db.stem}}
-    return make("text2sql", extras=extras, db_root=str(db.parent), **settings)
+    return make("text2sql_lenient", extras=extras, db_root=str(db.parent), **settings)
 
 
 GOLD_CATS = "SELECT name FROM pets WHERE species = 'cat'"
@@ -356,20 +356,20 @@ def test_extract_tag():
 def test_config_errors_fail_at_construction(db, tmp_path):
     good = {"reward_spec": {"ground_truth": GOLD_CATS}, "extra_info": {"db_id": db.stem}}
     with pytest.raises(ValueError, match="db_root"):
-        make("text2sql", extras=good)
+        make("text2sql_lenient", extras=good)
     with pytest.raises(FileNotFoundError, match="nope"):
-        make("text2sql", extras={**good, "extra_info": {"db_id": "nope"}}, db_root=str(db.parent))
+        make("text2sql_lenient", extras={**good, "extra_info": {"db_id": "nope"}}, db_root=str(db.parent))
     with pytest.raises(ValueError, match="ground_truth"):
-        make("text2sql", extras={"extra_info": {"db_id": db.stem}}, db_root=str(db.parent))
+        make("text2sql_lenient", extras={"extra_info": {"db_id": db.stem}}, db_root=str(db.parent))
     with pytest.raises(TypeError, match="unknown settings"):
-        make("text2sql", extras=good, db_root=str(db.parent), timeout=3)
+        make("text2sql_lenient", extras=good, db_root=str(db.parent), timeout=3)
     # an absolute db_path needs no db_root; the Spider layout <root>/<id>/<id>.sqlite is found
-    env = make("text2sql", extras={**good, "extra_info": {"db_path": str(db)}})
+    env = make("text2sql_lenient", extras={**good, "extra_info": {"db_path": str(db)}})
     assert env.step(f"<solution>{GOLD_CATS}</solution>").reward == 1.0
     nested = tmp_path / "spider" / "zoo" / "zoo.sqlite"
     nested.parent.mkdir(parents=True)
     nested.write_bytes(db.read_bytes())
-    env = make("text2sql", extras={**good, "extra_info": {"db_id": "zoo"}}, db_root=str(tmp_path / "spider"))
+    env = make("text2sql_lenient", extras={**good, "extra_info": {"db_id": "zoo"}}, db_root=str(tmp_path / "spider"))
     assert env.step(f"<solution>{GOLD_CATS}</solution>").reward == 1.0
 
 
@@ -394,7 +394,7 @@ def test_prepare_writes_database_and_splits(prepared):
     train_q = {row.prompt[-1]["content"] for row in train}
     assert not train_q & {row.prompt[-1]["content"] for row in val}
     row = train[0]
-    assert row.env_class == "text2sql" and row.data_source == "synthetic_sql"
+    assert row.env_class == "text2sql_lenient" and row.data_source == "synthetic_sql"
     assert row.extra_info["db_id"] == DB_ID
     assert [m["role"] for m in row.prompt] == ["system", "user"]
     system = row.prompt[0]["content"]

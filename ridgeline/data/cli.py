@@ -44,6 +44,8 @@ def add_prepare_parser(subparsers: "argparse._SubParsersAction[argparse.Argument
         default=None,
         help=f"directory with train.jsonl and test.jsonl; if omitted, download {HUB_ID} from the Hugging Face Hub",
     )
+    gsm8k.add_argument("--env-class", default="gsm8k",
+                       help="env the rows name: gsm8k (skyrl-gym's scoring, default) or gsm8k_lenient")
 
     arith = datasets.add_parser("arithmetic", help="generated integer arithmetic with difficulty knobs")
     arith.add_argument("--output", required=True, type=Path, help="directory to write the parquet files into")
@@ -67,8 +69,11 @@ def add_prepare_parser(subparsers: "argparse._SubParsersAction[argparse.Argument
     mult.add_argument("--num-val", type=int, default=200, help="held-out validation problems (default: 200)")
     mult.add_argument("--num-digits", type=int, default=3, help="digits per operand (default: 3)")
     mult.add_argument("--seed", type=int, default=0, help="generation seed (default: 0)")
+    mult.add_argument("--env-class", default="multiply",
+                      help="env the rows name: multiply (SkyRL's example scoring, default) or multiply_lenient")
 
-    text2sql = datasets.add_parser("text2sql", help="synthetic text-to-SQL questions on a generated SQLite database")
+    text2sql = datasets.add_parser(
+        "text2sql", help="synthetic text-to-SQL questions on a generated SQLite database (env text2sql_lenient)")
     text2sql.add_argument("--output", required=True, type=Path,
                           help="directory to write databases/ and the parquet files into")
     text2sql.add_argument("--num-train", type=int, default=None, help="training rows (default: every question not held out)")
@@ -93,7 +98,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     """Run the chosen ``prepare`` command; print files and row counts. Returns an exit code."""
     try:
         if args.prepare_dataset == "gsm8k":
-            written = prepare_gsm8k(args.output, input_dir=args.input)
+            written = prepare_gsm8k(args.output, input_dir=args.input, env_class=args.env_class)
         elif args.prepare_dataset == "arithmetic":
             written = prepare_arithmetic(
                 args.output,
@@ -108,7 +113,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             )
         elif args.prepare_dataset == "multiply":
             written = prepare_multiply(args.output, num_train=args.num_train, num_val=args.num_val,
-                                       num_digits=args.num_digits, seed=args.seed)
+                                       num_digits=args.num_digits, seed=args.seed, env_class=args.env_class)
         elif args.prepare_dataset == "text2sql":
             written = prepare_text2sql(args.output, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
         elif args.prepare_dataset == "code":
@@ -121,7 +126,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         return 1
     for split, path in written.items():
         if path.is_dir():  # text2sql's databases folder
-            print(f"{split}: {path} (set environment.skyrl_gym.text2sql.db_root to this folder)")
+            print(f"{split}: {path} (set environment.skyrl_gym.text2sql_lenient.db_root to this folder)")
         else:
             print(f"{split}: {path} ({_count_rows(path)} rows)")
     return 0

@@ -2,8 +2,9 @@
 
 Writes ``train.parquet`` (GSM8K train) and ``validation.parquet`` (GSM8K
 test). The prompt asks for the final answer after "####", which is exactly
-what the "gsm8k" env rewards, and the ground truth is the number after
-"####" in the reference solution with thousands separators removed.
+what the "gsm8k" env (skyrl-gym's) rewards, and the ground truth is the number after
+"####" in the reference solution with thousands separators removed, as text.
+``env_class="gsm8k_lenient"`` names Ridgeline's lenient reader in the rows instead.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def gsm8k_ground_truth(answer: str) -> str | None:
     return text if _NUMBER.fullmatch(text) else None
 
 
-def gsm8k_row(question: str, answer: str, *, split: str, index: int) -> dict[str, Any] | None:
+def gsm8k_row(question: str, answer: str, *, split: str, index: int,
+              env_class: str = "gsm8k") -> dict[str, Any] | None:
     """One prompt row from a GSM8K record, or None if its answer has no "####" number."""
     ground_truth = gsm8k_ground_truth(answer)
     if ground_truth is None:
@@ -50,13 +52,13 @@ def gsm8k_row(question: str, answer: str, *, split: str, index: int) -> dict[str
     return {
         "data_source": HUB_ID,
         "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
-        "env_class": "gsm8k",
+        "env_class": env_class,
         "reward_spec": {"method": "rule", "ground_truth": ground_truth},
         "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
     }
 
 
-def _rows(records: Iterable[Mapping[str, Any]], *, split: str, source: str) -> list[dict[str, Any]]:
+def _rows(records: Iterable[Mapping[str, Any]], *, split: str, source: str, env_class: str) -> list[dict[str, Any]]:
     rows = []
     for index, record in enumerate(records):
         question, answer = record.get("question"), record.get("answer")
@@ -67,7 +69,7 @@ def _rows(records: Iterable[Mapping[str, Any]], *, split: str, source: str) -> l
                 file=source,
                 index=index,
             )
-        row = gsm8k_row(question, answer, split=split, index=index)
+        row = gsm8k_row(question, answer, split=split, index=index, env_class=env_class)
         if row is None:
             raise DatasetError(
                 f"{source} row {index}, column 'answer': expected the solution to end with "
@@ -105,10 +107,11 @@ def _read_jsonl_records(path: Path) -> list[dict[str, Any]]:
 
 
 def prepare_gsm8k(output_dir: str | Path, input_dir: str | Path | None = None, *, max_train: int | None = None,
-                  max_val: int | None = None) -> dict[str, Path]:
+                  max_val: int | None = None, env_class: str = "gsm8k") -> dict[str, Path]:
     """Write GSM8K ``train.parquet`` and ``validation.parquet`` into ``output_dir``.
 
-    ``max_train`` / ``max_val`` keep only the first rows of each split (quick runs, tests).
+    ``max_train`` / ``max_val`` keep only the first rows of each split (quick runs, tests);
+    ``env_class`` is the environment the rows name (``gsm8k_lenient`` for Ridgeline's reader).
 
     With ``input_dir``, reads local ``train.jsonl`` and ``test.jsonl``
     (records ``{"question", "answer"}``); otherwise downloads
@@ -133,7 +136,7 @@ def prepare_gsm8k(output_dir: str | Path, input_dir: str | Path | None = None, *
     written: dict[str, Path] = {}
     for split, name in _SPLITS.items():
         records, source = sources[split]
-        rows = _rows(records, split=split, source=source)
+        rows = _rows(records, split=split, source=source, env_class=env_class)
         limit = max_train if name == "train" else max_val
         rows = rows if limit is None else rows[:limit]
         written[name] = write_parquet(rows, output_dir / f"{name}.parquet", schema)

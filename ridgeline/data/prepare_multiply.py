@@ -38,8 +38,12 @@ def prepare_multiply(
     *,
     num_digits: int = 3,
     seed: int = 0,
+    env_class: str = "multiply",
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``validation.parquet`` of ``num_digits``-digit products.
+
+    ``env_class`` is the environment the rows name: ``multiply`` (SkyRL's example, exactly) or
+    ``multiply_lenient`` (Ridgeline's reader).
 
     Returns ``{"train": path, "validation": path}``. Raises ValueError when the space of
     ``num_digits``-digit pairs cannot hold ``num_train + num_val`` distinct problems.
@@ -68,7 +72,7 @@ def prepare_multiply(
                 {
                     "data_source": "multiply",
                     "prompt": [{"role": "user", "content": MULTIPLY_PROMPT.format(a=a, b=b)}],
-                    "env_class": "multiply",
+                    "env_class": env_class,
                     "reward_spec": {"method": "rule", "ground_truth": str(a * b)},
                     "extra_info": {"expression": f"{a} * {b}", "split": split, "index": row_index},
                 }

@@ -1,17 +1,20 @@
-"""A small synthetic text-to-SQL dataset on a generated SQLite database, for the ``text2sql`` env.
+"""A small synthetic text-to-SQL dataset on a generated SQLite database, for the ``text2sql_lenient`` env.
 
 Writes, under ``output_dir``::
 
     databases/shop.sqlite     customers, products, orders, order_items (fixed, deterministic rows)
-    train.parquet             questions with their gold SQL (SkyRL rows, env_class "text2sql")
+    train.parquet             questions with their gold SQL (SkyRL rows, env_class "text2sql_lenient")
     validation.parquet
 
 Training needs the database folder in the env config::
 
     environment:
       skyrl_gym:
-        text2sql:
+        text2sql_lenient:
           db_root: <output_dir>/databases
+
+The rows are not for skyrl-gym's ``text2sql`` env: that one needs its Spider/BIRD/SynSQL folder
+layout and ``<think>`` sections, which a small model prompted like this one does not write.
 
 Questions come from ~20 templates (counts, filters, joins, GROUP BY/HAVING, ORDER BY/LIMIT,
 subqueries) filled with constants drawn from the data; questions whose answer would be empty are
@@ -319,7 +322,7 @@ def _row(question: Question, system_prompt: str, split: str, index: int) -> dict
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": question.question}],
-        "env_class": "text2sql",
+        "env_class": "text2sql_lenient",
         "reward_spec": {"method": "rule", "ground_truth": question.sql},
         "extra_info": {"db_id": DB_ID, "split": split, "index": index, "template": question.template},
     }
@@ -340,7 +343,7 @@ def prepare_text2sql(
         seed: decides the split; same seed and sizes -> identical files.
 
     Returns ``{"train": path, "validation": path, "databases": folder}``; point
-    ``environment.skyrl_gym.text2sql.db_root`` at the ``databases`` folder.
+    ``environment.skyrl_gym.text2sql_lenient.db_root`` at the ``databases`` folder.
     """
     output_dir = Path(output_dir)
     db_dir = output_dir / "databases"

@@ -1,8 +1,11 @@
 """Environments: turn a model response into reward (SkyRL-gym style).
 
-Importing this package registers the built-in envs ("gsm8k", "gsm8k_multi_turn", "arithmetic",
-"multiply", "text2sql", "code").
-Standard library only, so it is cheap to import in worker processes.
+Importing this package registers the built-in envs: "gsm8k", "gsm8k_multi_turn", "text2sql" and
+"multiply", which score exactly as skyrl-gym 0.4.0 (and SkyRL-Train's multiply example) do;
+Ridgeline's lenient variants "gsm8k_lenient", "gsm8k_multi_turn_lenient", "text2sql_lenient" and
+"multiply_lenient"; and "arithmetic" and "code".
+Standard library only (math-verify and pandas are imported when first needed), so it is cheap
+to import in worker processes.
 """
 
 from .base import Env, SingleTurnEnv, StepOutput
@@ -17,6 +20,7 @@ from . import code as _code  # noqa: E402,F401  isort: skip
 from . import gsm8k as _gsm8k  # noqa: E402,F401  isort: skip
 from . import multiply as _multiply  # noqa: E402,F401  isort: skip
 from . import text2sql as _text2sql  # noqa: E402,F401  isort: skip
+from . import text2sql_lenient as _text2sql_lenient  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "Env",

@@ -1,5 +1,5 @@
-"""Shared base of the numeric-answer envs (gsm8k, arithmetic): parse a number, compare it with
-`reward_spec.ground_truth`.
+"""Shared base of the numeric-answer envs (gsm8k_lenient, arithmetic): parse a number, compare it
+with `reward_spec.ground_truth`.
 
 Reward: `correct_score` (1.0) on a match; `format_score` (default 0.0, veRL's knob) when a number
 was read but is wrong; 0.0 when nothing could be read. A small format score gives a model that

@@ -1,298 +1,237 @@
-"""Multi-turn text-to-SQL on real SQLite databases (the SkyRL-SQL protocol).
+"""``text2sql``: skyrl-gym 0.4.0's multi-turn SQL env (SkyRL-SQL), exactly.
 
-Each turn the model either explores or answers:
+Rows and config as SkyRL writes them: ``db_id`` and ``data`` (``synsql``, ``spider`` or
+``bird``) are row columns, ``reward_spec.ground_truth`` is the gold SQL, and the database is
+``<db_path>/<folder of data>/<db_id>/<db_id>.sqlite`` with ``db_path`` from
+``environment.skyrl_gym.text2sql.db_path`` (SkyRL's default ``/home/ray/default/sql_data``).
 
-* ``<sql>QUERY</sql>``: the env runs QUERY (the last such block of the response) read-only and
-  replies with ``<observation>...</observation>`` holding the first rows as a small table, or the
-  error. Reward 0, the episode goes on.
-* ``<solution>QUERY</solution>``: the final answer. QUERY's result is compared with the gold
-  query's result (:func:`~ridgeline.envs.sql_executor.results_match`: rows as a multiset, in
-  order only when the gold query ends in ORDER BY, numbers within 1e-6). Reward 1.0 on a match,
-  else 0.0; the episode ends.
-* neither: an observation restating the format, reward 0.
+Each turn (up to ``max_turns``: the setting, which the generator sets to ``generator.max_turns``,
+else ``extras["max_turns"]``, else 5):
 
-On the last allowed turn (``max_turns``, default 5) the episode ends whatever the response; an
-``<sql>`` block there is scored as the answer. ``<think>...</think>`` sections are ignored, so tags
-quoted while reasoning do not count.
+* a response holding both ``<solution>`` and ``</solution>``, or the last turn, ends the episode.
+  Its reward is computed on every message of the episode joined (responses and observations):
+  -1.0 unless the text has exactly one ``<solution>...</solution>``, no think/sql/observation tag
+  inside it, at least one ``<think>...</think>``, and ``<think>`` first after every
+  ``</observation>`` before it; else 1.0 when the solution's rows equal the gold query's rows as
+  sets (order and duplicates ignored), 0.0 otherwise (errors and 30 s timeouts included);
+* otherwise reward 0: the first ``<sql>...</sql>`` is run (5 s limit) and the rows come back as a
+  pandas table inside ``<observation>`` with a reminder of the turns left (or the error, or a note
+  that the response had no query).
 
-Dataset row (SkyRL schema): ``reward_spec.ground_truth`` = the gold SQL; ``extra_info.db_id``
-names the database, found as ``<db_root>/<db_id>.sqlite`` or ``<db_root>/<db_id>/<db_id>.sqlite``
-(the Spider/BIRD layout); ``extra_info.db_path`` may give the file instead (absolute, or relative
-to ``db_root``).
-
-Settings (``environment.skyrl_gym.text2sql``): ``db_root``, ``timeout_s`` (5: per query),
-``max_rows`` (1000: rows fetched per query, and compared when scoring), ``observation_rows``
-(10: rows shown to the model), ``max_turns``.
+Queries run as skyrl-gym runs them: inside a transaction that is always rolled back, so the
+database file is unchanged after any statement, but writes do run (and a write's empty result
+can match an empty gold result). ``text2sql_lenient`` runs them on a read-only, guarded
+connection instead (:mod:`ridgeline.envs.sql_executor`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sqlite3
 import threading
-from collections import OrderedDict
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from .base import Env, StepOutput
 from .registry import register
-from .sql_executor import QueryResult, has_top_level_order_by, results_match, run_query
+from .skyrl_rules import skyrl_ground_truth, skyrl_max_turns
 
-__all__ = ["Text2SQLEnv", "extract_tag", "format_observation"]
+__all__ = [
+    "DATASET_FOLDERS",
+    "DEFAULT_DB_PATH",
+    "Text2SQLEnv",
+    "TransactionResult",
+    "run_rolled_back",
+    "sql_observation",
+    "verified_solution",
+]
 
 logger = logging.getLogger(__name__)
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-# A block may be left open at the end of the response: generation often stops on "</sql>"
-# without including it.
-_TAG_PATTERNS = {
-    tag: re.compile(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", re.DOTALL | re.IGNORECASE) for tag in ("sql", "solution")
+DEFAULT_DB_PATH = "/home/ray/default/sql_data"
+# the row's "data" -> where its databases sit under db_path
+DATASET_FOLDERS = {
+    "synsql": "SynSQL-2.5M/databases",
+    "spider": "spider/database",
+    "bird": "bird/train/train_databases",
 }
-_CODE_FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n?|\n?\s*```\s*$")
+EXPLORE_TIMEOUT_S = 5.0   # an exploratory <sql> query
+SCORE_TIMEOUT_S = 30.0    # the solution and the gold query, when scoring
+_MAX_TABLE_CHARS = 9000   # a longer table is cut to its first 50 rows
+_CUT_ROWS = 50
 
-_MAX_CELL_CHARS = 60
-_MAX_OBSERVATION_CHARS = 3000
-
-FORMAT_REMINDER = (
-    "No <sql> or <solution> block found. Write one SQLite query inside <sql>...</sql> to run it and "
-    "see its result, or give your final query inside <solution>...</solution>."
-)
-
-
-def extract_tag(text: str, tag: str) -> str | None:
-    """Content of the last ``<tag>...</tag>`` block outside ``<think>`` (None if there is none),
-    with surrounding whitespace and Markdown code fences removed."""
-    matches = _TAG_PATTERNS[tag].findall(_THINK.sub("", text))
-    if not matches:
-        return None
-    return _CODE_FENCE.sub("", matches[-1]).strip()
+_SQL_BLOCK = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
+_TAG_IN_SOLUTION = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
+_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_OBSERVATION_END = re.compile(r"</observation>", re.IGNORECASE)
 
 
-def _format_cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, float):
-        text = repr(value)  # keeps "24.0" distinct from the integer 24
-    elif isinstance(value, (bytes, bytearray)):
-        text = f"<blob {len(value)} bytes>"
+@dataclass(frozen=True)
+class TransactionResult:
+    """One statement run in a rolled-back transaction.
+
+    rows: the fetched rows as a set (None when the statement failed); error: the exception text;
+    timed_out: the time limit passed first (the statement was then interrupted, but ``rows`` keeps
+    a result that arrived before the interrupt took effect, as skyrl-gym's scorer does).
+    """
+
+    rows: frozenset[tuple[Any, ...]] | None
+    error: str | None
+    timed_out: bool
+
+
+def run_rolled_back(db_file: str, sql: str, timeout_s: float) -> TransactionResult:
+    """Run one statement in a worker thread inside ``BEGIN TRANSACTION`` ... rollback; after
+    ``timeout_s`` the connection is interrupted and the worker awaited."""
+    outcome: dict[str, Any] = {"rows": None, "error": None}
+    finished = threading.Event()
+    opened: list[sqlite3.Connection] = []
+
+    def work() -> None:
+        connection = None
+        try:
+            connection = sqlite3.connect(db_file, check_same_thread=False)
+            opened.append(connection)
+            cursor = connection.cursor()
+            connection.execute("BEGIN TRANSACTION;")
+            cursor.execute(sql)
+            rows = frozenset(cursor.fetchall())
+            connection.rollback()
+            outcome["rows"] = rows
+        except Exception as exc:  # the model's SQL may fail in any way; that is its result
+            outcome["error"] = str(exc)
+        finally:
+            if connection is not None:
+                for end in (connection.rollback, connection.close):
+                    try:
+                        end()
+                    except Exception:
+                        pass
+            finished.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    timed_out = not finished.wait(timeout_s)
+    if timed_out:
+        for connection in opened:
+            try:
+                connection.interrupt()
+            except Exception:
+                pass
+        finished.wait()
+    return TransactionResult(rows=outcome["rows"], error=outcome["error"], timed_out=timed_out)
+
+
+def _table(rows: frozenset[tuple[Any, ...]]) -> str:
+    """Rows as skyrl-gym shows them: pandas' plain-text table (pandas comes with ``datasets``)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    text = frame.to_string(index=False)
+    if len(text) > _MAX_TABLE_CHARS:
+        text = "Truncated to 50 lines since returned response too long: " + frame.head(_CUT_ROWS).to_string(index=False)
+    return text
+
+
+def sql_observation(db_file: str, sql: str | None, turns_left: int) -> str:
+    """skyrl-gym's SQL tool output: the query's table, its error or a timeout note, or (no
+    query) a request to follow the format, then a reminder of the turns left."""
+    if sql is None:
+        body = ("Your previous action is invalid. Follow the format of outputting thinking process and sql tool, "
+                "and try again.")
     else:
-        text = str(value)
-    text = " ".join(text.split()).replace("|", "\\|")  # one line per row; '|' would split cells
-    return text if len(text) <= _MAX_CELL_CHARS else text[: _MAX_CELL_CHARS - 3] + "..."
-
-
-def format_observation(result: QueryResult, observation_rows: int) -> str:
-    """A query result as the model sees it: a Markdown table of the first ``observation_rows``
-    rows plus a line saying how many there were, or the error; at most ~3000 characters."""
-    if result.rows is None:
-        body = f"Error: {result.error}"
-    elif not result.rows:
-        body = "Query returned no rows."
-        if result.columns:
-            body += " Columns: " + ", ".join(result.columns)
-    else:
-        shown = result.rows[:observation_rows]
-        lines = ["| " + " | ".join(_format_cell(c) for c in result.columns) + " |",
-                 "|" + " --- |" * len(result.columns)]
-        lines += ["| " + " | ".join(_format_cell(v) for v in row) + " |" for row in shown]
-        total = f"more than {len(result.rows)}" if result.truncated else str(len(result.rows))
-        if len(shown) < len(result.rows) or result.truncated:
-            lines.append(f"({len(shown)} of {total} rows shown)")
+        result = run_rolled_back(db_file, sql, EXPLORE_TIMEOUT_S)
+        if result.timed_out:
+            body = f"SQL Timeout:\n{sql}"
+        elif result.rows is not None:
+            body = _table(result.rows)
         else:
-            lines.append(f"({total} row{'s' if len(result.rows) != 1 else ''})")
-        body = "\n".join(lines)
-    if len(body) > _MAX_OBSERVATION_CHARS:
-        body = body[:_MAX_OBSERVATION_CHARS] + "\n... (output cut)"
-    return f"<observation>\n{body}\n</observation>"
+            body = f"Error executing SQL: {result.error}, db file: {db_file}"
+    reminder = f"<reminder>You have {turns_left} turns left to complete the task.</reminder>"
+    return f"\n\n<observation>{body}\n{reminder}</observation>\n\n"
 
 
-# ---------------------------------------------------------------------------------------------
-# Gold results: many rollouts share one prompt (GRPO groups), so the gold query runs once per
-# (database file version, gold SQL, limits) per process.
-
-_GOLD_CACHE_SIZE = 1024
-_gold_cache: OrderedDict[tuple[Any, ...], QueryResult] = OrderedDict()
-_gold_lock = threading.Lock()
-
-
-def gold_result(db_path: Path, gold_sql: str, *, timeout_s: float, max_rows: int) -> QueryResult:
-    """The gold query's result, from a process-wide LRU cache. The key includes the file's size
-    and modification time, so a rebuilt database is not served stale results. Timeouts are not
-    cached: they may come from a busy machine rather than the query."""
-    stat = db_path.stat()
-    key = (str(db_path.resolve()), stat.st_size, stat.st_mtime_ns, gold_sql, float(timeout_s), int(max_rows))
-    with _gold_lock:
-        cached = _gold_cache.get(key)
-        if cached is not None:
-            _gold_cache.move_to_end(key)
-            return cached
-    result = run_query(db_path, gold_sql, timeout_s=timeout_s, max_rows=max_rows)
-    if not result.ok:
-        logger.warning("text2sql: gold SQL fails on %s (%s): %s", db_path, result.error, gold_sql)
-    if not result.timed_out:
-        with _gold_lock:
-            _gold_cache[key] = result
-            while len(_gold_cache) > _GOLD_CACHE_SIZE:
-                _gold_cache.popitem(last=False)
-    return result
+def verified_solution(episode: str) -> str | None:
+    """The stripped solution SQL of an episode's joined text, or None when its format is not
+    skyrl-gym's (see the module docstring)."""
+    if episode.count("<solution>") != 1:
+        return None
+    before, after = episode.split("<solution>", 1)
+    if after.count("</solution>") != 1:
+        return None
+    solution = after.split("</solution>", 1)[0]
+    if _TAG_IN_SOLUTION.search(solution) or _THINK_BLOCK.search(episode) is None:
+        return None
+    for end in _OBSERVATION_END.finditer(before):
+        if not before[end.end():].lstrip().lower().startswith("<think>"):
+            return None
+    return solution.strip()
 
 
-def clear_gold_cache() -> None:
-    with _gold_lock:
-        _gold_cache.clear()
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def _resolve_db_path(extras: dict[str, Any], db_root: str | Path | None) -> Path:
-    """Where the row's database file is; raises on configuration/data errors (not model errors)."""
-    info = extras.get("extra_info") or {}
-    explicit = info.get("db_path") if isinstance(info, dict) else None
-    db_id = info.get("db_id") if isinstance(info, dict) else None
-    if explicit:
-        path = Path(str(explicit)).expanduser()
-        if not path.is_absolute():
-            if db_root is None:
-                raise ValueError(
-                    f"text2sql: extra_info.db_path {explicit!r} is relative; set "
-                    "environment.skyrl_gym.text2sql.db_root or give an absolute path"
-                )
-            path = Path(db_root).expanduser() / path
-    else:
-        if not isinstance(db_id, str) or not db_id:
-            raise ValueError(f"text2sql env needs extra_info.db_id (or extra_info.db_path); got extra_info={info!r}")
-        if db_root is None:
-            raise ValueError(
-                "text2sql env needs the database folder: set environment.skyrl_gym.text2sql.db_root "
-                f"(the folder holding {db_id}.sqlite)"
-            )
-        root = Path(db_root).expanduser()
-        candidates = [root / f"{db_id}.sqlite", root / db_id / f"{db_id}.sqlite"]
-        path = next((c for c in candidates if c.is_file()), candidates[0])
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"text2sql: database {db_id!r} not found; looked for {candidates[0]} and {candidates[1]}"
-            )
-    if not path.is_file():
-        raise FileNotFoundError(f"text2sql: database file not found: {path}")
-    return path
-
-
-def _gold_sql(extras: dict[str, Any]) -> str:
-    spec = extras.get("reward_spec")
-    gold = spec.get("ground_truth") if isinstance(spec, dict) else None
-    if not isinstance(gold, str) or not gold.strip():
+def _check_rows(extras: dict[str, Any]) -> None:
+    missing = [key for key in ("db_id", "reward_spec", "data") if key not in extras]
+    if missing:
         raise ValueError(
-            "text2sql env needs the gold SQL in extras['reward_spec']['ground_truth'] "
-            f"(dataset column reward_spec = {{'method': 'rule', 'ground_truth': 'SELECT ...'}}); got reward_spec={spec!r}"
+            f"text2sql env (skyrl-gym's) needs the row columns {missing}: db_id, data (one of "
+            f"{', '.join(DATASET_FOLDERS)}) and reward_spec.ground_truth (the gold SQL); the row has "
+            f"{sorted(extras)}. Rows of `ridgeline prepare text2sql` are for env_class text2sql_lenient."
         )
-    return gold
+    if extras["data"] not in DATASET_FOLDERS:
+        raise ValueError(f"text2sql env: the row's data must be one of {', '.join(DATASET_FOLDERS)} "
+                         f"(it picks the database folder under db_path), got {extras['data']!r}")
+    if not isinstance(extras["db_id"], str) or not extras["db_id"]:
+        raise ValueError(f"text2sql env: the row's db_id must name a database, got {extras['db_id']!r}")
 
 
 @register("text2sql")
 class Text2SQLEnv(Env):
-    """Multi-turn text-to-SQL env; see the module docstring for the protocol.
+    """skyrl-gym's SQL env; see the module docstring. Setting: ``db_path``."""
 
-    Construction fails (ValueError/FileNotFoundError) when the row or config is unusable: no
-    gold SQL, no database id, no ``db_root``, a missing database file. ``step`` never raises on
-    model text.
+    accepted_settings = ("db_path",)
 
-    Metrics per episode (:meth:`get_metrics`): ``sql_calls`` (queries of the model that were run,
-    exploration and answer), ``sql_errors`` (of those, the ones that failed, timeouts included),
-    ``timeouts`` and ``solved`` (1.0 when the answer matched).
-    """
-
-    accepted_settings = ("db_root", "timeout_s", "max_rows", "observation_rows")
-    default_max_turns = 5
-
-    def __init__(self, extras: dict[str, Any] | None = None, *, db_root: str | Path | None = None,
-                 timeout_s: float = 5.0, max_rows: int = 1000, observation_rows: int = 10,
-                 **settings: Any) -> None:
-        super().__init__(extras, **settings)
-        if not float(timeout_s) > 0:
-            raise ValueError(f"text2sql: timeout_s must be positive, got {timeout_s!r}")
-        if int(max_rows) < 1 or int(observation_rows) < 0:
-            raise ValueError(f"text2sql: need max_rows >= 1 and observation_rows >= 0, got {max_rows!r}, {observation_rows!r}")
-        self.timeout_s = float(timeout_s)
-        self.max_rows = int(max_rows)
-        self.observation_rows = int(observation_rows)
-        self.gold_sql = _gold_sql(self.extras)
-        self.db_path = _resolve_db_path(self.extras, db_root)
-        self.order_matters = has_top_level_order_by(self.gold_sql)
-        self._gold: QueryResult | None = None
-        self._counts = {"sql_calls": 0, "sql_errors": 0, "timeouts": 0, "solved": 0}
-
-    # -- protocol ----------------------------------------------------------------------------
+    def __init__(self, extras: dict[str, Any] | None = None, *, db_path: str = DEFAULT_DB_PATH,
+                 max_turns: int | None = None, **settings: Any) -> None:
+        extras = dict(extras or {})
+        super().__init__(extras, max_turns=skyrl_max_turns(extras, max_turns), **settings)
+        _check_rows(self.extras)
+        self.gold_sql = skyrl_ground_truth(self.extras, "text2sql")
+        self.db_id: str = self.extras["db_id"]
+        self.db_file = os.path.join(str(db_path), DATASET_FOLDERS[self.extras["data"]], self.db_id,
+                                    self.db_id + ".sqlite")
+        if not os.path.exists(self.db_file):
+            raise FileNotFoundError(
+                f"text2sql: database file not found: {self.db_file} (from environment.skyrl_gym.text2sql.db_path="
+                f"{db_path!r}, the row's data={self.extras['data']!r} and db_id={self.db_id!r})"
+            )
+        self.messages: list[str] = []  # every response and observation of the episode, in order
 
     def step(self, action: str) -> StepOutput:
-        text = action if isinstance(action, str) else ("" if action is None else str(action))
-        last_turn = self.next_turn()
-        solution = extract_tag(text, "solution")
-        if solution is not None:
-            return self._answer(solution, source="solution")
-        query = extract_tag(text, "sql")
-        if query is not None and last_turn:
-            return self._answer(query, source="sql_on_last_turn")
-        if query is not None:
-            return self._explore(query)
-        metadata = {"kind": "no_tags", "turn": self.turns}
-        if last_turn:
-            return StepOutput(observations=[], reward=0.0, done=True, metadata=metadata)
-        return StepOutput(observations=[self._message(f"<observation>\n{FORMAT_REMINDER}\n</observation>")],
-                          reward=0.0, done=False, metadata=metadata)
+        last = self.next_turn()
+        self.messages.append(action)
+        if last or ("<solution>" in action and "</solution>" in action):
+            solution = verified_solution("".join(self.messages))
+            metadata = {"parsed": solution, "ground_truth": self.gold_sql}
+            return StepOutput(observations=[], reward=self._score(solution), done=True, metadata=metadata)
+        block = _SQL_BLOCK.search(action)
+        query = None if block is None else block.group(1)
+        try:
+            observation = sql_observation(self.db_file, query, self.max_turns - self.turns)
+        except Exception as exc:  # skyrl-gym shows a failing tool's error text as the observation
+            observation = str(exc)
+        if not observation:
+            return StepOutput(observations=[], reward=0.0, done=False, metadata={"sql": query})
+        self.messages.append(observation)
+        return StepOutput(observations=[{"role": "user", "content": observation}], reward=0.0, done=False,
+                          metadata={"sql": query})
 
-    def _explore(self, query: str) -> StepOutput:
-        result = self._run(query)
-        metadata = {"kind": "explore", "sql": query, "turn": self.turns, **self._result_metadata(result)}
-        observation = format_observation(result, self.observation_rows)
-        return StepOutput(observations=[self._message(observation)], reward=0.0, done=False, metadata=metadata)
-
-    def _answer(self, query: str, *, source: str) -> StepOutput:
-        result = self._run(query)
-        gold = self.gold()
-        solved = result.ok and gold.ok and results_match(result.rows, gold.rows, order_matters=self.order_matters)
-        self._counts["solved"] = int(solved)
-        metadata: dict[str, Any] = {
-            "kind": source,
-            "sql": query,
-            "turn": self.turns,
-            "ground_truth": self.gold_sql,
-            "order_matters": self.order_matters,
-            **self._result_metadata(result),
-        }
-        if not gold.ok:
-            metadata["gold_error"] = gold.error
-        return StepOutput(observations=[], reward=1.0 if solved else 0.0, done=True, metadata=metadata)
-
-    # -- helpers -----------------------------------------------------------------------------
-
-    def gold(self) -> QueryResult:
-        """The gold query's result (computed on first use, then cached)."""
-        if self._gold is None:
-            self._gold = gold_result(self.db_path, self.gold_sql, timeout_s=self.timeout_s, max_rows=self.max_rows)
-        return self._gold
-
-    def _run(self, query: str) -> QueryResult:
-        result = run_query(self.db_path, query, timeout_s=self.timeout_s, max_rows=self.max_rows)
-        self._counts["sql_calls"] += 1
-        self._counts["sql_errors"] += int(not result.ok)
-        self._counts["timeouts"] += int(result.timed_out)
-        return result
-
-    def _message(self, observation: str) -> dict[str, str]:
-        if self.turns == self.max_turns - 1:
-            observation += "\nYour next response is your last: give your final query inside <solution>...</solution>."
-        return {"role": "user", "content": observation}
-
-    @staticmethod
-    def _result_metadata(result: QueryResult) -> dict[str, Any]:
-        return {
-            "error": result.error,
-            "num_rows": None if result.rows is None else len(result.rows),
-            "truncated": result.truncated,
-            "timed_out": result.timed_out,
-        }
-
-    def get_metrics(self) -> dict[str, float]:
-        return {key: float(value) for key, value in self._counts.items()}
+    def _score(self, solution: str | None) -> float:
+        if solution is None:
+            return -1.0
+        try:
+            predicted = run_rolled_back(self.db_file, solution, SCORE_TIMEOUT_S).rows
+            gold = run_rolled_back(self.db_file, self.gold_sql, SCORE_TIMEOUT_S).rows
+        except Exception:  # e.g. no thread could be started; skyrl-gym scores 0 then
+            logger.warning("text2sql: scoring failed; reward 0", exc_info=True)
+            return 0.0
+        return 1.0 if predicted is not None and gold is not None and predicted == gold else 0.0
