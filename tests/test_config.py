@@ -17,6 +17,7 @@ from ridgeline.config import (
     validate_config,
 )
 from ridgeline.config import support
+from ridgeline.inference.types import SamplingParams
 
 # overrides that make the base config runnable on the current build
 RUNNABLE = ["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console"]
@@ -212,6 +213,14 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("environment.step_timeout_s", 60.0),
     ("environment.env_modules", []),
     ("environment.reward_fn", None),
+    # SkyRL 0.3.1 sampling keys beyond CONFIG_REFERENCE (docs/config.md), with SkyRL's defaults
+    ("generator.sampling_params.repetition_penalty", 1.0),
+    ("generator.sampling_params.logprobs", None),
+    ("generator.sampling_params.stop", None),
+    ("generator.eval_sampling_params.repetition_penalty", 1.0),
+    ("generator.eval_sampling_params.logprobs", None),
+    ("generator.eval_sampling_params.stop", None),
+    ("generator.append_eos_token_after_stop_str_in_multi_turn", True),
 ]
 
 
@@ -523,6 +532,37 @@ def test_numbers_out_of_range():
                 "trainer.policy.optimizer_config.lr"):
         assert key in msg
     assert len(err.problems) == 5
+
+
+def test_skyrl_sampling_keys_are_read_and_checked():
+    cfg = load_config(RUNNABLE + ["generator.sampling_params.stop=['</sql>','</solution>']",
+                                  "generator.sampling_params.repetition_penalty=1.1",
+                                  "generator.eval_sampling_params.logprobs=3",
+                                  "generator.append_eos_token_after_stop_str_in_multi_turn=false"])
+    assert SamplingParams.from_config(cfg.generator.sampling_params) == SamplingParams(
+        repetition_penalty=1.1, stop=("</sql>", "</solution>"), logprobs=None)
+    assert SamplingParams.from_config(cfg.generator.eval_sampling_params).logprobs == 3
+    assert cfg.generator.append_eos_token_after_stop_str_in_multi_turn is False
+
+    err = _error(RUNNABLE + ["generator.sampling_params.stop='</sql>'",
+                             "generator.eval_sampling_params.stop=['']",
+                             "generator.sampling_params.logprobs=-1",
+                             "generator.eval_sampling_params.logprobs=true",
+                             "generator.sampling_params.repetition_penalty=0"])
+    assert err.problems == [
+        "generator.sampling_params.repetition_penalty=0 must be greater than 0 (1.0 is off; above 1 discourages "
+        "repeating tokens). Fix: e.g. generator.sampling_params.repetition_penalty=1.0.",
+        "generator.sampling_params.logprobs=-1 must be null or a whole number N >= 0: the engine then also returns "
+        "the N most likely tokens of each position. Fix: generator.sampling_params.logprobs=null or e.g. "
+        "generator.sampling_params.logprobs=5.",
+        "generator.sampling_params.stop=</sql> must be null or a list of non-empty stop strings. Fix: e.g. "
+        "\"generator.sampling_params.stop=['</sql>']\" (quoted for the shell).",
+        "generator.eval_sampling_params.logprobs=true must be null or a whole number N >= 0: the engine then also "
+        "returns the N most likely tokens of each position. Fix: generator.eval_sampling_params.logprobs=null or "
+        "e.g. generator.eval_sampling_params.logprobs=5.",
+        "generator.eval_sampling_params.stop=[''] must be null or a list of non-empty stop strings. Fix: e.g. "
+        "\"generator.eval_sampling_params.stop=['</answer>']\" (quoted for the shell).",
+    ]
 
 
 def test_cuda_ipc_bucket_threshold_must_be_positive():

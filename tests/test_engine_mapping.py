@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -15,9 +16,12 @@ from ridgeline.config import load_config
 from ridgeline.inference import sglang_engine
 from ridgeline.inference.sglang_engine import (
     SGLangEngine,
+    matched_stop_string as sglang_matched_stop,
+    native_top_logprobs,
     release_tags,
     resume_tags,
     sglang_engine_kwargs,
+    sglang_logprobs_warning,
     sglang_sampling_params,
 )
 from ridgeline.inference.types import EngineError, SamplingParams, wake_order
@@ -31,6 +35,8 @@ from ridgeline.inference.library_engine import (
 )
 from ridgeline.inference.vllm_engine import (
     VLLMEngine,
+    matched_stop_string as vllm_matched_stop,
+    top_logprobs as vllm_top_logprobs,
     vllm_engine_kwargs,
     vllm_logprobs_mode,
     vllm_sampling_params,
@@ -105,19 +111,24 @@ def test_tiny_models_are_written_to_a_folder(tmp_path, monkeypatch):
     assert eos_token_ids(kwargs["model"]) == (2,)  # <|im_end|>, from config.json / generation_config.json
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p, min_p, mode, warns", [
-    (1.0, -1, 1.0, 0.0, "processed_logprobs", False),   # no filtering: processed = our contract
-    (0.7, -1, 1.0, 0.0, "processed_logprobs", False),   # ... also after temperature
-    (0.0, -1, 1.0, 0.0, "processed_logprobs", False),   # greedy reports the unscaled distribution
-    (1.0, 50, 1.0, 0.0, "raw_logprobs", False),         # temperature 1: raw = our contract
-    (1.0, -1, 0.9, 0.0, "raw_logprobs", False),
-    (1.0, -1, 1.0, 0.05, "raw_logprobs", False),        # vLLM applies min_p before its processed logprobs
-    (0.0, 20, 0.9, 0.0, "raw_logprobs", False),
-    (0.7, 50, 1.0, 0.0, "raw_logprobs", True),          # neither mode fits: unscaled, with a warning
-    (0.6, -1, 0.95, 0.0, "raw_logprobs", True),
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p, penalty, mode, warns", [
+    (1.0, -1, 1.0, 0.0, 1.0, "processed_logprobs", False),   # no filtering: processed = our contract
+    (0.7, -1, 1.0, 0.0, 1.0, "processed_logprobs", False),   # ... also after temperature
+    (0.0, -1, 1.0, 0.0, 1.0, "processed_logprobs", False),   # greedy reports the unscaled distribution
+    (1.0, 50, 1.0, 0.0, 1.0, "raw_logprobs", False),         # temperature 1: raw = our contract
+    (1.0, -1, 0.9, 0.0, 1.0, "raw_logprobs", False),
+    (1.0, -1, 1.0, 0.05, 1.0, "raw_logprobs", False),        # vLLM applies min_p before its processed logprobs
+    (0.0, 20, 0.9, 0.0, 1.0, "raw_logprobs", False),
+    (0.7, 50, 1.0, 0.0, 1.0, "raw_logprobs", True),          # neither mode fits: unscaled, with a warning
+    (0.6, -1, 0.95, 0.0, 1.0, "raw_logprobs", True),
+    # processed logprobs include a repetition penalty, our contract does not: treated like filtering
+    (1.0, -1, 1.0, 0.0, 1.2, "raw_logprobs", False),
+    (0.0, -1, 1.0, 0.0, 1.2, "raw_logprobs", False),
+    (0.7, -1, 1.0, 0.0, 1.2, "raw_logprobs", True),
 ])
-def test_logprobs_mode_rule(temperature, top_k, top_p, min_p, mode, warns):
-    chosen, warning = vllm_logprobs_mode(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p))
+def test_logprobs_mode_rule(temperature, top_k, top_p, min_p, penalty, mode, warns):
+    chosen, warning = vllm_logprobs_mode(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                                        repetition_penalty=penalty))
     assert chosen == mode
     assert (warning is not None) == warns
     if warns:
@@ -139,11 +150,44 @@ def test_logprobs_mode_reaches_the_kwargs_with_its_warning(caplog):
 def test_vllm_sampling_params():
     params = SamplingParams(max_generate_length=64, temperature=0.8, top_p=0.9, top_k=-1, min_p=0.05)
     assert vllm_sampling_params(params, (7, 2, 7), seed=123) == {
-        "max_tokens": 64, "temperature": 0.8, "top_p": 0.9, "top_k": 0, "min_p": 0.05, "logprobs": 0,
-        "stop_token_ids": [2, 7], "seed": 123, "detokenize": False, "skip_special_tokens": False,
+        "max_tokens": 64, "temperature": 0.8, "top_p": 0.9, "top_k": 0, "min_p": 0.05, "repetition_penalty": 1.0,
+        "logprobs": 0, "stop_token_ids": [2, 7], "seed": 123, "detokenize": False, "skip_special_tokens": True,
     }
     assert vllm_sampling_params(SamplingParams(top_k=20), (), None)["top_k"] == 20
     assert vllm_sampling_params(SamplingParams(), (), None)["seed"] is None
+
+
+def test_vllm_sampling_params_with_stop_strings_penalty_and_top_logprobs():
+    params = SamplingParams(max_generate_length=8, repetition_penalty=1.3, stop=("</sql>", "</solution>"), logprobs=5)
+    assert vllm_sampling_params(params, (2,), seed=1) == {
+        "max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.3,
+        "logprobs": 5, "stop_token_ids": [2], "seed": 1, "detokenize": True, "skip_special_tokens": True,
+        "stop": ["</sql>", "</solution>"], "include_stop_str_in_output": True,  # SkyRL's setting: kept
+    }
+
+
+def test_vllm_loads_its_tokenizer_only_for_stop_strings_and_raises_max_logprobs(default_cfg):
+    assert vllm_engine_kwargs(default_cfg)["skip_tokenizer_init"] is True
+    assert "max_logprobs" not in vllm_engine_kwargs(config("generator.sampling_params.logprobs=20"))
+    kwargs = vllm_engine_kwargs(config("generator.eval_sampling_params.stop=['</answer>']",
+                                       "generator.eval_sampling_params.logprobs=32"))
+    assert kwargs["skip_tokenizer_init"] is False and kwargs["max_logprobs"] == 32
+    assert vllm_engine_kwargs(config("generator.sampling_params.stop=['x']"))["skip_tokenizer_init"] is False
+
+
+@dataclass
+class _Logprob:  # vllm.logprobs.Logprob's fields
+    logprob: float
+    rank: int
+
+
+def test_vllm_top_logprobs_and_matched_stop_string():
+    # top 2 (ranks 1, 2) plus the sampled token at rank 7
+    step = {11: _Logprob(-0.5, 1), 4: _Logprob(-3.0, 7), 9: _Logprob(-1.5, 2)}
+    assert vllm_top_logprobs(step, 2) == [(11, -0.5), (9, -1.5)]
+    assert vllm_top_logprobs({11: _Logprob(-0.5, 1), 9: _Logprob(-1.5, 2)}, 2) == [(11, -0.5), (9, -1.5)]
+    assert vllm_matched_stop("</sql>") == "</sql>"
+    assert vllm_matched_stop(2) is None and vllm_matched_stop(None) is None  # a stop token id, or eos / length
 
 
 def test_context_longer_than_the_model_is_refused(tmp_path):
@@ -291,10 +335,34 @@ def test_sglang_sampling_params():
     params = SamplingParams(max_generate_length=32, temperature=0.0, top_p=0.95, top_k=-1, min_p=0.0)
     assert sglang_sampling_params(params, (2, 9)) == {
         "max_new_tokens": 32, "temperature": 0.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0,
-        "stop_token_ids": [2, 9], "skip_special_tokens": False, "no_stop_trim": True,
+        "repetition_penalty": 1.0, "stop_token_ids": [2, 9], "skip_special_tokens": True, "no_stop_trim": True,
     }
     assert sglang_sampling_params(SamplingParams(top_k=40), (), seed=11)["top_k"] == 40
     assert sglang_sampling_params(SamplingParams(), (), seed=11)["sampling_seed"] == 11
+    with_stop = sglang_sampling_params(SamplingParams(repetition_penalty=1.1, stop=("</sql>",), logprobs=3), ())
+    assert with_stop["stop"] == ["</sql>"] and with_stop["repetition_penalty"] == 1.1
+    assert with_stop["no_stop_trim"] is True  # SkyRL's setting: the stop string stays in the text
+
+
+def test_sglang_loads_its_tokenizer_only_for_stop_strings_and_warns_about_penalized_logprobs(default_cfg, caplog):
+    assert sglang_engine_kwargs(default_cfg)["skip_tokenizer_init"] is True
+    with caplog.at_level(logging.WARNING, logger="ridgeline.inference.sglang_engine"):
+        kwargs = sglang_engine_kwargs(config("generator.sampling_params.stop=['</sql>']",
+                                             "generator.sampling_params.repetition_penalty=1.2"))
+    assert kwargs["skip_tokenizer_init"] is False
+    assert "repetition_penalty=1.2" in caplog.text and "after the penalty" in caplog.text
+    assert sglang_logprobs_warning(SamplingParams()) is None
+
+
+def test_sglang_top_logprobs_and_matched_stop_string():
+    meta = {"output_top_logprobs": [[[-0.1, 5, None], [-2.5, 7, None]], [[-0.3, 8, None], [-1.4, 5, None]]]}
+    assert native_top_logprobs(meta, 2, 2) == [[(5, -0.1), (7, -2.5)], [(8, -0.3), (5, -1.4)]]
+    assert native_top_logprobs({}, 0, 2) is None
+    with pytest.raises(EngineError, match="top_logprobs_num=2"):
+        native_top_logprobs({}, 2, 2)
+    assert sglang_matched_stop({"type": "stop", "matched": "</sql>"}) == "</sql>"
+    assert sglang_matched_stop({"type": "stop", "matched": 2}) is None  # a stop token
+    assert sglang_matched_stop({"type": "length", "length": 8}) is None
 
 
 def test_sglang_sleep_levels():

@@ -14,6 +14,7 @@ from ridgeline.generation.generator import Generator
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.types import SamplingParams
+from ridgeline.models.tiny import CHARACTERS
 from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import build_training_batch
 
@@ -72,11 +73,11 @@ class RecordingEngine(HFEngine):
         return outputs
 
 
-def _input(env_classes, max_tokens=4):
+def _input(env_classes, max_tokens=4, **params):
     n = len(env_classes)
     return GeneratorInput(prompts=[[{"role": "user", "content": "What is 3 + 4?"}]] * n, env_classes=env_classes,
                           env_extras=[{"data_source": "t"}] * n, trajectory_ids=[TrajectoryID("u", i) for i in range(n)],
-                          sampling_params=SamplingParams(max_generate_length=max_tokens))
+                          sampling_params=SamplingParams(max_generate_length=max_tokens, **params))
 
 
 def _generator(tiny_model, tokenizer, **kwargs):
@@ -84,9 +85,12 @@ def _generator(tiny_model, tokenizer, **kwargs):
     return engine, Generator(engine, tokenizer, runner=EnvRunner(max_workers=4, timeout_s=1.0), **kwargs)
 
 
-def _check_layout(engine, out, tokenizer, conversation: bool) -> None:
+def _check_layout(engine, out, tokenizer, conversation: bool, append_eos: bool = True) -> None:
     """Rebuild every trajectory from what the engine was asked and answered, turn by turn: the
-    training sequence must be prompt + sampled ids + observation ids, position by position."""
+    training sequence must be prompt + sampled ids + observation ids, position by position. A
+    response that ended on a stop string gets the eos appended in conversation mode (SkyRL's
+    append_eos_token_after_stop_str_in_multi_turn), and keeps its last token in raw mode."""
+    eos = tokenizer.eos_token_id
     n = len(out.response_ids)
     rebuilt = [[] for _ in range(n)]
     masks = [[] for _ in range(n)]
@@ -100,16 +104,20 @@ def _check_layout(engine, out, tokenizer, conversation: bool) -> None:
             rebuilt[row] += result.response_ids
             masks[row] += [1] * len(result.response_ids)
             logprobs[row] += result.logprobs
+            eos_after_stop = [eos] if conversation and append_eos and result.matched_stop is not None else []
             last_turn = turn == len(engine.calls) - 1 or turn == 2
             if last_turn:
+                rebuilt[row] += eos_after_stop
+                masks[row] += [0] * len(eos_after_stop)
+                logprobs[row] += [0.0] * len(eos_after_stop)
                 continue
             obs_text = f"obs{turn + 1}"
             if conversation:
-                closing = [] if result.stop_reason == "stop" else [tokenizer.eos_token_id]
+                closing = eos_after_stop if result.stop_reason == "stop" else [eos]
                 obs = closing + tokenizer.encode(f"\n<|im_start|>user\n{obs_text}<|im_end|>\n<|im_start|>assistant\n",
                                                  add_special_tokens=False)
             else:
-                if result.stop_reason == "stop":  # the stop token is dropped in raw mode
+                if result.stop_reason == "stop" and result.matched_stop is None:  # the stop token goes in raw mode
                     rebuilt[row].pop(), masks[row].pop(), logprobs[row].pop()
                 obs = tokenizer.encode(obs_text, add_special_tokens=False)
             rebuilt[row] += obs
@@ -132,6 +140,45 @@ def test_multi_turn_sequences_are_exact(tiny_model, tiny_tokenizer, conversation
     assert out.metrics["environment/test_counting/turns_taken"] == 3.0
     if conversation:  # the observation really is a chat turn in the training sequence
         assert "<|im_start|>user\nobs1<|im_end|>" in tiny_tokenizer.decode(out.response_ids[0])
+
+
+# every printable character is a one-token stop string: nearly every response ends on one
+ANY_CHARACTER = tuple(CHARACTERS)
+
+
+@pytest.mark.parametrize("conversation, append_eos", [(True, True), (True, False), (False, True)])
+def test_stop_strings_end_turns_and_close_them_as_skyrl_does(tiny_model, tiny_tokenizer, conversation, append_eos):
+    engine, gen = _generator(tiny_model, tiny_tokenizer, max_turns=3, conversation_mode=conversation,
+                             append_eos_after_stop_str=append_eos)
+    out = gen.generate(_input(["test_counting"] * 4, stop=ANY_CHARACTER), seed=0)
+    results = [r for _, outputs in engine.calls for r in outputs]
+    assert sum(r.matched_stop is not None for r in results) >= 10  # of 12 responses
+    _check_layout(engine, out, tiny_tokenizer, conversation, append_eos)
+    first = engine.calls[0][1][0]
+    assert first.matched_stop is not None and len(first.response_ids) == 1
+    eos = tiny_tokenizer.eos_token_id
+    if conversation and append_eos:  # the stop string's token, then the eos the model did not sample
+        assert out.response_ids[0][:2] == [first.response_ids[0], eos]
+        assert out.loss_masks[0][:2] == [1, 0] and out.rollout_logprobs[0][1] == 0.0
+    else:  # conversation without the eos: the next turn follows; raw mode: the observation text
+        assert out.response_ids[0][1] != eos and out.loss_masks[0][:2] == [1, 0]
+    # the turn's reward sits on the model's last token (the stop string's), never on the appended eos
+    for row, reward in enumerate(out.rewards):
+        rewarded = [i for i, r in enumerate(reward) if r != 0.0]
+        assert len(rewarded) == 3 and all(out.loss_masks[row][i] == 1 for i in rewarded)
+
+
+@pytest.mark.parametrize("conversation", [False, True])
+def test_top_logprobs_are_carried_in_line_with_the_response(tiny_model, tiny_tokenizer, conversation):
+    engine, gen = _generator(tiny_model, tiny_tokenizer, max_turns=3, conversation_mode=conversation)
+    out = gen.generate(_input(["test_counting"] * 2, logprobs=2), seed=0)
+    sampled = [top for _, outputs in engine.calls for r in outputs for top in r.top_logprobs]
+    for row in range(2):
+        tops, mask = out.rollout_top_logprobs[row], out.loss_masks[row]
+        assert len(tops) == len(out.response_ids[row])
+        assert all((len(top) == 2) == (m == 1) for top, m in zip(tops, mask))  # [] on observation tokens
+        assert all(top in sampled for top in tops if top)
+    assert gen.generate(_input(["test_counting"]), seed=0).rollout_top_logprobs == []  # not asked
 
 
 def test_per_turn_rewards_sit_on_each_turns_last_sampled_token(tiny_model, tiny_tokenizer):

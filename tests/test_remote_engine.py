@@ -18,8 +18,16 @@ import torch
 
 from ridgeline.distributed.weight_sync import probe_logprobs
 from ridgeline.inference.hf_engine import HFEngine
-from ridgeline.inference.remote import RemoteEngine, RemoteSettings, normalize_url, spread
-from ridgeline.inference.server import EngineService, make_http_server
+from ridgeline.inference.remote import (
+    RemoteEngine,
+    RemoteSettings,
+    completion_body,
+    native_output,
+    normalize_url,
+    openai_output,
+    spread,
+)
+from ridgeline.inference.server import EngineService, RequestError, make_http_server
 from ridgeline.inference.types import EngineError, EngineRequest, SamplingParams
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.tracking.dumps import read_eval_dump
@@ -374,3 +382,104 @@ def test_fsdp2_ranks_push_to_a_remote_server(server, tmp_path):
         assert b["weight_sync/probe_abs_diff"] <= 1e-5 and b["weight_sync/megabytes"] > 0
         for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/grad_norm"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
+
+
+# ------------------------------------------------------------------ SkyRL's sampling keys
+
+
+@pytest.fixture(scope="module")
+def served():
+    """`ridgeline serve`'s routes over HTTP in this process, on a perturbed tiny model (its greedy
+    text depends on the penalty: "WWWW..." for "Say hi.", "zGGG..." at penalty 2 for the sum)."""
+    tok = build_char_tokenizer()
+    engine = HFEngine(_perturbed(1), tok, dtype=torch.float32)
+    httpd = make_http_server(EngineService(engine, tok, MODEL))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield "127.0.0.1:%d" % httpd.server_address[1], engine, tok
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_stop_strings_penalty_and_top_logprobs_reach_the_server_through_both_apis(served, api):
+    url, engine, tok = served
+    client = _client(url, api)
+    try:
+        stop = SamplingParams(max_generate_length=12, temperature=0.0, stop=("WU", "WW"), logprobs=2)
+        penalized = SamplingParams(max_generate_length=12, temperature=0.0, repetition_penalty=2.0, logprobs=3)
+        reqs = [EngineRequest(chat_ids(tok, "Say hi."), stop),
+                EngineRequest(chat_ids(tok, "What is 2 + 3?"), penalized)]
+        outs, refs = client.generate(reqs, seed=0), engine.generate(reqs, seed=0)
+        for out, ref in zip(outs, refs):
+            assert (out.response_ids, out.stop_reason, out.matched_stop) == \
+                   (ref.response_ids, ref.stop_reason, ref.matched_stop)
+            assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-6)
+            assert [[t for t, _ in top] for top in out.top_logprobs] == \
+                   [[t for t, _ in top] for top in ref.top_logprobs]
+            assert torch.allclose(torch.tensor([[lp for _, lp in top] for top in out.top_logprobs]),
+                                  torch.tensor([[lp for _, lp in top] for top in ref.top_logprobs]), atol=1e-6)
+        assert tok.decode(outs[0].response_ids) == "WW" and outs[0].matched_stop == "WW"
+        assert [len(top) for top in outs[1].top_logprobs] == [3] * 12
+        plain = engine.generate([EngineRequest(reqs[1].prompt_token_ids, SamplingParams(12, 0.0))])[0]
+        assert outs[1].response_ids != plain.response_ids  # the penalty arrived
+    finally:
+        client.close()
+
+
+def test_serve_answers_stop_strings_and_top_logprobs_as_sglang_and_vllm_do(served):
+    _, engine, tok = served
+    service = EngineService(engine, tok, MODEL)
+    prompt = chat_ids(tok, "Say hi.")
+    native = {"input_ids": prompt, "return_logprob": True, "top_logprobs_num": 2,
+              "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "stop": "WW"}}
+    answer = service.generate(native)
+    assert answer["output_ids"] == tok.encode("WW", add_special_tokens=False)
+    assert answer["meta_info"]["finish_reason"] == {"type": "stop", "matched": "WW"}
+    assert answer["text"] == ""  # SGLang trims the stop string from the text unless no_stop_trim
+    assert [len(top) for top in answer["meta_info"]["output_top_logprobs"]] == [2, 2]
+    native["sampling_params"]["no_stop_trim"] = True
+    assert service.generate(native)["text"] == "WW"
+
+    completion = {"prompt": prompt, "max_tokens": 8, "temperature": 0.0, "stop": ["WW"], "logprobs": 1,
+                  "return_token_ids": True}
+    choice = service.completions(completion)["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("", "stop", "WW")
+    # vLLM's top_logprobs: the top N and the sampled token, keyed by token text (or "token_id:ID")
+    assert choice["logprobs"]["top_logprobs"][0].keys() == {"W"}
+    completion.update(include_stop_str_in_output=True, return_tokens_as_token_ids=True)
+    choice = service.completions(completion)["choices"][0]
+    w = tok.convert_tokens_to_ids("W")
+    assert choice["text"] == "WW" and choice["logprobs"]["top_logprobs"][0].keys() == {f"token_id:{w}"}
+
+    for bad, words in [({"stop": [""]}, "stop must be a non-empty string"),
+                       ({"repetition_penalty": 0}, "repetition_penalty must be greater than 0"),
+                       ({"logprobs": -1}, "top logprobs must be a whole number")]:
+        with pytest.raises(RequestError, match=words):
+            service.completions({"prompt": prompt, **bad})
+
+
+def test_completion_requests_carry_the_sampling_keys():
+    req = EngineRequest([5, 6], SamplingParams(max_generate_length=9, temperature=0.5, top_k=-1,
+                                               repetition_penalty=1.2, stop=("</sql>",), logprobs=4), (2,))
+    assert completion_body("m", req, seed=3) == {
+        "model": "m", "prompt": [5, 6], "max_tokens": 9, "temperature": 0.5, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+        "repetition_penalty": 1.2, "logprobs": 4, "return_token_ids": True, "seed": 3, "skip_special_tokens": True,
+        "return_tokens_as_token_ids": True, "stop": ["</sql>"], "include_stop_str_in_output": True,
+        "stop_token_ids": [2],
+    }
+    plain = completion_body("m", EngineRequest([5], SamplingParams()), seed=0)
+    assert plain["logprobs"] == 0 and not {"stop", "return_tokens_as_token_ids", "stop_token_ids"} & plain.keys()
+    # answers: top logprobs ranked from vLLM's {token: logprob} (the top N plus the sampled token)
+    answer = {"choices": [{"token_ids": [7, 8], "finish_reason": "stop", "stop_reason": "</sql>",
+                           "logprobs": {"token_logprobs": [-0.1, -3.0],
+                                        "top_logprobs": [{"token_id:7": -0.1, "token_id:9": -2.6},
+                                                         {"token_id:8": -3.0, "token_id:4": -0.2,
+                                                          "token_id:9": -1.9}]}}]}
+    out = openai_output(answer, "u", top_n=2)
+    assert (out.stop_reason, out.matched_stop) == ("stop", "</sql>")
+    assert out.top_logprobs == [[(7, -0.1), (9, -2.6)], [(4, -0.2), (9, -1.9)]]
+    native = {"output_ids": [7], "meta_info": {"finish_reason": {"type": "stop", "matched": "</sql>"},
+                                               "output_token_logprobs": [[-0.1, 7, None]],
+                                               "output_top_logprobs": [[[-0.1, 7, None], [-2.6, 9, None]]]}}
+    out = native_output(native, "u", top_n=2)
+    assert out.matched_stop == "</sql>" and out.top_logprobs == [[(7, -0.1), (9, -2.6)]]

@@ -585,6 +585,23 @@ class _Checker:
         v = self.num(key)
         if v is not None and v != -1 and v < 1:
             self.add(key, f"{key}={_show(v)} must be -1 (off) or at least 1. Fix: e.g. {key}=-1.")
+        key = f"{block}.repetition_penalty"
+        v = self.num(key)
+        if v is not None and v <= 0:
+            self.add(key, f"{key}={_show(v)} must be greater than 0 (1.0 is off; above 1 discourages "
+                          f"repeating tokens). Fix: e.g. {key}=1.0.")
+        key = f"{block}.logprobs"
+        v = self.val(key)
+        if v is not _MISSING and v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            self.add(key, f"{key}={_show(v)} must be null or a whole number N >= 0: the engine then also "
+                          f"returns the N most likely tokens of each position. Fix: {key}=null or e.g. {key}=5.")
+        key = f"{block}.stop"
+        v = self.val(key)
+        if v is not _MISSING and v is not None and not (
+                isinstance(v, list) and all(isinstance(s, str) and s for s in v)):
+            example = repr(v) if isinstance(v, str) and v else "'</answer>'"
+            self.add(key, f"{key}={_show(v)} must be null or a list of non-empty stop strings. "
+                          f"Fix: e.g. \"{key}=[{example}]\" (quoted for the shell).")
 
     # 5. batch arithmetic ----------------------------------------------------------------
     def batches(self) -> None:

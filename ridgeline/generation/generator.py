@@ -16,10 +16,18 @@ Observations become tokens in one of two ways (`generator.use_conversation_multi
   sample one (loss mask 0), then the chat template's own text between messages and the new
   messages, rendered with the assistant turn opened, follow.
 * false: as raw text after the response, in the same assistant message: a trailing stop token
-  is removed first, then the observation text is tokenized and appended.
+  is removed first (not the last token of a stop string: that is text), then the observation text
+  is tokenized and appended.
+
+Stop strings (`sampling_params.stop`): a response that ended on one keeps it (the environment
+parses it, e.g. `</sql>`). In conversation mode, with `generator.
+append_eos_token_after_stop_str_in_multi_turn` (SkyRL's rule), the eos token is appended after it
+on every turn, the last one included: loss mask 0 and logprob 0.0, since the model did not sample
+it. Without it the next chat turn follows the stop string directly, as in SkyRL.
 
 Rewards: a single-turn trajectory gets its step's reward as one number. A multi-turn one gets a
-per-token reward list with each step's reward on the last token the model sampled in that turn.
+per-token reward list with each step's reward on the last token the model sampled in that turn
+(SkyRL puts it on an appended eos; Ridgeline keeps it on a token the loss sees).
 Environment calls run concurrently with a time limit (`EnvRunner`); one that raises, hangs or
 returns junk costs its trajectory the reward (0), is counted, and is logged once with its
 traceback; the run goes on. A truncated trajectory (stop reason "length") keeps its
@@ -45,7 +53,7 @@ from ridgeline import envs
 from ridgeline.data import chat_template_ids, encode_chat_prompt
 from ridgeline.generation.env_steps import EnvCallFailure, EnvRunner
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward
-from ridgeline.inference.types import EngineOutput, EngineRequest, InferenceEngine
+from ridgeline.inference.types import EngineOutput, EngineRequest, InferenceEngine, TopLogprobs
 from ridgeline.seeding import derive_seed
 
 log = logging.getLogger(__name__)
@@ -61,6 +69,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # [] where none were asked / sampled
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (token index, reward)
     turns: int = 0
     done: bool = False
@@ -77,12 +86,18 @@ class Trajectory:
         self.response_ids += out.response_ids
         self.loss_mask += [1] * len(out.response_ids)
         self.logprobs += list(out.logprobs)
+        self.top_logprobs += out.top_logprobs if out.top_logprobs is not None else [[] for _ in out.response_ids]
         self.stop_reason = out.stop_reason
 
     def add_observation(self, ids: list[int]) -> None:
+        """Tokens the model did not sample (observations, an appended eos): loss mask 0, logprob 0."""
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.top_logprobs += [[] for _ in ids]
+
+    def drop_last(self) -> None:
+        del self.response_ids[-1], self.loss_mask[-1], self.logprobs[-1], self.top_logprobs[-1]
 
     def reward(self) -> Reward:
         if self.failed:
@@ -100,19 +115,22 @@ class Generator:
 
     env_settings: `environment.skyrl_gym` (per env class). max_turns / max_input_length /
     conversation_mode: `generator.max_turns`, `generator.max_input_length`,
-    `generator.use_conversation_multi_turn`. runner: how environment calls are run
-    (`environment.max_env_workers`, `environment.step_timeout_s`).
+    `generator.use_conversation_multi_turn`. append_eos_after_stop_str:
+    `generator.append_eos_token_after_stop_str_in_multi_turn`. runner: how environment calls are
+    run (`environment.max_env_workers`, `environment.step_timeout_s`).
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, *,
                  env_settings: dict[str, dict[str, Any]] | None = None, max_turns: int = 1,
-                 max_input_length: int | None = None, conversation_mode: bool = False, runner: EnvRunner | None = None):
+                 max_input_length: int | None = None, conversation_mode: bool = False,
+                 append_eos_after_stop_str: bool = True, runner: EnvRunner | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.env_settings = env_settings or {}
         self.max_turns = max_turns
         self.max_input_length = max_input_length
         self.conversation_mode = conversation_mode
+        self.append_eos_after_stop_str = append_eos_after_stop_str
         self.runner = runner or EnvRunner(max_workers=0)
         self._logged: set[tuple[str, str]] = set()
         self._base_ids: list[int] | None = None
@@ -188,6 +206,7 @@ class Generator:
         if step.done or last_turn:
             traj.turn_rewards.append((len(traj.response_ids) - 1, reward))
             traj.done = True
+            traj.add_observation(self._eos_after_stop_string(result))
             return
         drop_stop, observation = self._observation_ids(traj, step.observations, result)
         kept = len(traj.response_ids) - int(drop_stop)
@@ -196,9 +215,10 @@ class Generator:
             traj.turn_rewards.append((len(traj.response_ids) - 1, reward))
             traj.done, traj.stop_reason = True, "length"
             counts["context_full"] += 1
+            traj.add_observation(self._eos_after_stop_string(result))
             return
         if drop_stop:
-            del traj.response_ids[-1], traj.loss_mask[-1], traj.logprobs[-1]
+            traj.drop_last()
         traj.turn_rewards.append((max(0, len(traj.response_ids) - 1), reward))
         traj.add_observation(observation)
 
@@ -236,6 +256,7 @@ class Generator:
             loss_masks=[t.loss_mask for t in trajectories],
             stop_reasons=[t.stop_reason for t in trajectories],  # type: ignore[misc]
             rollout_logprobs=[t.logprobs for t in trajectories],
+            rollout_top_logprobs=[t.top_logprobs for t in trajectories] if inp.sampling_params.num_top_logprobs else [],
             responses=[t.text for t in trajectories],
             trajectory_ids=list(inp.trajectory_ids),
             metrics=metrics,
@@ -256,15 +277,27 @@ class Generator:
                          result: EngineOutput) -> tuple[bool, list[int]]:
         """(drop the response's trailing stop token?, the ids to append) for these observations."""
         if self.conversation_mode:
-            closing = []
             if result.stop_reason != "stop":
                 # the model ran out of tokens mid-turn: close its message as the template would
                 closing = [self.tokenizer.eos_token_id]
+            else:
+                closing = self._eos_after_stop_string(result)
             return False, closing + self._between_turns() + self._render_messages(observations)
-        # raw mode continues the same assistant message, so its stop token must go
-        drop_stop = result.stop_reason == "stop" and bool(traj.loss_mask) and traj.loss_mask[-1] == 1
+        # raw mode continues the same assistant message, so its stop token must go (a stop string's
+        # last token is text and stays)
+        drop_stop = (result.stop_reason == "stop" and result.matched_stop is None and bool(traj.loss_mask)
+                     and traj.loss_mask[-1] == 1)
         text = "".join(str(m.get("content", "")) for m in observations)
         return drop_stop, list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _eos_after_stop_string(self, result: EngineOutput) -> list[int]:
+        """[eos] when SkyRL's append_eos_token_after_stop_str_in_multi_turn applies to this turn's
+        response (conversation mode, ended on a stop string, not already on eos), else []."""
+        eos = self.tokenizer.eos_token_id
+        if (self.conversation_mode and self.append_eos_after_stop_str and result.matched_stop is not None
+                and result.response_ids and result.response_ids[-1] != eos):
+            return [eos]
+        return []
 
     def _render_messages(self, messages: list[dict[str, str]]) -> list[int]:
         """The template's tokens for `messages` appended to a conversation, with the assistant turn

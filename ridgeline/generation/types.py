@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ridgeline.inference.types import SamplingParams, StopReason
+from ridgeline.inference.types import SamplingParams, StopReason, TopLogprobs
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,9 @@ class GeneratorOutput:
     response_ids holds everything after the prompt: the model's tokens of every turn and, in
     between, the environment's observation tokens; loss_masks is 1 on the former and 0 on the
     latter, and rollout_logprobs holds the engine's logprob of each model token (0.0 on observation
-    tokens), so all three line up with response_ids position by position.
+    tokens), so all three line up with response_ids position by position. rollout_top_logprobs
+    does too when `sampling_params.logprobs` >= 1 (the engine's top-N per model token, [] on
+    observation tokens); it is empty otherwise.
 
     trajectory_ids are the input's, row for row: consumers group samples by `uids` from here,
     never by re-pairing the output with the input it came from."""
@@ -68,6 +70,7 @@ class GeneratorOutput:
     responses: list[str]
     trajectory_ids: list[TrajectoryID]
     metrics: dict[str, float] = field(default_factory=dict)
+    rollout_top_logprobs: list[list[TopLogprobs]] = field(default_factory=list)
     # the metadata of each trajectory's last environment step (e.g. {"parsed": "42"}), for eval dumps
     step_metadata: list[dict[str, Any]] = field(default_factory=list)
 

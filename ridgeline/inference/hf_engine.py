@@ -6,7 +6,9 @@ copies (and casts) the policy's tensors in place after each step.
 
 Decoding loop: prompts are left-padded, each distinct prompt is prefilled once and its cache
 fanned out to its samples (GRPO sends `n_samples_per_prompt` copies of each prompt), then one
-token per step for every live row; rows that finished are dropped from the batch and the cache.
+token per step for every live row; rows that finished (an eos / stop token, or a stop string:
+`stop_strings`) are dropped from the batch and the cache. With a repetition penalty each row
+carries a [V] mask of the tokens of its prompt and response so far.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ridgeline.inference.sampling import sample_next
-from ridgeline.inference.types import WAKE_TAGS, EngineOutput, EngineRequest, MemoryTag, SamplingParams, wake_order
+from ridgeline.inference.stop_strings import StopStringMatcher
+from ridgeline.inference.types import (
+    WAKE_TAGS,
+    EngineOutput,
+    EngineRequest,
+    MemoryTag,
+    SamplingParams,
+    TopLogprobs,
+    wake_order,
+)
 from ridgeline.models.forward import forward_last_logits, positions_from_mask
 from ridgeline.tracking.progress import progress
 
@@ -37,6 +48,7 @@ class HFEngine:
         if attn_implementation is not None:
             self.model.set_attn_implementation(attn_implementation)
         self.max_num_seqs = max_num_seqs
+        self.tokenizer = tokenizer  # stop strings are matched on decoded text
         self.pad_id = tokenizer.pad_token_id
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -189,28 +201,47 @@ class HFEngine:
         logits, attention = logits[fan], attention[fan]
         next_pos = positions[fan, -1] + 1
         live = torch.arange(len(prompts), device=self.device)  # batch slot -> row
+        seen = None  # repetition penalty: [live rows, V], the tokens of each row's prompt and response
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros((len(unique), logits.shape[-1]), dtype=torch.bool, device=self.device)
+            for p, u in unique.items():
+                seen[u, torch.tensor(p, device=self.device)] = True
+            seen = seen[fan]
+        matcher = StopStringMatcher(self.tokenizer, params.stop, len(prompts)) if params.stop else None
 
         responses: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
+        tops: list[list[TopLogprobs]] = [[] for _ in prompts]
         reasons = ["length"] * len(prompts)
+        matched: list[str | None] = [None] * len(prompts)
         for step in range(params.max_generate_length):
-            tokens, token_logprobs = sample_next(logits, params, generator)
-            finished = torch.isin(tokens, stop)
-            for row, tok, lp, fin in zip(live.tolist(), tokens.tolist(), token_logprobs.tolist(), finished.tolist()):
+            sampled = sample_next(logits, params, generator, seen)
+            tokens = sampled.tokens
+            finished = torch.isin(tokens, stop).tolist()
+            for slot, (row, tok, lp) in enumerate(zip(live.tolist(), tokens.tolist(), sampled.logprobs.tolist())):
                 responses[row].append(tok)
                 logprobs[row].append(lp)
-                if fin:
+                if finished[slot]:
                     reasons[row] = "stop"
-            if step == params.max_generate_length - 1 or bool(finished.all()):
+                elif matcher is not None and (hit := matcher.push(row, tok)) is not None:
+                    reasons[row], matched[row], finished[slot] = "stop", hit, True
+            if sampled.top_ids is not None:
+                for row, ids, lps in zip(live.tolist(), sampled.top_ids.tolist(), sampled.top_logprobs.tolist()):
+                    tops[row].append(list(zip(ids, lps)))
+            if step == params.max_generate_length - 1 or all(finished):
                 break
-            if bool(finished.any()):
-                keep = (~finished).nonzero().squeeze(-1)
+            if seen is not None:
+                seen[torch.arange(len(tokens), device=self.device), tokens] = True
+            if any(finished):
+                keep = torch.tensor([not f for f in finished], device=self.device).nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
                 tokens, attention, next_pos, live = tokens[keep], attention[keep], next_pos[keep], live[keep]
+                seen = None if seen is None else seen[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
             out = forward_last_logits(self.model, 1, input_ids=tokens[:, None], attention_mask=attention,
                                       position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
-        return [EngineOutput(response_ids=r, logprobs=lp, stop_reason=s)
-                for r, lp, s in zip(responses, logprobs, reasons)]
+        return [EngineOutput(response_ids=r, logprobs=lp, stop_reason=s, matched_stop=m,
+                             top_logprobs=top if params.num_top_logprobs else None)
+                for r, lp, s, m, top in zip(responses, logprobs, reasons, matched, tops)]

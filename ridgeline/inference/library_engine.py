@@ -61,6 +61,13 @@ def engine_init_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return dict(OmegaConf.to_container(kwargs, resolve=True)) if isinstance(kwargs, DictConfig) else dict(kwargs)
 
 
+def uses_stop_strings(cfg: DictConfig) -> bool:
+    """Whether training or eval sampling has stop strings (`generator.*sampling_params.stop`): vLLM
+    and SGLang match them on detokenized text, so the engine must then load the tokenizer."""
+    g = cfg.generator
+    return any(bool(block.stop) for block in (g.sampling_params, g.eval_sampling_params))
+
+
 def policy_model_folder(cfg: DictConfig) -> str:
     from ridgeline.models.loading import engine_model_folder, policy_spec
 

@@ -6,11 +6,16 @@ Two server APIs, picked by `generator.backend`:
   of token-id prompts with per-item sampling params and seeds; weight updates go through
   `/init_weights_update_group` + `/update_weights_from_distributed`, the trainer broadcasting
   each tensor in the group (nccl between GPUs, gloo otherwise).
-- `vllm`: the OpenAI-compatible `/v1/completions` with token prompts, `logprobs=0` and
-  `return_token_ids` (one HTTP request per sample so each gets its own seed, sent concurrently so
-  vLLM batches them). Weight updates need the server started with `VLLM_SERVER_DEV_MODE=1` and
+- `vllm`: the OpenAI-compatible `/v1/completions` with token prompts, `logprobs=N` (0 unless
+  `sampling_params.logprobs` asks for more) and `return_token_ids` (one HTTP request per sample so
+  each gets its own seed, sent concurrently so vLLM batches them). Weight updates need the server
+  started with `VLLM_SERVER_DEV_MODE=1` and
   `--worker-extension-cls ridgeline.inference.vllm_worker.RidgelineWorkerExtension`: the client
   calls the extension through `/collective_rpc` and sends with Ridgeline's weight-sync protocol.
+
+Both send the repetition penalty and the stop strings (kept in the output, as SkyRL asks: SGLang's
+`no_stop_trim`, vLLM's `include_stop_str_in_output`); a server matches stop strings only if it
+loaded its tokenizer (an SGLang server started with `--skip-tokenizer-init` cannot).
 
 Requests are spread over the servers in contiguous slices (samples of one prompt stay on one server,
 where its prefix is cached). Connection errors are retried with exponential backoff; every request
@@ -32,8 +37,25 @@ import torch
 
 from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port, usable_backend
 from ridgeline.inference.launch import WORKER_EXTENSION
-from ridgeline.inference.sglang_engine import CUDA_GRAPH, KV_CACHE, WEIGHTS, resume_tags
-from ridgeline.inference.types import WAKE_TAGS, EngineError, EngineOutput, EngineRequest, MemoryTag, wake_order
+from ridgeline.inference.sglang_engine import (
+    CUDA_GRAPH,
+    KV_CACHE,
+    WEIGHTS,
+    matched_stop_string,
+    native_top_logprobs,
+    resume_tags,
+    sglang_sampling_params,
+)
+from ridgeline.inference.types import (
+    WAKE_TAGS,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    MemoryTag,
+    SamplingParams,
+    TopLogprobs,
+    wake_order,
+)
 from ridgeline.seeding import request_seeds
 
 log = logging.getLogger(__name__)
@@ -180,27 +202,20 @@ class RemoteEngine:
         return [out for part in parts for out in part]
 
     def _generate_native(self, url: str, reqs: list[EngineRequest], seeds: list[int]) -> list[EngineOutput]:
-        from ridgeline.inference.sglang_engine import sglang_sampling_params
-
         params = [sglang_sampling_params(r.sampling_params, r.stop_token_ids, seed=sd) for r, sd in zip(reqs, seeds)]
         body = {"input_ids": [r.prompt_token_ids for r in reqs], "sampling_params": params,
-                "return_logprob": True}
+                "return_logprob": True, "top_logprobs_num": [r.sampling_params.num_top_logprobs for r in reqs]}
         answer = self.request("POST", url, "/generate", body)
         if isinstance(answer, dict):
             answer = [answer]
         if not isinstance(answer, list) or len(answer) != len(reqs):
             raise EngineError(f"remote inference engine {url}: /generate answered {type(answer).__name__} "
                               f"of length {len(answer) if isinstance(answer, list) else '-'} for {len(reqs)} inputs")
-        return [native_output(a, url) for a in answer]
+        return [native_output(a, url, r.sampling_params.num_top_logprobs) for a, r in zip(answer, reqs)]
 
     def _complete(self, url: str, model: str, req: EngineRequest, seed: int) -> EngineOutput:
-        p = req.sampling_params
-        body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": p.max_generate_length,
-                "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
-                "logprobs": 0, "return_token_ids": True, "seed": seed, "skip_special_tokens": False}
-        if req.stop_token_ids:
-            body["stop_token_ids"] = list(req.stop_token_ids)
-        return openai_output(self.request("POST", url, "/v1/completions", body), url)
+        answer = self.request("POST", url, "/v1/completions", completion_body(model, req, seed))
+        return openai_output(answer, url, req.sampling_params.num_top_logprobs)
 
     def score(self, prompt_ids: list[int], response_ids: list[int], url: str | None = None) -> list[float]:
         url = url or self.urls[0]
@@ -286,36 +301,75 @@ def spread(n: int, servers: int) -> list[tuple[int, int]]:
     return out
 
 
-def native_output(answer: dict, url: str) -> EngineOutput:
-    """An SGLang `/generate` item -> EngineOutput."""
+def native_output(answer: dict, url: str, top_n: int = 0) -> EngineOutput:
+    """An SGLang `/generate` item -> EngineOutput (`top_n`: the request's `top_logprobs_num`)."""
     try:
         meta = answer["meta_info"]
         ids = [int(t) for t in answer["output_ids"]]
         lps = [float(e[0]) for e in meta["output_token_logprobs"]]
-        kind = (meta.get("finish_reason") or {}).get("type")
-    except (KeyError, TypeError, ValueError) as e:
+        finish = meta.get("finish_reason") or {}
+        kind = finish.get("type")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise EngineError(f"remote inference engine {url}: /generate answer lacks output_ids / "
                           f"meta_info.output_token_logprobs (was return_logprob honoured?): {e!r}") from e
     if kind == "abort":
         raise EngineError(f"remote inference engine {url} aborted a request: {meta.get('finish_reason')}")
     if len(lps) != len(ids):
         raise EngineError(f"remote inference engine {url}: {len(ids)} output ids but {len(lps)} logprobs")
-    return EngineOutput(ids, lps, "stop" if kind == "stop" else "length")
+    try:
+        top = native_top_logprobs(meta, top_n, len(ids))
+    except EngineError as e:
+        raise EngineError(f"remote inference engine {url}: {e}") from e
+    return EngineOutput(ids, lps, "stop" if kind == "stop" else "length",
+                        matched_stop=matched_stop_string(finish), top_logprobs=top)
 
 
-def openai_output(answer: dict, url: str) -> EngineOutput:
-    """A vLLM `/v1/completions` answer with `return_token_ids` and `logprobs=0` -> EngineOutput."""
+def completion_body(model: str, req: EngineRequest, seed: int) -> dict:
+    """The `/v1/completions` request of one sample (vLLM's OpenAI-compatible server): token-id
+    prompt, `logprobs=N` with token ids as keys (`return_tokens_as_token_ids`), stop strings kept in
+    the output."""
+    p: SamplingParams = req.sampling_params
+    body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": p.max_generate_length,
+            "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
+            "repetition_penalty": p.repetition_penalty, "logprobs": p.num_top_logprobs,
+            "return_token_ids": True, "seed": seed, "skip_special_tokens": True}
+    if p.num_top_logprobs:
+        body["return_tokens_as_token_ids"] = True
+    if p.stop:
+        body["stop"] = list(p.stop)
+        body["include_stop_str_in_output"] = True
+    if req.stop_token_ids:
+        body["stop_token_ids"] = list(req.stop_token_ids)
+    return body
+
+
+def openai_top_logprobs(positions: list[dict[str, float]], n: int) -> list[TopLogprobs]:
+    """`logprobs.top_logprobs` of a completion ({"token_id:ID": logprob} per position, the top n
+    plus the sampled token) -> the n most likely (token id, logprob) pairs per position."""
+    out = []
+    for entries in positions:
+        ranked = sorted(((float(lp), int(key.removeprefix("token_id:"))) for key, lp in entries.items()),
+                        key=lambda pair: -pair[0])
+        out.append([(tok, lp) for lp, tok in ranked[:n]])
+    return out
+
+
+def openai_output(answer: dict, url: str, top_n: int = 0) -> EngineOutput:
+    """A vLLM `/v1/completions` answer with `return_token_ids` and `logprobs=top_n` -> EngineOutput."""
     try:
         choice = answer["choices"][0]
         ids = [int(t) for t in choice["token_ids"]]
         lps = [float(x) for x in choice["logprobs"]["token_logprobs"]]
-    except (KeyError, TypeError, ValueError, IndexError) as e:
+        top = openai_top_logprobs(choice["logprobs"]["top_logprobs"], top_n) if top_n else None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise EngineError(f"remote inference engine {url}: /v1/completions answer lacks token_ids or "
-                          f"logprobs.token_logprobs (a server older than vLLM 0.10 has no return_token_ids): "
-                          f"{e!r}") from e
-    if len(lps) != len(ids):
+                          f"logprobs.token_logprobs / top_logprobs (a server older than vLLM 0.10 has no "
+                          f"return_token_ids): {e!r}") from e
+    if len(lps) != len(ids) or (top is not None and len(top) != len(ids)):
         raise EngineError(f"remote inference engine {url}: {len(ids)} token ids but {len(lps)} logprobs")
-    return EngineOutput(ids, lps, "length" if choice.get("finish_reason") == "length" else "stop")
+    matched = choice.get("stop_reason")
+    return EngineOutput(ids, lps, "length" if choice.get("finish_reason") == "length" else "stop",
+                        matched_stop=matched if isinstance(matched, str) else None, top_logprobs=top)
 
 
 # -- weight-update groups --------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ridgeline.inference.types import SamplingParams
@@ -31,22 +33,52 @@ def filter_logits(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row from logits [B, V]; return (tokens [B], logprobs [B]).
+def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The repetition penalty of vLLM and transformers on logits [B, V].
 
-    The logprob is taken from log_softmax(logits / temperature) without filtering (temperature 0
-    reports the plain temperature-1 distribution), matching the trainer's recomputation."""
+    `seen` [B, V] (bool) marks the tokens of each row's prompt and response so far (presence, not
+    counts). Their logits move towards 0 when penalty > 1: positive ones are divided by it, the
+    others multiplied. Unseen tokens keep their logits."""
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+@dataclass(frozen=True)
+class NextTokens:
+    """One sampling step of B rows: the sampled ids [B], their logprobs [B] and, when asked for,
+    the N most likely ids [B, N] with their logprobs [B, N], all under the reported distribution."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                seen: torch.Tensor | None = None) -> NextTokens:
+    """Sample one token per row from logits [B, V].
+
+    The sample is drawn from the repetition-penalized (over `seen` [B, V]), temperature-scaled,
+    top-k / top-p / min-p filtered logits. The reported logprobs are log_softmax(logits /
+    temperature) of the raw logits (temperature 0 reports the plain temperature-1 distribution):
+    neither the penalty nor the filters, matching the trainer's recomputation."""
     logits = logits.float()
+    sampling = logits
+    if params.repetition_penalty != 1.0:
+        if seen is None:
+            raise ValueError("sample_next: repetition_penalty != 1 needs `seen`, the tokens of each row so far")
+        sampling = penalize_repetition(logits, seen, params.repetition_penalty)
     if params.temperature <= 0.0:
-        tokens = logits.argmax(-1)
-        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, logprobs
-    scaled = logits / params.temperature
-    logprobs_all = torch.log_softmax(scaled, -1)
-    filtered = filter_logits(scaled, params)
-    tokens = sample_from_logits(filtered, generator)
-    return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
+        reported = torch.log_softmax(logits, -1)
+        tokens = sampling.argmax(-1)
+    else:
+        reported = torch.log_softmax(logits / params.temperature, -1)
+        tokens = sample_from_logits(filter_logits(sampling / params.temperature, params), generator)
+    chosen = reported.gather(-1, tokens[:, None]).squeeze(-1)
+    if params.num_top_logprobs == 0:
+        return NextTokens(tokens, chosen)
+    top = reported.topk(min(params.num_top_logprobs, reported.shape[-1]), dim=-1)
+    return NextTokens(tokens, chosen, top.indices, top.values)
 
 
 def sample_from_logits(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -6,7 +6,10 @@ It speaks the two APIs of `ridgeline.inference.remote`'s client:
 SGLang-style native routes (the same request and answer shapes as SGLang's server)
   GET  /health, /health_generate                 200 when the engine answers
   GET  /get_model_info, /get_server_info         model path, dtype, tp_size, weight version
-  POST /generate          {input_ids, sampling_params, return_logprob, logprob_start_len}
+  POST /generate          {input_ids, sampling_params, return_logprob, logprob_start_len,
+                           top_logprobs_num}; sampling_params: max_new_tokens, temperature,
+                           top_p, top_k, min_p, repetition_penalty, stop, stop_token_ids,
+                           skip_special_tokens, no_stop_trim, sampling_seed
   POST /flush_cache
   POST /init_weights_update_group     {master_address, master_port, rank_offset, world_size,
                                        group_name, backend}
@@ -18,7 +21,14 @@ SGLang-style native routes (the same request and answer shapes as SGLang's serve
 OpenAI-compatible routes (the subset vLLM serves that token-in/token-out rollouts need)
   GET  /v1/models
   POST /v1/completions    {prompt: token ids, max_tokens, temperature, top_p, top_k, min_p,
-                           logprobs, prompt_logprobs, seed, stop_token_ids, return_token_ids}
+                           repetition_penalty, stop, include_stop_str_in_output, logprobs,
+                           prompt_logprobs, seed, stop_token_ids, skip_special_tokens,
+                           return_token_ids, return_tokens_as_token_ids}
+
+Both APIs answer like their servers: the matched stop string in `finish_reason["matched"]` /
+`stop_reason`, the top logprobs in `meta_info["output_top_logprobs"]` / `logprobs.top_logprobs`,
+and `text` without special tokens and without the stop string unless `no_stop_trim` /
+`include_stop_str_in_output` (token ids always end with the token that completed it).
 
 With an API key every route but /health asks for `Authorization: Bearer <key>`. Requests are
 served one at a time (the engine batches within a request; the remote client sends one batched
@@ -50,16 +60,43 @@ class RequestError(ValueError):
     """A request the server refuses (answered 400 with this message)."""
 
 
-def sampling_from_native(p: dict[str, Any]) -> SamplingParams:
-    """SGLang `sampling_params` -> Ridgeline's; unknown keys are refused, not silently dropped."""
-    known = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop_token_ids",
-             "skip_special_tokens", "no_stop_trim", "sampling_seed"}
+def _stop_strings(value: Any, key: str) -> tuple[str, ...]:
+    """A `stop` field (null, a string or a list of strings, as both APIs take it)."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(f"{key} must be a non-empty string or a list of non-empty strings, got {value!r}")
+    return tuple(stops)
+
+
+def _sampling(max_tokens: Any, p: dict[str, Any], stop_key: str, top_logprobs: Any) -> SamplingParams:
+    penalty = float(p.get("repetition_penalty", 1.0))
+    if penalty <= 0:
+        raise RequestError(f"repetition_penalty must be greater than 0, got {penalty:g}")
+    if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                     or top_logprobs < 0):
+        raise RequestError(f"the number of top logprobs must be a whole number >= 0, got {top_logprobs!r}")
+    return SamplingParams(max_generate_length=int(max_tokens), temperature=float(p.get("temperature", 1.0)),
+                          top_p=float(p.get("top_p", 1.0)), top_k=int(p.get("top_k", -1)),
+                          min_p=float(p.get("min_p", 0.0)), repetition_penalty=penalty,
+                          stop=_stop_strings(p.get("stop"), stop_key), logprobs=top_logprobs)
+
+
+def sampling_from_native(p: dict[str, Any], top_logprobs_num: int | None = None) -> SamplingParams:
+    """SGLang `sampling_params` (and the request's `top_logprobs_num`) -> Ridgeline's; unknown keys
+    are refused, not silently dropped."""
+    known = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop",
+             "stop_token_ids", "skip_special_tokens", "no_stop_trim", "sampling_seed"}
     unknown = sorted(set(p) - known)
     if unknown:
         raise RequestError(f"sampling_params keys not supported by ridgeline serve: {unknown}")
-    return SamplingParams(max_generate_length=int(p.get("max_new_tokens", 128)),
-                          temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
-                          top_k=int(p.get("top_k", -1)), min_p=float(p.get("min_p", 0.0)))
+    return _sampling(p.get("max_new_tokens", 128), p, "sampling_params.stop", top_logprobs_num or None)
+
+
+def sampling_from_completion(body: dict[str, Any]) -> SamplingParams:
+    """The sampling fields of an OpenAI `/v1/completions` request -> Ridgeline's."""
+    return _sampling(body.get("max_tokens", 16), body, "stop", body.get("logprobs"))
 
 
 def _token_batch(value: Any, what: str) -> tuple[list[list[int]], bool]:
@@ -117,7 +154,11 @@ class EngineService:
         raw_list = raw if isinstance(raw, list) else [raw] * len(prompts)
         if len(raw_list) != len(prompts):
             raise RequestError(f"{len(raw_list)} sampling_params for {len(prompts)} inputs")
-        params = [sampling_from_native(p) for p in raw_list]
+        tops = body.get("top_logprobs_num")
+        tops = tops if isinstance(tops, list) else [tops] * len(prompts)
+        if len(tops) != len(prompts):
+            raise RequestError(f"{len(tops)} top_logprobs_num for {len(prompts)} inputs")
+        params = [sampling_from_native(p, n) for p, n in zip(raw_list, tops)]
         start = body.get("logprob_start_len", -1)
         starts = start if isinstance(start, list) else [start] * len(prompts)
         seeds = [p.get("sampling_seed") for p in raw_list]
@@ -125,20 +166,23 @@ class EngineService:
                     for ids, sp, p in zip(prompts, params, raw_list)]
         outputs = self._generate(requests, seeds)
         results = []
-        for ids, out, first in zip(prompts, outputs, starts):
+        for ids, out, first, p in zip(prompts, outputs, starts, raw_list):
             meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": len(out.response_ids),
                     "finish_reason": _finish(out), "weight_version": self.weight_version,
                     "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.logprobs, out.response_ids)]}
+            if out.top_logprobs is not None:
+                meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in top] for top in out.top_logprobs]
             if first is not None and first >= 0:
                 meta["input_token_logprobs"] = self._input_logprobs(ids, int(first))
-            results.append({"text": self.tokenizer.decode(out.response_ids), "output_ids": out.response_ids,
-                            "meta_info": meta})
+            text = self._text(out, bool(p.get("skip_special_tokens", True)), bool(p.get("no_stop_trim", False)))
+            results.append({"text": text, "output_ids": out.response_ids, "meta_info": meta})
         return results[0] if single else results
 
     def _generate(self, requests: list[EngineRequest], seeds: list[Any]) -> list[EngineOutput]:
         """Requests asking for no new token (scoring only) skip the engine."""
         todo = [i for i, r in enumerate(requests) if r.sampling_params.max_generate_length > 0]
-        outputs = [EngineOutput([], [], "length") for _ in requests]
+        outputs = [EngineOutput([], [], "length", top_logprobs=[] if r.sampling_params.num_top_logprobs else None)
+                   for r in requests]
         if todo:
             # one generator per batch: the first seed given makes the whole batch reproducible
             seed = next((int(s) for s in seeds if s is not None), None)
@@ -156,6 +200,13 @@ class EngineService:
             scored = self.engine.score(ids[:first + 1], ids[first + 1:]) if first + 1 < len(ids) else []
         return [[None, ids[first], None]] + [[lp, t, None] for lp, t in zip(scored, ids[first + 1:])]
 
+    def _text(self, out: EngineOutput, skip_special_tokens: bool, keep_stop: bool) -> str:
+        """The response text as both servers give it: special tokens skipped unless asked, a matched
+        stop string cut off unless kept (`no_stop_trim`, `include_stop_str_in_output`)."""
+        text = self.tokenizer.decode(out.response_ids, skip_special_tokens=skip_special_tokens)
+        cut = -1 if out.matched_stop is None or keep_stop else text.rfind(out.matched_stop)
+        return text if cut < 0 else text[:cut]
+
     def completions(self, body: dict) -> dict:
         if body.get("stream"):
             raise RequestError("stream=true is not supported by ridgeline serve")
@@ -166,21 +217,27 @@ class EngineService:
         else:
             prompts, _ = _token_batch(prompt, "prompt")
         n = int(body.get("n", 1))
-        params = SamplingParams(max_generate_length=int(body.get("max_tokens", 16)),
-                                temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                                top_k=int(body.get("top_k", -1)), min_p=float(body.get("min_p", 0.0)))
+        params = sampling_from_completion(body)
         stop = tuple(int(t) for t in body.get("stop_token_ids") or ())
         requests = [EngineRequest(ids, params, stop) for ids in prompts for _ in range(n)]
         outputs = self._generate(requests, [body.get("seed")])
         want_lp = body.get("logprobs") is not None
         prompt_lp = body.get("prompt_logprobs") is not None
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
         for i, (req, out) in enumerate(zip(requests, outputs)):
-            choice: dict[str, Any] = {"index": i, "text": self.tokenizer.decode(out.response_ids),
-                                      "finish_reason": out.stop_reason, "stop_reason": None, "logprobs": None}
+            text = self._text(out, bool(body.get("skip_special_tokens", True)),
+                              bool(body.get("include_stop_str_in_output", False)))
+            choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": out.stop_reason,
+                                      "stop_reason": out.matched_stop, "logprobs": None}
             if want_lp:
                 choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in out.response_ids],
                                       "token_logprobs": out.logprobs}
+                if out.top_logprobs is not None:
+                    # vLLM's shape: the top N and the sampled token, keyed by token
+                    choice["logprobs"]["top_logprobs"] = [
+                        {self._token_key(t, as_ids): v for t, v in [*top, (tok, lp)]}
+                        for top, tok, lp in zip(out.top_logprobs, out.response_ids, out.logprobs)]
             if body.get("return_token_ids"):
                 choice["token_ids"] = out.response_ids
                 choice["prompt_token_ids"] = req.prompt_token_ids
@@ -194,6 +251,9 @@ class EngineService:
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_path, "choices": choices, "usage": usage}
+
+    def _token_key(self, token: int, as_ids: bool) -> str:
+        return f"token_id:{token}" if as_ids else self.tokenizer.decode([token])
 
     # -- weights ------------------------------------------------------------------------------
     def flush_cache(self, _: dict) -> dict:
@@ -304,7 +364,10 @@ def _memory_tags(body: dict) -> list[str]:
 
 
 def _finish(out: EngineOutput) -> dict[str, Any]:
+    """SGLang's finish_reason: "matched" is the stop string, else the stop token."""
     if out.stop_reason == "stop":
+        if out.matched_stop is not None:
+            return {"type": "stop", "matched": out.matched_stop}
         return {"type": "stop", "matched": out.response_ids[-1] if out.response_ids else None}
     return {"type": "length", "length": len(out.response_ids)}
 

@@ -1,5 +1,6 @@
 """SGLang as Ridgeline's inference engine (`generator.backend=sglang`): an in-process
-`sglang.Engine`, token ids in and token ids + logprobs out (`skip_tokenizer_init=True`).
+`sglang.Engine`, token ids in and token ids + logprobs out (`skip_tokenizer_init=True` unless stop
+strings need the tokenizer).
 
 Config -> `sglang.Engine(**sglang_engine_kwargs(cfg))` (names checked against SGLang 0.5.23's
 ServerArgs):
@@ -17,7 +18,7 @@ ServerArgs):
 | trainer.seed                                           | random_seed                         |
 | prompt + generation lengths (as vLLM's max_model_len)  | context_length                      |
 | trainer.placement.colocate_all                         | enable_memory_saver                 |
-| (fixed)                                                | skip_tokenizer_init=True            |
+| no generator.*sampling_params.stop (`uses_stop_strings`) | skip_tokenizer_init               |
 | generator.engine_init_kwargs                           | merged last: the user wins          |
 
 `disable_cuda_graph` is SGLang's older switch: 0.5.23 prefers cuda_graph_backend_{decode,prefill}
@@ -27,6 +28,15 @@ Logprobs: SGLang returns the sampled token's logprob under the temperature-scale
 before top-k / top-p / min-p (its sampler renormalises a copy of the probabilities), and the
 unscaled one for greedy requests: exactly Ridgeline's contract, with no setting to choose (the
 environment variable SGLANG_RETURN_ORIGINAL_LOGPROB=1 would make them unscaled: leave it unset).
+The one exception is the repetition penalty: SGLang applies it to the logits its logprobs come
+from, and counts only response tokens (vLLM and the embedded engine count the prompt's too), so a
+`repetition_penalty != 1` makes rollout logprobs differ from the trainer's (a warning says so).
+`logprobs=N` asks for `top_logprobs_num=N` (`meta_info["output_top_logprobs"]`).
+
+Stop strings: SGLang matches them on detokenized text, which `skip_tokenizer_init` turns off, so
+with `generator.sampling_params.stop` or `eval_sampling_params.stop` set the engine loads the model
+folder's tokenizer. The stop string is kept (`no_stop_trim`, SkyRL's setting) and reported in
+`finish_reason["matched"]`.
 
 Sleep (`enable_memory_saver`): level 1 releases the KV cache, and the weights too only when they
 can come back (`+generator.engine_init_kwargs.enable_weights_cpu_backup=true` keeps a host copy);
@@ -48,7 +58,15 @@ from typing import Any, Iterable, Sequence
 import torch
 from omegaconf import DictConfig
 
-from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest, SamplingParams, StopReason, wake_order
+from ridgeline.inference.types import (
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    SamplingParams,
+    StopReason,
+    TopLogprobs,
+    wake_order,
+)
 from ridgeline.seeding import request_seeds
 from ridgeline.inference.library_engine import (
     LibraryEngine,
@@ -59,6 +77,7 @@ from ridgeline.inference.library_engine import (
     model_dtype_name,
     policy_model_folder,
     tensor_batches,
+    uses_stop_strings,
 )
 
 log = logging.getLogger(__name__)
@@ -75,6 +94,9 @@ KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
 def sglang_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """`sglang.Engine(**kwargs)` for this run (mapping table in the module docstring)."""
     g = cfg.generator
+    warning = sglang_logprobs_warning(SamplingParams.from_config(g.sampling_params))
+    if warning:
+        log.warning(warning)
     kwargs: dict[str, Any] = {
         "model_path": policy_model_folder(cfg),
         "dtype": model_dtype_name(g.model_dtype),
@@ -87,9 +109,19 @@ def sglang_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "random_seed": int(cfg.trainer.seed),
         "context_length": max_model_len(cfg),
         "enable_memory_saver": bool(cfg.trainer.placement.colocate_all),
-        "skip_tokenizer_init": True,
+        "skip_tokenizer_init": not uses_stop_strings(cfg),
     }
     return {**kwargs, **engine_init_kwargs(cfg)}
+
+
+def sglang_logprobs_warning(params: SamplingParams) -> str | None:
+    """Why SGLang's rollout logprobs will differ from the trainer's for these params, if they will."""
+    if params.repetition_penalty == 1.0:
+        return None
+    return (f"generator.sampling_params.repetition_penalty={params.repetition_penalty:g}: SGLang returns "
+            "logprobs after the penalty, so rollout logprobs differ from the trainer's recomputation (use_tis, "
+            "off-policy metrics), and it penalizes response tokens only (vLLM and the hf engine count the "
+            "prompt's too). Fix: repetition_penalty=1.0, or generator.backend=vllm")
 
 
 def sglang_sampling_params(params: SamplingParams, stop_token_ids: Sequence[int],
@@ -98,18 +130,22 @@ def sglang_sampling_params(params: SamplingParams, stop_token_ids: Sequence[int]
 
     top_k -1 is SGLang's own "off"; temperature 0 is its greedy. `no_stop_trim` keeps a stop
     token at the end of `output_ids` like the embedded engine (SGLang only trims it when it
-    detokenizes, which skip_tokenizer_init never does; set anyway so that stays true).
-    `sampling_seed` (only with a `seed`) is read by SGLang's deterministic-inference mode only."""
+    detokenizes) and a stop string in the text (SkyRL's setting); stop strings are matched on text
+    without special tokens. `sampling_seed` (only with a `seed`) is read by SGLang's
+    deterministic-inference mode only."""
     out: dict[str, Any] = {
         "max_new_tokens": int(params.max_generate_length),
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
         "top_k": int(params.top_k) if params.top_k > 0 else -1,
         "min_p": float(params.min_p),
+        "repetition_penalty": float(params.repetition_penalty),
         "stop_token_ids": sorted(set(int(i) for i in stop_token_ids)),
-        "skip_special_tokens": False,
+        "skip_special_tokens": True,
         "no_stop_trim": True,
     }
+    if params.stop:
+        out["stop"] = list(params.stop)
     if seed is not None:
         out["sampling_seed"] = int(seed)
     return out
@@ -121,6 +157,24 @@ def stop_reason(finish_reason: dict | None) -> StopReason:
     if kind in ("stop", "length"):
         return kind  # type: ignore[return-value]
     raise EngineError(f"SGLang finished a request with finish_reason={finish_reason!r} (expected stop or length)")
+
+
+def matched_stop_string(finish_reason: dict | None) -> str | None:
+    """The stop string in SGLang's `finish_reason["matched"]` (a token id there means a stop token)."""
+    matched = (finish_reason or {}).get("matched")
+    return matched if isinstance(matched, str) else None
+
+
+def native_top_logprobs(meta: dict, n: int, length: int) -> list[TopLogprobs] | None:
+    """`meta_info["output_top_logprobs"]` (per position, (logprob, token id, text) entries) as
+    Ridgeline's `top_logprobs`; None when `n` is 0. Shared with the remote client."""
+    if n == 0:
+        return None
+    positions = meta.get("output_top_logprobs")
+    if positions is None or len(positions) != length:
+        raise EngineError(f"SGLang returned {'no' if positions is None else len(positions)} output_top_logprobs "
+                          f"for {length} tokens (top_logprobs_num={n} was asked)")
+    return [[(int(e[1]), float(e[0])) for e in entries[:n]] for entries in positions]
 
 
 # Ridgeline's wake-up tags -> the SGLang memory they take back
@@ -209,18 +263,22 @@ class SGLangEngine(LibraryEngine):
         params = [sglang_sampling_params(r.sampling_params, self.eos_token_ids + tuple(r.stop_token_ids), s)
                   for r, s in zip(requests, seeds)]
         outputs = self.engine.generate(input_ids=[list(r.prompt_token_ids) for r in requests],
-                                       sampling_params=params, return_logprob=True)
-        return [self._engine_output(o) for o in outputs]
+                                       sampling_params=params, return_logprob=True,
+                                       top_logprobs_num=[r.sampling_params.num_top_logprobs for r in requests])
+        return [self._engine_output(o, r.sampling_params) for o, r in zip(outputs, requests)]
 
     @staticmethod
-    def _engine_output(output: dict) -> EngineOutput:
+    def _engine_output(output: dict, params: SamplingParams) -> EngineOutput:
         ids = [int(t) for t in output["output_ids"]]
         meta = output["meta_info"]
         # entries are (logprob, token_id, text-or-None)
         logprobs = [float(entry[0]) for entry in meta["output_token_logprobs"]]
         if len(logprobs) != len(ids):
             raise EngineError(f"SGLang returned {len(logprobs)} logprobs for {len(ids)} sampled tokens")
-        return EngineOutput(response_ids=ids, logprobs=logprobs, stop_reason=stop_reason(meta.get("finish_reason")))
+        finish = meta.get("finish_reason")
+        return EngineOutput(response_ids=ids, logprobs=logprobs, stop_reason=stop_reason(finish),
+                            matched_stop=matched_stop_string(finish),
+                            top_logprobs=native_top_logprobs(meta, params.num_top_logprobs, len(ids)))
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Teacher-forced logprobs of `response_ids` from SGLang's input logprobs, generating

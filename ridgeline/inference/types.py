@@ -29,14 +29,31 @@ def wake_order(tags: Iterable[str]) -> tuple[MemoryTag, ...]:
 class SamplingParams:
     """The `generator.sampling_params` keys. temperature 0 means greedy decoding.
 
-    Returned logprobs are those of the temperature-scaled distribution *before* top-k / top-p /
-    min-p filtering, i.e. exactly what the trainer recomputes from the same weights."""
+    Returned logprobs are those of the temperature-scaled distribution *before* the repetition
+    penalty and top-k / top-p / min-p filtering, i.e. exactly what the trainer recomputes from the
+    same weights (docs/engines.md, "Logprob contract").
+
+    repetition_penalty: vLLM's and transformers' rule: every token of the prompt or of the response
+    so far has its logit divided by the penalty when positive, multiplied by it otherwise; 1 = off.
+    stop: stop strings, matched on the response text (special tokens skipped) after each token; the
+    response ends with the token that completes one, the string kept (SkyRL's
+    `include_stop_str_in_output=True`), stop reason "stop".
+    logprobs: SkyRL's key; N >= 1 also returns the N most likely tokens of every position with their
+    logprobs (`EngineOutput.top_logprobs`). The sampled token's logprob is returned in every case."""
 
     max_generate_length: int = 1024
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+
+    @property
+    def num_top_logprobs(self) -> int:
+        """How many top logprobs per token an engine returns (0: none)."""
+        return self.logprobs or 0
 
     @classmethod
     def from_config(cls, cfg) -> "SamplingParams":
@@ -46,6 +63,9 @@ class SamplingParams:
             top_p=float(cfg.top_p),
             top_k=int(cfg.top_k),
             min_p=float(cfg.min_p),
+            repetition_penalty=float(cfg.repetition_penalty),
+            stop=() if cfg.stop is None else tuple(str(s) for s in cfg.stop),
+            logprobs=None if cfg.logprobs is None else int(cfg.logprobs),
         )
 
 
@@ -56,12 +76,22 @@ class EngineRequest:
     stop_token_ids: tuple[int, ...] = ()  # in addition to the engine's eos
 
 
+TopLogprobs = list[tuple[int, float]]
+"""One position's most likely tokens: (token id, logprob) pairs, most likely first."""
+
+
 @dataclass
 class EngineOutput:
+    """One response. `matched_stop` is the stop string that ended it (None when an eos / stop token
+    or the length limit did); `top_logprobs` holds one `TopLogprobs` per response token when the
+    request asked for `logprobs=N >= 1`, else None."""
+
     response_ids: list[int]
     logprobs: list[float]
     stop_reason: StopReason
     metrics: dict[str, float] = field(default_factory=dict)
+    matched_stop: str | None = None
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 class InferenceEngine(Protocol):

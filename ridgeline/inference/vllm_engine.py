@@ -1,5 +1,6 @@
 """vLLM as Ridgeline's inference engine (`generator.backend=vllm`): the offline `vllm.LLM`, token
-ids in and token ids + logprobs out (no tokenizer inside vLLM: `skip_tokenizer_init=True`).
+ids in and token ids + logprobs out (no tokenizer inside vLLM, `skip_tokenizer_init=True`, unless
+stop strings need one).
 
 Config -> `vllm.LLM(**vllm_engine_kwargs(cfg))`:
 
@@ -18,7 +19,9 @@ Config -> `vllm.LLM(**vllm_engine_kwargs(cfg))`:
 | prompt + generation lengths (`max_model_len`, below)   | max_model_len            |
 | trainer.placement.colocate_all                         | enable_sleep_mode        |
 | generator.sampling_params (`vllm_logprobs_mode`)       | logprobs_mode            |
-| (fixed)                                                | skip_tokenizer_init=True, worker_extension_cls |
+| generator.*sampling_params.logprobs above 20           | max_logprobs             |
+| no generator.*sampling_params.stop (`uses_stop_strings`) | skip_tokenizer_init    |
+| (fixed)                                                | worker_extension_cls     |
 | generator.engine_init_kwargs                           | merged last: the user wins |
 
 Context length: every engine call's input is at most the longer of `trainer.max_prompt_length`
@@ -29,6 +32,10 @@ generator ends a trajectory whose next input would exceed it), and every call ad
 any `generator.max_turns`; multiplying by the turns would only shrink the KV cache for nothing.
 SkyRL leaves vLLM's default (the model's whole context); Ridgeline sizes it to what it can send
 and refuses, naming the keys, when that exceeds the model's context.
+
+Stop strings: vLLM matches them on detokenized text (`detokenize=True`), so with
+`generator.sampling_params.stop` or `eval_sampling_params.stop` set the engine loads the model
+folder's tokenizer; without them it runs token-only.
 
 This module imports vLLM only inside `VLLMEngine`, so the mapping functions work (and are
 tested) without it; `sglang_engine` shares the engine-independent helpers below.
@@ -53,41 +60,54 @@ from ridgeline.inference.library_engine import (
     model_dtype_name,
     policy_model_folder,
     tensor_batches,
+    uses_stop_strings,
 )
 from ridgeline.inference.launch import WORKER_EXTENSION
-from ridgeline.inference.types import EngineError, EngineOutput, EngineRequest, SamplingParams, StopReason
+from ridgeline.inference.types import (
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    SamplingParams,
+    StopReason,
+    TopLogprobs,
+)
 from ridgeline.seeding import request_seeds
 
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- vLLM mapping (pure)
 
+VLLM_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`: a request may ask for at most this many
+
 
 def vllm_logprobs_mode(params: SamplingParams) -> tuple[str, str | None]:
     """vLLM's `logprobs_mode` closest to Ridgeline's contract (logprobs of the temperature-scaled
-    distribution before top-k / top-p / min-p), and a warning when none matches.
+    distribution before the repetition penalty and top-k / top-p / min-p), and a warning when none
+    matches.
 
-    vLLM 0.32 offers "raw_logprobs" (before temperature) and "processed_logprobs" (after
-    temperature AND min-p / top-k / top-p). So:
+    vLLM 0.32 offers "raw_logprobs" (before penalties and temperature) and "processed_logprobs"
+    (after penalties, temperature AND min-p / top-k / top-p). So, with "modified" meaning any of
+    top_k / top_p / min_p / repetition_penalty != 1:
 
     | sampling_params                           | mode                | matches the contract |
     |-------------------------------------------|---------------------|----------------------|
-    | no top_k / top_p / min_p                  | processed_logprobs  | exactly              |
-    | filtering, temperature 1 (or 0 = greedy)  | raw_logprobs        | exactly              |
-    | filtering, any other temperature          | raw_logprobs        | no: unscaled, warned |
+    | not modified                              | processed_logprobs  | exactly              |
+    | modified, temperature 1 (or 0 = greedy)   | raw_logprobs        | exactly              |
+    | modified, any other temperature           | raw_logprobs        | no: unscaled, warned |
 
     Greedy requests report the unscaled distribution in both modes, as the contract says."""
-    filtering = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
-    if not filtering:
+    modified = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0 or params.repetition_penalty != 1.0
+    if not modified:
         return "processed_logprobs", None
     if params.temperature in (0.0, 1.0):
         return "raw_logprobs", None
     return "raw_logprobs", (
         f"generator.sampling_params has temperature={params.temperature:g} together with top_k/top_p/min_p "
-        "filtering: vLLM returns logprobs either before temperature or after temperature and filtering, "
-        "never Ridgeline's temperature-scaled unfiltered ones. Using logprobs_mode=raw_logprobs: rollout "
-        "logprobs are unscaled (temperature 1) and differ from the trainer's recomputation (use_tis, "
-        "off-policy metrics). Fix: sample with temperature=1, or without top_k/top_p/min_p")
+        "filtering or a repetition_penalty: vLLM returns logprobs either before temperature or after "
+        "temperature, penalty and filtering, never Ridgeline's temperature-scaled unmodified ones. Using "
+        "logprobs_mode=raw_logprobs: rollout logprobs are unscaled (temperature 1) and differ from the "
+        "trainer's recomputation (use_tis, off-policy metrics). Fix: sample with temperature=1, or without "
+        "top_k/top_p/min_p/repetition_penalty")
 
 
 def vllm_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -110,9 +130,12 @@ def vllm_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "max_model_len": max_model_len(cfg),
         "enable_sleep_mode": bool(cfg.trainer.placement.colocate_all),
         "logprobs_mode": mode,
-        "skip_tokenizer_init": True,
+        "skip_tokenizer_init": not uses_stop_strings(cfg),
         "worker_extension_cls": WORKER_EXTENSION,
     }
+    most_logprobs = max(int(block.logprobs or 0) for block in (g.sampling_params, g.eval_sampling_params))
+    if most_logprobs > VLLM_MAX_LOGPROBS:
+        kwargs["max_logprobs"] = most_logprobs
     return {**kwargs, **engine_init_kwargs(cfg)}
 
 
@@ -120,21 +143,43 @@ def vllm_sampling_params(params: SamplingParams, stop_token_ids: Sequence[int],
                          seed: int | None) -> dict[str, Any]:
     """`vllm.SamplingParams(**kwargs)` for one request.
 
-    `logprobs=0` returns the sampled token's logprob only. vLLM keeps a stop token in the output
-    ids (only text drops it), so responses end with their eos / stop token like the embedded
-    engine's. top_k -1 (Ridgeline's "off") becomes 0, vLLM 0.32's own "off"."""
-    return {
+    `logprobs=N` returns the sampled token's logprob and the N most likely (0: the sampled one
+    only). vLLM keeps a stop token in the output ids (only text drops it), so responses end with
+    their eos / stop token like the embedded engine's. Stop strings are matched on text without
+    special tokens and kept in it (`include_stop_str_in_output`, as SkyRL sets it); the ids end
+    with the token that completed one. top_k -1 (Ridgeline's "off") becomes 0, vLLM 0.32's own
+    "off"."""
+    out: dict[str, Any] = {
         "max_tokens": int(params.max_generate_length),
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
         "top_k": int(params.top_k) if params.top_k > 0 else 0,
         "min_p": float(params.min_p),
-        "logprobs": 0,
+        "repetition_penalty": float(params.repetition_penalty),
+        "logprobs": params.num_top_logprobs,
         "stop_token_ids": sorted(set(int(i) for i in stop_token_ids)),
         "seed": seed,
-        "detokenize": False,
-        "skip_special_tokens": False,
+        "detokenize": bool(params.stop),  # text only where stop strings are looked for
+        "skip_special_tokens": True,
     }
+    if params.stop:
+        out["stop"] = list(params.stop)
+        out["include_stop_str_in_output"] = True
+    return out
+
+
+def top_logprobs(step: dict, n: int) -> TopLogprobs:
+    """The `n` most likely tokens of one position from vLLM's {token id: Logprob}, which holds the
+    top n (ranks 1..n) and the sampled token (at its own rank) when it is not among them."""
+    ranked = sorted((lp.rank, int(tok), float(lp.logprob)) for tok, lp in step.items()
+                    if lp.rank is not None and lp.rank <= n)
+    return [(tok, lp) for _, tok, lp in ranked]
+
+
+def matched_stop_string(stop_reason: int | str | None) -> str | None:
+    """vLLM's `CompletionOutput.stop_reason`: the stop string that ended the request (a str), the
+    stop token id (an int), or None (eos or the length limit)."""
+    return stop_reason if isinstance(stop_reason, str) else None
 
 
 def stop_reason(finish_reason: str | None) -> StopReason:
@@ -219,19 +264,22 @@ class VLLMEngine(LibraryEngine):
         params = [VLLMSamplingParams(**vllm_sampling_params(r.sampling_params, self._stop_ids(r), s))
                   for r, s in zip(requests, request_seeds(seed, len(requests)))]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [self._engine_output(o) for o in outputs]
+        return [self._engine_output(o, r.sampling_params) for o, r in zip(outputs, requests)]
 
     def _stop_ids(self, request: EngineRequest) -> tuple[int, ...]:
         return self.eos_token_ids + tuple(request.stop_token_ids)
 
     @staticmethod
-    def _engine_output(output) -> EngineOutput:
+    def _engine_output(output, params: SamplingParams) -> EngineOutput:
         completion = output.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         if completion.logprobs is None or len(completion.logprobs) != len(ids):
-            raise EngineError("vLLM returned no logprob for some sampled tokens (logprobs=0 was asked)")
+            raise EngineError("vLLM returned no logprob for some sampled tokens (logprobs was asked)")
         logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, ids)]
-        return EngineOutput(response_ids=ids, logprobs=logprobs, stop_reason=stop_reason(completion.finish_reason))
+        n = params.num_top_logprobs
+        return EngineOutput(response_ids=ids, logprobs=logprobs, stop_reason=stop_reason(completion.finish_reason),
+                            matched_stop=matched_stop_string(completion.stop_reason),
+                            top_logprobs=[top_logprobs(step, n) for step in completion.logprobs] if n else None)
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Teacher-forced logprobs of `response_ids`: vLLM's prompt logprobs of prompt + response

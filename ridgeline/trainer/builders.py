@@ -70,6 +70,7 @@ def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Gene
         engine, tokenizer,
         env_settings=OmegaConf.to_container(env.skyrl_gym, resolve=True),
         max_turns=g.max_turns, max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
+        append_eos_after_stop_str=g.append_eos_token_after_stop_str_in_multi_turn,
         runner=EnvRunner(env.max_env_workers, env.step_timeout_s))
 
 
