@@ -78,6 +78,8 @@ REFERENCE_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.policy.optimizer_config.weight_decay", 1e-2),
     ("trainer.policy.optimizer_config.max_grad_norm", 1.0),
     ("trainer.policy.optimizer_config.offload_after_step", True),
+    ("trainer.policy.optimizer_config.num_warmup_steps", 0),      # SkyRL 0.3.1
+    ("trainer.policy.optimizer_config.scheduler", "constant_with_warmup"),
     ("trainer.policy.fsdp_config.cpu_offload", False),
     ("trainer.policy.fsdp_config.reshard_after_forward", True),
     ("trainer.policy.fsdp_config.fsdp_size", -1),
@@ -91,6 +93,8 @@ REFERENCE_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.critic.optimizer_config.weight_decay", 1e-2),
     ("trainer.critic.optimizer_config.max_grad_norm", 1.0),
     ("trainer.critic.optimizer_config.offload_after_step", True),
+    ("trainer.critic.optimizer_config.num_warmup_steps", 0),
+    ("trainer.critic.optimizer_config.scheduler", "constant_with_warmup"),
     ("trainer.critic.fsdp_config.cpu_offload", False),
     ("trainer.critic.fsdp_config.reshard_after_forward", True),
     ("trainer.critic.fsdp_config.fsdp_size", -1),
@@ -273,6 +277,18 @@ def test_megatron_and_deepspeed_settings_are_named_once_with_their_backend():
     assert "deepspeed_config configure deepspeed, which is not built" in str(err)
     err = _error(RUNNABLE + ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2"])
     assert len(err.problems) == 1 and err.problems[0].startswith("trainer.strategy=megatron is not supported yet")
+
+
+def test_warmup_per_model_as_skyrl_0_3_1_sets_it():
+    from ridgeline.training.build import warmup_steps
+    cfg = load_config(RUNNABLE + ["trainer.policy.optimizer_config.num_warmup_steps=5"])
+    assert warmup_steps(cfg, cfg.trainer.policy.optimizer_config) == 5
+    cfg = load_config(RUNNABLE + ["trainer.num_warmup_steps=3"])  # the seed documents' key
+    assert warmup_steps(cfg, cfg.trainer.policy.optimizer_config) == 3
+    err = _error(RUNNABLE + ["trainer.policy.optimizer_config.num_warmup_steps=5", "trainer.num_warmup_steps=3",
+                             "trainer.critic.optimizer_config.scheduler=cosine"])
+    assert "trainer.policy.optimizer_config.num_warmup_steps=5 and trainer.num_warmup_steps=3 both set" in str(err)
+    assert "trainer.critic.optimizer_config.scheduler=cosine is not supported yet: only constant_with_warmup" in str(err)
 
 
 def test_features_not_built_are_named_before_other_problems():

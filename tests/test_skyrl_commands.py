@@ -24,6 +24,8 @@ EXPECTED = {
     "remote_inference_engine/run_remote.sh": None,
     "turn_level_rewards/run_gsm8k_multi_turn.sh": None,
     "training_backends/fsdp/run_fsdp.sh": None,
+    "text_to_sql/run_skyrl_sql.sh": None,          # stop strings, the text2sql env's db_path
+    "search/run_search.sh": None,                  # per-model warmup, search env settings
     "megatron/run_megatron.sh": "trainer.strategy=megatron is not supported yet",
     "training_backends/deepspeed/run_deepspeed.sh": "trainer.strategy=deepspeed is not supported yet",
     "lora/run_qwen2_5_0.5b_gsm8k_grpo_lora.sh": "trainer.policy.model.lora.rank=32 with trainer.strategy=fsdp2",

@@ -43,6 +43,10 @@ _SP = ("sequence parallelism is not built: FSDP2 shards the parameters, every ra
 
 # dotted key (or prefix.*) -> what to use today / which issue brings it
 NOT_YET: dict[str, str] = {
+    "trainer.policy.optimizer_config.scheduler": "only constant_with_warmup is built (linear warmup to a "
+    "constant learning rate); decaying schedules are not",
+    "trainer.critic.optimizer_config.scheduler": "only constant_with_warmup is built (linear warmup to a "
+    "constant learning rate); decaying schedules are not",
     # strategies, engines, trackers: only some values built
     "trainer.strategy": "single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on "
     "CPU workers, NCCL on GPUs) are built; deepspeed and megatron are not planned",
@@ -61,6 +65,8 @@ NOT_YET: dict[str, str] = {
 # keys where only some values are built (checked even at the base default)
 SUPPORTED_VALUES: dict[str, set[Any]] = {
     "trainer.strategy": {"single", "fsdp2", "fsdp"},
+    "trainer.policy.optimizer_config.scheduler": {"constant_with_warmup"},
+    "trainer.critic.optimizer_config.scheduler": {"constant_with_warmup"},
 }
 
 # accepted with any value; tuning hints the current build may not use

@@ -495,7 +495,15 @@ class _Checker:
             if v is not None and v <= 0:
                 self.add(key, f"{key}={_show(v)} must be greater than 0: the optimizer would not "
                               f"move the weights. Fix: e.g. {key}={_show(_base_default(key))}.")
+        for role in ("policy", "critic"):
+            key = f"trainer.{role}.optimizer_config.num_warmup_steps"
+            own, shared = self.num(key), self.num("trainer.num_warmup_steps")
+            if own and shared and own != shared:
+                self.add(key, f"{key}={_show(own)} and trainer.num_warmup_steps={_show(shared)} both set the "
+                              f"{role}'s warmup. Fix: set one of them (the other 0).")
         for key in ("trainer.num_warmup_steps",
+                    "trainer.policy.optimizer_config.num_warmup_steps",
+                    "trainer.critic.optimizer_config.num_warmup_steps",
                     "trainer.policy.optimizer_config.weight_decay",
                     "trainer.policy.optimizer_config.max_grad_norm",
                     "trainer.critic.optimizer_config.weight_decay",

@@ -115,9 +115,15 @@ def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | Non
     opt = t.policy.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
     worker = PolicyWorker(model, policy_train_config(cfg, parallel.world_size, parallel.device), optimizer,
-                          build_scheduler(optimizer, t.num_warmup_steps), parallel)
+                          build_scheduler(optimizer, warmup_steps(cfg, opt)), parallel)
     worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
     return worker
+
+
+def warmup_steps(cfg: DictConfig, optimizer_config: DictConfig) -> int:
+    """Optimizer steps of warmup for one model: its `optimizer_config.num_warmup_steps` (SkyRL 0.3.1's
+    key) when set, else `trainer.num_warmup_steps` (validation refuses two different values)."""
+    return int(optimizer_config.num_warmup_steps or cfg.trainer.num_warmup_steps)
 
 
 def offloads_optimizer(cfg: DictConfig, optimizer_config: DictConfig, device: torch.device) -> bool:
@@ -178,6 +184,6 @@ def build_critic(cfg: DictConfig, tokenizer, *, parallel: DataParallel | None = 
         update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,
         loss_reduction=alg.loss_reduction, max_grad_norm=opt.max_grad_norm, autocast_dtype=autocast,
         nonfinite_loss=t.nonfinite_loss, forward_options=options or forward_options(cfg))
-    worker = CriticWorker(model, config, optimizer, build_scheduler(optimizer, t.num_warmup_steps), parallel)
+    worker = CriticWorker(model, config, optimizer, build_scheduler(optimizer, warmup_steps(cfg, opt)), parallel)
     worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
     return worker
