@@ -528,8 +528,8 @@ def time_to_accuracy(args, q: dict[str, Any], table: list[Setting]) -> None:
                                            args.eval_interval), run_dir, "tta")
     checks = same_work_checks(trl, rl, files, q, steps, expected_ids, run_dir, {})
     stamps = dict((s, t) for s, t in rl["log"])
-    rl_evals = [{"step": m["step"], "accuracy": m["eval/all/pass_at_1"], "seconds": m["timing/eval"]}
-                for m in rl["metrics"] if "eval/all/pass_at_1" in m]
+    rl_evals = [{"step": m["step"], "accuracy": m["eval/all/accuracy"], "seconds": m["timing/eval"]}
+                for m in rl["metrics"] if "eval/all/accuracy" in m]
     reached = None
     for e in rl_evals:
         # training time to the end of step e["step"]: since training started, minus every eval up to and

@@ -52,26 +52,26 @@ def test_preset_runs_end_to_end(name: str, tmp_path) -> None:
     cfg, alg = trainer.cfg, trainer.cfg.trainer.algorithm
     assert trainer.run.global_step == 2 and len(steps) == 2
     assert cfg.trainer.run_name == name
-    for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/grad_norm", "policy/ppo_clip_ratio",
-                "policy/ratio_mean", "policy/ratio_max", "policy/policy_kl",
+    for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/raw_grad_norm", "policy/ppo_clip_ratio",
+                "policy/ratio_mean", "policy/ratio_max", "policy/ppo_kl",
                 "rollout/logprob_abs_diff_mean", "rollout/logprob_abs_diff_max"):
         finite(steps, key)
     # the reference model exists exactly when a KL option needs it
     assert (trainer.workers.ref is not None) == bool(alg.use_kl_loss or alg.use_kl_in_reward)
     assert (trainer.workers.critic is not None) == (name == "ppo")
     mini_steps = cfg.trainer.train_batch_size // cfg.trainer.policy_mini_batch_size
-    assert all(r["policy/optimizer_steps"] == mini_steps for r in steps)
+    assert all(r["policy/policy_update_steps"] == mini_steps for r in steps)
     assert (trainer.run_dir / "final_model" / "config.json").exists()
 
     if alg.use_kl_loss:
-        finite(steps, "policy/kl_loss")
+        finite(steps, "policy/policy_kl")
     if name == "rloo":
-        assert finite(steps, "reward/kl_coef") == [pytest.approx(0.001)] * 2
-        finite(steps, "reward/kl_in_reward")
+        assert finite(steps, "loss/kl_loss_coef") == [pytest.approx(0.001)] * 2
+        finite(steps, "loss/avg_kl")
     if name == "ppo":
         finite(steps, "critic/value_loss")
         # critic_mini_batch_size 4 of 8 prompts: two critic steps, taken before the policy's
-        assert all(r["critic/optimizer_steps"] == 2 and "timing/critic_train" in r for r in steps)
+        assert all(r["critic/critic_update_steps"] == 2 and "timing/critic_train" in r for r in steps)
         finite(steps, "reward/running_std")
         assert (trainer.run_dir / "final_critic").exists()
     if name == "dapo":
@@ -88,8 +88,8 @@ def test_adaptive_kl_in_reward_moves_the_coefficient(tmp_path) -> None:
                           "trainer.algorithm.kl_ctrl.kl_target=1e-6", "trainer.algorithm.kl_ctrl.horizon=64",
                           "trainer.algorithm.kl_estimator_type=k3", "trainer.algorithm.kl_loss_coef=0.01",
                           "data.prepare.num_train=24")
-    kls = [r["reward/kl_in_reward"] for r in steps]
-    coefs = [r["reward/kl_coef"] for r in steps]
+    kls = [r["loss/avg_kl"] for r in steps]
+    coefs = [r["loss/kl_loss_coef"] for r in steps]
     # step 1: policy == reference, KL 0, far below the target: e = -1 -> -0.2, and 64 samples over a
     # horizon of 64 give beta *= 1 - 0.2 = 0.8. Step 2: the policy has moved, KL > 1e-6: e = +0.2,
     # beta *= 1.2.

@@ -228,11 +228,22 @@ def test_critic_training_moves_values_toward_returns(tiny_tokenizer):
         metrics = worker.train(batch)
         losses.append(metrics["critic/value_loss"])
     assert errors[-1] < 0.5 * errors[0] and losses[-1] < losses[0]
-    assert metrics["critic/optimizer_steps"] == 2.0 and metrics["critic/lr"] == 3e-3
-    assert set(metrics) >= {"critic/value_loss", "critic/vf_clip_frac", "critic/grad_norm", "critic/values_mean",
+    assert metrics["critic/critic_update_steps"] == 2.0 and metrics["critic/critic_lr"] == 3e-3
+    assert set(metrics) >= {"critic/value_loss", "critic/values_clipfrac", "critic/raw_grad_norm", "critic/values_mean",
                             "critic/returns_mean"}
     with pytest.raises(ValueError, match="batch.values"):
         worker.train(replace(batch, values=None))
+
+
+def test_critic_loss_is_skyrls_mean_over_micro_batches(tiny_tokenizer):
+    """SkyRL's critic/critic_loss: the mean over micro-batches of what each back-propagated, so
+    the mini-batch loss (critic/value_loss) / micro-batches per mini-batch."""
+    batch = _batch(tiny_tokenizer)
+    one = _worker(tiny_tokenizer, lr=0.0, mini_batch_size=4, micro_batch_size=4).train(batch)
+    two = _worker(tiny_tokenizer, lr=0.0, mini_batch_size=4, micro_batch_size=2).train(batch)
+    assert one["critic/critic_loss"] == pytest.approx(one["critic/value_loss"], abs=1e-7)
+    assert two["critic/value_loss"] == pytest.approx(one["critic/value_loss"], abs=1e-6)
+    assert two["critic/critic_loss"] == pytest.approx(one["critic/value_loss"] / 2, abs=1e-6)
 
 
 @pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean"])

@@ -76,8 +76,8 @@ def test_a_step_of_every_worker_runs_on_the_accelerator(tmp_path, tiny_tokenizer
     for result in (ref_lp, old_lp, values):
         assert result.device.type == "cpu" and result.shape == batch.response_mask.shape
     # one optimizer step each (ones stand in for the host reads: finite loss, finite norm)
-    assert policy_metrics["policy/optimizer_steps"] == 1.0 and policy_metrics["policy/skipped_steps"] == 0.0
-    assert critic_metrics["critic/optimizer_steps"] == 1.0 and critic_metrics["critic/skipped_steps"] == 0.0
+    assert policy_metrics["policy/policy_update_steps"] == 1.0 and policy_metrics["policy/skipped_steps"] == 0.0
+    assert critic_metrics["critic/critic_update_steps"] == 1.0 and critic_metrics["critic/skipped_steps"] == 0.0
     # the moments live where the parameters do
     for worker in (policy, critic):
         moments = [v for s in worker.optimizer.state.values() for k, v in s.items() if k != "step"]

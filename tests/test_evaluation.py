@@ -85,15 +85,19 @@ def test_sources_are_reported_separately_and_together():
     assert m["eval/arith/pass_at_4"] == pytest.approx((1 + 0) / 2)
     assert m["eval/arith/avg_score"] == pytest.approx(1 / 8)
     assert m["eval/arith/num_prompts"] == 2
-    # gsm8k ("/" becomes "_"): the 0.5 is partial credit, not a pass, so c = 3 of 4
-    assert m["eval/openai_gsm8k/pass_at_1"] == pytest.approx(0.75)
+    # gsm8k ("/" becomes "_"): the 0.5 is positive, a pass as in SkyRL (c = 4 of 4), but partial
+    # credit is not solved (accuracy 3 of 4)
+    assert m["eval/openai_gsm8k/pass_at_1"] == pytest.approx(1.0)
     assert m["eval/openai_gsm8k/pass_at_2"] == pytest.approx(1.0)
     assert m["eval/openai_gsm8k/avg_score"] == pytest.approx(3.5 / 4)
+    assert m["eval/openai_gsm8k/accuracy"] == pytest.approx(0.75)
     # all: the three prompts together
-    assert m["eval/all/pass_at_1"] == pytest.approx((0.25 + 0 + 0.75) / 3)
+    assert m["eval/all/pass_at_1"] == pytest.approx((0.25 + 0 + 1) / 3)
     assert m["eval/all/pass_at_2"] == pytest.approx((0.5 + 0 + 1) / 3)
     assert m["eval/all/pass_at_4"] == pytest.approx((1 + 0 + 1) / 3)
     assert m["eval/all/avg_score"] == pytest.approx(4.5 / 12)
+    assert m["eval/all/mean_positive_reward"] == pytest.approx(4.5 / 12)
+    assert m["eval/all/accuracy"] == pytest.approx(4 / 12)
     assert m["eval/all/num_prompts"] == 3
     assert [(r["prompt_index"], r["sample_index"]) for r in acc.records] == \
         [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
@@ -104,17 +108,32 @@ def test_samples_with_uids_of_their_own_are_prompts_of_their_own():
     acc = EvalAccumulator()
     add(acc, ["arith"] * 4, [prompt("p")] * 4, output([1, 0, 0, 0]), ["5"] * 4)
     m = acc.metrics()
-    assert m == {"eval/arith/pass_at_1": 0.25, "eval/arith/avg_score": 0.25, "eval/arith/num_prompts": 4,
-                 "eval/all/pass_at_1": 0.25, "eval/all/avg_score": 0.25, "eval/all/num_prompts": 4}
+    each = {"pass_at_1": 0.25, "avg_score": 0.25, "mean_positive_reward": 0.25, "accuracy": 0.25, "num_prompts": 4}
+    assert m == {f"eval/{source}/{name}": value for source in ("arith", "all") for name, value in each.items()}
     assert EvalAccumulator().metrics() == {}
 
 
-def test_per_token_rewards_are_summed(tmp_path):
+def test_skyrl_pass_counts_positive_rewards_and_mean_positive_drops_negatives():
+    """SkyRL's eval metrics (skyrl_train/generators/utils.py get_metrics_from_generator_output) on
+    one prompt with 4 samples: a pass is a reward > 0; mean_positive_reward averages max(r, 0)."""
+    acc = EvalAccumulator()
+    add(acc, ["src"] * 4, [prompt("p")] * 4, output([-1.0, 0.5, 2.0, 0.0], uids=["u"] * 4), [None] * 4)
+    m = acc.metrics()
+    assert m["eval/src/avg_score"] == pytest.approx(1.5 / 4)
+    assert m["eval/src/mean_positive_reward"] == pytest.approx(2.5 / 4)
+    assert m["eval/src/pass_at_1"] == pytest.approx(2 / 4)                   # c = 2 (0.5 and 2.0)
+    assert m["eval/src/pass_at_4"] == 1.0                                     # SkyRL's pass_at_<n>
+    assert m["eval/src/accuracy"] == pytest.approx(1 / 4)                     # only 2.0 is solved
+    assert [r["passed"] for r in acc.records] == [False, True, True, False]
+
+
+def test_per_token_rewards_are_summed_and_pass_on_their_last_token():
     acc = EvalAccumulator()
     rewards = [[0.0, 0.0, 1.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.0]]
     add(acc, ["multi"] * 3, [prompt("p")] * 3, output(rewards, uids=["a", "a", "a"]), [None] * 3)
     m = acc.metrics()
     assert [r["score"] for r in acc.records] == rewards  # SkyRL's score: the reward as generated
+    # SkyRL reads a per-token reward's outcome on its last token: the third sums to 0.5 but ends on 0
     assert [r["passed"] for r in acc.records] == [True, True, False]
     assert m["eval/multi/pass_at_1"] == pytest.approx(2 / 3)
     assert m["eval/multi/pass_at_2"] == pytest.approx(1.0)  # 1 - C(1,2)/C(3,2), C(1,2) = 0
@@ -139,14 +158,14 @@ def test_dump_writes_skyrls_files(tmp_path):
     assert len(rows) == 3
     assert rows[1] == {"input_prompt": "t1 t1", "output_response": "t5 t6 t7", "score": 0.5, "stop_reason": "length",
                        "env_class": "arith", "env_extras": {"reward_spec": {"method": "rule", "ground_truth": "5"}},
-                       "data_source": "arith", "prompt_index": 0, "sample_index": 1, "passed": False, "parsed": "4",
+                       "data_source": "arith", "prompt_index": 0, "sample_index": 1, "passed": True, "parsed": "4",
                        "ground_truth": "5", "num_tokens": 3}
     assert rows[2]["ground_truth"] == "9" and rows[2]["parsed"] is None and rows[2]["sample_index"] == 0
     assert [r["data_source"] for r in read_eval_dump(folder)] == ["arith"] * 3 + ["openai/gsm8k"]
     assert (folder / AGGREGATED_FILE).read_text().count("\n") == 1
     metrics = read_metrics(folder)
     assert metrics == {**acc.metrics(), "timing/eval": 1.5}
-    assert metrics["eval/arith/pass_at_1"] == pytest.approx(0.25)  # (1/2 + 0/1) / 2
+    assert metrics["eval/arith/pass_at_1"] == pytest.approx(0.5)  # (2/2 + 0/1) / 2: 0.5 is positive
     # a second dump into the folder replaces the first as a whole
     again = EvalAccumulator()
     add(again, ["arith"], [prompt("p")], output([0.0]), ["1"])

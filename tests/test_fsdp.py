@@ -39,6 +39,9 @@ def _batch(tok) -> TrainingBatch:
     # off-policy old logprobs: ratios away from 1, so clipping is active
     batch.old_logprobs = (torch.randn(batch.response_mask.shape, generator=g) * 0.3 - 4.0) * batch.response_mask
     batch.ref_logprobs = (torch.randn(batch.response_mask.shape, generator=g) * 0.3 - 4.0) * batch.response_mask
+    # engine logprobs near pi_old: the engine/trainer metrics must reduce exactly over the ranks
+    batch.rollout_logprobs = (batch.old_logprobs + torch.randn(batch.response_mask.shape, generator=g) * 0.1) \
+        * batch.response_mask
     return batch
 
 
@@ -113,9 +116,14 @@ def test_two_ranks_reproduce_single_process_losses_grad_norms_and_weights(runs, 
     for rank, (metrics, state, _) in enumerate(r[layout] for r in ranks):
         for step, (got, want) in enumerate(zip(metrics, reference)):
             assert got.keys() == want.keys()
-            for key in ("policy/policy_loss", "policy/final_loss", "policy/kl_loss", "policy/grad_norm",
-                        "policy/policy_entropy", "policy/ppo_clip_ratio", "policy/policy_lr"):
+            for key in ("policy/policy_loss", "policy/policy_kl", "policy/raw_grad_norm",
+                        "policy/policy_entropy", "policy/ppo_clip_ratio", "policy/policy_lr",
+                        "policy/rollout_train_prob_diff_mean", "policy/rollout_train_prob_diff_std",
+                        "rollout/logprob_abs_diff_mean", "rollout/logprob_abs_diff_max"):
                 assert got[key] == pytest.approx(want[key], abs=1e-5), (rank, step, key)
+            # SkyRL's final_loss is a mean over a rank's micro-batches of what each back-propagated:
+            # a rank runs 1/WORLD of them, each carrying WORLD times the share of the mini-batch loss
+            assert got["policy/final_loss"] == pytest.approx(WORLD * want["policy/final_loss"], abs=1e-5)
         if rank == 0:
             assert state.keys() == expected.keys()
             worst = max(float((state[k] - expected[k]).abs().max()) for k in expected)
@@ -123,7 +131,7 @@ def test_two_ranks_reproduce_single_process_losses_grad_norms_and_weights(runs, 
         else:
             assert state == {}
     # the clip was active: the reported norm is the pre-clip global norm, above max_grad_norm
-    assert reference[0]["policy/grad_norm"] > 0.5
+    assert reference[0]["policy/raw_grad_norm"] > 0.5
 
 
 def test_full_state_dict_loads_into_a_fresh_model_with_identical_logprobs(runs):

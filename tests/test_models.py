@@ -107,7 +107,7 @@ def test_random_model_trains_through_the_trainer(tmp_path):
     steps = [row for row in trainer.history if "policy/policy_loss" in row]
     assert summary["steps"] == len(steps) == 2
     for row in steps:
-        assert all(math.isfinite(row[k]) for k in ("policy/policy_loss", "policy/grad_norm", "timing/policy_train"))
+        assert all(math.isfinite(row[k]) for k in ("policy/policy_loss", "policy/raw_grad_norm", "timing/policy_train"))
         assert row["generate/avg_num_tokens"] > 0
     assert AutoModelForCausalLM.from_pretrained(summary["final_model"]).config.vocab_size == 49152
 

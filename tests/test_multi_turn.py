@@ -137,7 +137,7 @@ def test_multi_turn_sequences_are_exact(tiny_model, tiny_tokenizer, conversation
     assert len(engine.calls) == 3  # three turns, all four trajectories in every engine call
     _check_layout(engine, out, tiny_tokenizer, conversation)
     assert out.metrics["generate/avg_turns"] == 3.0
-    assert out.metrics["environment/test_counting/turns_taken"] == 3.0
+    assert out.metrics["environment/turns_taken"] == 3.0
     if conversation:  # the observation really is a chat turn in the training sequence
         assert "<|im_start|>user\nobs1<|im_end|>" in tiny_tokenizer.decode(out.response_ids[0])
 

@@ -228,7 +228,7 @@ def test_policy_worker_step_packed_equals_padded(tiny_model, tiny_tokenizer, lay
     (lp_off, m_off, g_off, w_off), (lp_on, m_on, g_on, w_on) = results[False], results[True]
     assert (lp_on[mask] - lp_off[mask]).abs().max() <= 1e-5
     assert (lp_on[~mask] == 0).all() and (lp_off[~mask] == 0).all()
-    for key in ("policy/policy_loss", "policy/final_loss", "policy/kl_loss", "policy/policy_entropy"):
+    for key in ("policy/policy_loss", "policy/final_loss", "policy/policy_kl", "policy/policy_entropy"):
         assert m_on[key] == pytest.approx(m_off[key], abs=1e-5), key
     assert (g_on - g_off).abs().max() <= 1e-5
     assert (w_on - w_off).abs().max() <= 1e-5

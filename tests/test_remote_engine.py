@@ -380,7 +380,7 @@ def test_fsdp2_ranks_push_to_a_remote_server(server, tmp_path):
     assert rows["fsdp2"] and len(rows["fsdp2"]) == len(rows["single"])
     for a, b in zip(rows["single"], rows["fsdp2"]):
         assert b["weight_sync/probe_abs_diff"] <= 1e-5 and b["weight_sync/megabytes"] > 0
-        for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/grad_norm"):
+        for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/raw_grad_norm"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
 
 

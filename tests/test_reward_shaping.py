@@ -49,10 +49,12 @@ def test_kl_penalized_rewards_by_hand() -> None:
     ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.8, -1.2, 0.0]])
     # k1 = old - ref: row 0 [0.5, -1.0, 0.0]; row 1 [-0.2, 0.2, (masked)]
     # beta = 0.1: row 0 rewards [-0.05, 0.1, 1.0]; row 1 [0.02, 0.48, 0]
-    shaped, kl = kl_penalized_rewards(rewards, old, ref, mask, beta=0.1, kind="k1")
-    assert torch.allclose(shaped, torch.tensor([[-0.05, 0.1, 1.0], [0.02, 0.48, 0.0]]), atol=1e-6)
-    # row means: (0.5 - 1.0 + 0) / 3 = -1/6; (-0.2 + 0.2) / 2 = 0 -> batch KL -1/12
-    assert kl == pytest.approx(-1 / 12, abs=1e-6)
+    penalty = kl_penalized_rewards(rewards, old, ref, mask, beta=0.1, kind="k1")
+    assert torch.allclose(penalty.rewards, torch.tensor([[-0.05, 0.1, 1.0], [0.02, 0.48, 0.0]]), atol=1e-6)
+    # row means: (0.5 - 1.0 + 0) / 3 = -1/6; (-0.2 + 0.2) / 2 = 0 -> batch KL -1/12 (loss/avg_kl)
+    assert penalty.kl_mean == pytest.approx(-1 / 12, abs=1e-6)
+    # row max |KL|: 1.0; 0.2 (the masked 7.0 does not count) -> mean 0.6 (loss/avg_kl_max)
+    assert penalty.kl_max_mean == pytest.approx(0.6, abs=1e-6)
 
 
 def test_kl_penalized_rewards_k3_is_nonnegative() -> None:
@@ -60,9 +62,10 @@ def test_kl_penalized_rewards_k3_is_nonnegative() -> None:
     mask = torch.ones(1, 2)
     old, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-2.0, -1.0]])
     # k3(x) = exp(-x) - 1 + x with x = old - ref = [1, -1]: [e^-1, e - 2] = [0.36788, 0.71828]
-    shaped, kl = kl_penalized_rewards(rewards, old, ref, mask, beta=1.0, kind="k3")
-    assert torch.allclose(shaped, -torch.tensor([[math.exp(-1), math.e - 2]]), atol=1e-6)
-    assert kl == pytest.approx((math.exp(-1) + math.e - 2) / 2, abs=1e-6)
+    penalty = kl_penalized_rewards(rewards, old, ref, mask, beta=1.0, kind="k3")
+    assert torch.allclose(penalty.rewards, -torch.tensor([[math.exp(-1), math.e - 2]]), atol=1e-6)
+    assert penalty.kl_mean == pytest.approx((math.exp(-1) + math.e - 2) / 2, abs=1e-6)
+    assert penalty.kl_max_mean == pytest.approx(math.e - 2, abs=1e-6)
 
 
 # ------------------------------------------------------------------------------ overlong punishment

@@ -18,11 +18,11 @@ from ridgeline.tracking.trackers import (TRACKER_NAMES, GuardedTracker, build_tr
                                          read_metrics)
 
 STEP_METRICS = [
-    {"reward/avg_raw_reward": 0.25, "policy/policy_loss": -0.01, "policy/kl_loss": 0.002,
+    {"reward/avg_raw_reward": 0.25, "policy/policy_loss": -0.01, "policy/policy_kl": 0.002,
      "eval/all/pass_at_1": 0.5, "timing/step": 1.5, "throughput/tokens_per_second": 12345.0},
-    {"reward/avg_raw_reward": 0.5, "policy/policy_loss": 0.02, "policy/kl_loss": float("nan"),
+    {"reward/avg_raw_reward": 0.5, "policy/policy_loss": 0.02, "policy/policy_kl": float("nan"),
      "timing/step": 1.25, "throughput/tokens_per_second": 23456.0},
-    {"reward/avg_raw_reward": 0.75, "policy/policy_loss": 0.03, "policy/kl_loss": float("inf"),
+    {"reward/avg_raw_reward": 0.75, "policy/policy_loss": 0.03, "policy/policy_kl": float("inf"),
      "eval/gsm8k@v2/pass_at_1": 0.75, "timing/step": 1.0, "throughput/tokens_per_second": 34567.0},
 ]
 
@@ -66,7 +66,7 @@ def test_jsonl_is_always_written_and_keeps_old_call_shape(tmp_path):
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[0]["reward/avg_raw_reward"] == 0.25
-    assert rows[1]["policy/kl_loss"] is None and rows[2]["policy/kl_loss"] is None  # NaN, inf -> null
+    assert rows[1]["policy/policy_kl"] is None and rows[2]["policy/policy_kl"] is None  # NaN, inf -> null
 
 
 def test_single_name_string_and_duplicates(tmp_path, capsys):
@@ -88,7 +88,7 @@ def test_console_table_headers(capsys):
     console = ConsoleTracker(header_every=3)
     console.log({"eval/all/pass_at_1": 0.5, "timing/eval": 2.0}, 0)
     for step in range(1, 6):
-        console.log({"reward/avg_raw_reward": 0.1 * step, "reward/accuracy": 0.5, "policy/grad_norm": 1e-5,
+        console.log({"reward/avg_raw_reward": 0.1 * step, "reward/accuracy": 0.5, "policy/raw_grad_norm": 1e-5,
                      "throughput/tokens_per_second": 12345.6, "generate/env_errors": 3.0}, step)
     lines = capsys.readouterr().out.splitlines()
     headers = [line.split() for line in lines if line.split()[0] == "step"]
@@ -113,10 +113,10 @@ def test_tensorboard_scalars_read_back(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    assert {"reward/avg_raw_reward", "policy/kl_loss", "eval/gsm8k@v2/pass_at_1"} <= set(tags)
+    assert {"reward/avg_raw_reward", "policy/policy_kl", "eval/gsm8k@v2/pass_at_1"} <= set(tags)
     rewards = [(e.step, e.value) for e in acc.Scalars("reward/avg_raw_reward")]
     assert rewards == [(1, 0.25), (2, 0.5), (3, 0.75)]
-    kl = [e.value for e in acc.Scalars("policy/kl_loss")]
+    kl = [e.value for e in acc.Scalars("policy/policy_kl")]
     assert kl[0] == pytest.approx(0.002) and math.isnan(kl[1]) and math.isinf(kl[2])
 
 
@@ -247,7 +247,7 @@ def test_mlflow_file_store_and_resume(tmp_path, mlflow_local):
     history = client.get_metric_history(run_id, "reward/avg_raw_reward")
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5), (3, 0.75)]
     assert [m.value for m in client.get_metric_history(run_id, "eval/gsm8k_v2/pass_at_1")] == [0.75]
-    assert [m.step for m in client.get_metric_history(run_id, "policy/kl_loss")] == [1]  # nan/inf dropped
+    assert [m.step for m in client.get_metric_history(run_id, "policy/policy_kl")] == [1]  # nan/inf dropped
 
     # a resumed job with the same run id continues the same MLflow run
     again = build_trackers(["mlflow"], tmp_path, project_name="proj", run_name="my-run", config=config,

@@ -39,8 +39,8 @@ def test_every_step_logs_the_promised_metrics(tiny_run):
     _, _, rows = tiny_run
     step = next(r for r in rows if r["step"] == 1)
     for key in ["reward/avg_raw_reward", "reward/accuracy", "generate/avg_num_tokens", "policy/policy_loss",
-                "policy/kl_loss", "policy/policy_entropy", "policy/ppo_clip_ratio", "policy/grad_norm",
-                "policy/policy_lr", "timing/generate", "timing/logprobs", "timing/policy_train",
+                "policy/policy_kl", "policy/policy_entropy", "policy/ppo_clip_ratio", "policy/raw_grad_norm",
+                "policy/policy_lr", "timing/generate", "timing/fwd_logprobs_values_reward", "timing/policy_train",
                 "timing/sync_weights", "timing/step", "throughput/tokens_per_second", "memory/peak_rss_gib"]:
         assert key in step and step[key] is not None, key
     assert step["policy/policy_lr"] == pytest.approx(1e-2)
@@ -81,9 +81,9 @@ def test_weights_reach_the_engine_after_a_step(tiny_run, tmp_path):
     trainer.run.global_step = 1
     metrics = trainer.train_step(rows)
     # two mini-batches: two optimizer steps, so the old-policy logprobs come from their own pass
-    assert metrics["policy/optimizer_steps"] == 2.0
+    assert metrics["policy/policy_update_steps"] == 2.0
     # ... and the second mini-batch sees a policy that moved: ratio != 1 (exactly 0 without that pass)
-    assert metrics["policy/policy_kl"] != 0.0
+    assert metrics["policy/ppo_kl"] != 0.0
     policy = dict(trainer.workers.policy.model.named_parameters())
     changed = [k for k, v in trainer.engine.model.named_parameters() if not torch.equal(v, before[k])]
     assert changed, "no engine weight changed after an optimizer step"
@@ -170,7 +170,7 @@ def test_other_estimators_run_a_real_step(tmp_path, overrides):
     rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
     trainer.run.global_step = 1
     metrics = trainer.train_step(rows)
-    assert metrics["policy/grad_norm"] > 0 and metrics["advantages/singleton_groups"] == 0.0
+    assert metrics["policy/raw_grad_norm"] > 0 and metrics["advantages/singleton_groups"] == 0.0
 
 
 def test_single_sample_groups_are_counted(tmp_path):

@@ -94,6 +94,39 @@ def test_micro_batch_accumulation_gives_the_full_mini_batch_gradient(tiny_model,
     assert torch.allclose(grads[1], grads[rows], atol=1e-6, rtol=1e-4)
 
 
+def test_final_loss_and_prob_ratio_are_skyrls(tiny_model, tiny_tokenizer):
+    """SkyRL's policy/final_loss is the mean over micro-batches of what each back-propagated (its
+    share of policy loss + KL term - entropy bonus): the mini-batch's total loss / micro-batches.
+    policy/rollout_train_prob_diff_* are the mean and (n - 1) std of exp(rollout - old) on the
+    loss tokens."""
+    sequences, attention, width = _grouped_batch(len(tiny_tokenizer))
+    rows = sequences.shape[0]
+    batch = build_training_batch(
+        prompt_ids=[s[:-width][a[:-width].bool()].tolist() for s, a in zip(sequences, attention)],
+        response_ids=[s[-width:][a[-width:].bool()].tolist() for s, a in zip(sequences, attention)],
+        loss_masks=[[1] * int(a[-width:].sum()) for a in attention], rewards=[0.0] * rows,
+        uids=[str(i // 4) for i in range(rows)], rollout_logprobs=None, pad_id=tiny_tokenizer.pad_token_id)
+    batch.loss_mask[0, 0] = 0  # a token the loss leaves out
+    batch.advantages = torch.randn(batch.response_mask.shape) * batch.response_mask
+    batch.old_logprobs = (torch.randn(batch.response_mask.shape) * 0.3 - 2.0) * batch.response_mask
+    batch.ref_logprobs = (torch.randn(batch.response_mask.shape) * 0.3 - 2.0) * batch.response_mask
+    batch.rollout_logprobs = (batch.old_logprobs + torch.randn(batch.response_mask.shape) * 0.1) * batch.response_mask
+    metrics = {}
+    for micro in (rows, 4):  # one micro-batch, then three
+        metrics[micro] = _worker(copy.deepcopy(tiny_model), micro=micro, mini=rows, reduction="token_mean").train(batch)
+    whole = metrics[rows]
+    # token_mean: the entropy term's reduction is the token-weighted entropy the worker reports
+    total = whole["policy/policy_loss"] + 0.1 * whole["policy/policy_kl"] - 0.01 * whole["policy/policy_entropy"]
+    assert whole["policy/final_loss"] == pytest.approx(total, abs=1e-6)
+    assert metrics[4]["policy/final_loss"] == pytest.approx(total / 3, abs=1e-6)
+    assert metrics[4]["policy/policy_loss"] == pytest.approx(whole["policy/policy_loss"], abs=1e-6)
+    mask = batch.loss_mask.bool()
+    q = (batch.rollout_logprobs.double() - batch.old_logprobs.double())[mask].exp()
+    for m in metrics.values():
+        assert m["policy/rollout_train_prob_diff_mean"] == pytest.approx(q.mean().item(), abs=1e-9)
+        assert m["policy/rollout_train_prob_diff_std"] == pytest.approx(q.std().item(), abs=1e-9)
+
+
 def test_warmup_schedule_is_linear_then_constant(tiny_model):
     opt = build_optimizer(tiny_model, lr=1.0, betas=(0.9, 0.999), weight_decay=0.0)
     sched = build_scheduler(opt, num_warmup_steps=4)

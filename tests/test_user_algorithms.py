@@ -40,7 +40,7 @@ def test_config_accepts_a_user_estimator_and_runs_a_step(user_module, tmp_path):
     trainer = Trainer.from_config(cfg)
     trainer.run.global_step = 1
     metrics = trainer.train_step(next(trainer.train_data.batches(16, seed=0, epoch=0)))
-    assert metrics["policy/grad_norm"] > 0
+    assert metrics["policy/raw_grad_norm"] > 0
 
 
 @pytest.mark.parametrize("path,reason", [("no_such_module_xyz:fn", "ModuleNotFoundError"),

@@ -64,16 +64,26 @@ def build_kl_controller(kind: str, init_coef: float, kl_target: float, horizon: 
     raise ValueError(f"unknown kl_ctrl.type {kind!r}; use fixed or adaptive")
 
 
-def kl_penalized_rewards(token_level_rewards: Tensor, log_probs: Tensor, ref_log_probs: Tensor,
-                         response_mask: Tensor, beta: float, kind: str = "k1") -> tuple[Tensor, float]:
-    """r'_t = r_t - beta * KL_t over the response tokens, with KL_t the `kind` estimate of
-    KL(pi_old || ref) at token t.
+@dataclass(frozen=True)
+class KLPenalty:
+    rewards: Tensor       # [B, T] r_t - beta * KL_t
+    kl_mean: float        # mean over rows of each row's masked mean KL_t: what the controller steers by
+    kl_max_mean: float    # mean over rows of each row's max |KL_t| over its masked tokens
 
-    Returns the new rewards and the batch KL (the mean over rows of each row's masked mean KL_t),
-    which is what an adaptive controller is steered by.
+
+def kl_penalized_rewards(token_level_rewards: Tensor, log_probs: Tensor, ref_log_probs: Tensor,
+                         response_mask: Tensor, beta: float, kind: str = "k1") -> KLPenalty:
+    """r'_t = r_t - beta * KL_t over the response tokens, with KL_t the `kind` estimate of
+    KL(pi_old || ref) at token t; all tensors [B, T].
+
+    The two batch statistics are SkyRL's `loss/avg_kl` (kl_mean) and `loss/avg_kl_max`
+    (kl_max_mean); a row without response tokens counts 0 in both.
     """
     with torch.no_grad():
         kl = kl_penalty(log_probs, ref_log_probs, kind) * response_mask
         rewards = token_level_rewards.float() - beta * kl
-        current = float(masked_mean(kl, response_mask, dim=-1).mean()) if kl.numel() else 0.0
-    return rewards, current
+        if not kl.numel():
+            return KLPenalty(rewards, 0.0, 0.0)
+        stats = torch.stack([masked_mean(kl, response_mask, dim=-1).mean(), kl.abs().amax(dim=-1).mean()])
+        kl_mean, kl_max_mean = stats.tolist()
+    return KLPenalty(rewards, kl_mean, kl_max_mean)

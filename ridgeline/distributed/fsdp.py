@@ -16,7 +16,7 @@ order), and so do the optimizer steps.
 
 Gradient clipping. `torch.nn.utils.clip_grad_norm_` on FSDP2's DTensor gradients computes the
 GLOBAL norm (the per-shard norms are reduced across the mesh), so clipping and the reported
-`policy/grad_norm` match the single-process run.
+`policy/raw_grad_norm` match the single-process run.
 
 Hybrid sharding. `fsdp_size` < world size builds a 2-D mesh (replicate = world / fsdp_size,
 shard = fsdp_size): parameters are sharded within groups of `fsdp_size` consecutive ranks and

@@ -88,8 +88,9 @@ class Env(ABC):
 
     def get_metrics(self) -> dict[str, float]:
         """Numbers about the finished episode (e.g. ``tool_calls``, ``sql_errors``); the
-        generator averages them per environment class over a step and logs them as
-        ``environment/<env_class>/<key>``. Default: none."""
+        generator averages them over a step's episodes and logs them as ``environment/<key>``
+        (SkyRL's name; a key several env classes report also per class,
+        ``environment/<env_class>/<key>``). Default: none."""
         return {}
 
     def init(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:

@@ -245,10 +245,7 @@ class Generator:
         }
         if self.runner.stragglers:
             metrics["generate/env_stragglers"] = float(self.runner.stragglers)
-        for env_class, rows in env_metrics.items():
-            for key in sorted({k for row in rows for k in row}):
-                values = [row[key] for row in rows if key in row]
-                metrics[f"environment/{env_class}/{key}"] = sum(values) / len(values)
+        metrics.update(environment_metrics(env_metrics))
         return GeneratorOutput(
             prompt_token_ids=[t.prompt_ids for t in trajectories],
             response_ids=[t.response_ids for t in trajectories],
@@ -343,6 +340,25 @@ _BASE_CONVERSATION = [{"role": "user", "content": "x"}, {"role": "assistant", "c
 SingleTurnGenerator = Generator
 
 
+def environment_metrics(episodes: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    """Per env class, the `get_metrics()` dict of each of its episodes -> SkyRL's
+    `environment/<key>`: the mean over the episodes that reported `key`. SkyRL averages per class
+    and lets a later class overwrite an earlier one's key; here a key several classes report is
+    averaged over all their episodes, and each class's own mean is logged beside it as
+    `environment/<env_class>/<key>` (for a key of one class that would repeat the same number)."""
+    metrics: dict[str, float] = {}
+    keys = sorted({k for rows in episodes.values() for row in rows for k in row})
+    for key in keys:
+        per_class = {env_class: [row[key] for row in rows if key in row] for env_class, rows in episodes.items()}
+        per_class = {env_class: values for env_class, values in per_class.items() if values}
+        values = [v for vs in per_class.values() for v in vs]
+        metrics[f"environment/{key}"] = sum(values) / len(values)
+        if len(per_class) > 1:
+            for env_class, vs in per_class.items():
+                metrics[f"environment/{env_class}/{key}"] = sum(vs) / len(vs)
+    return metrics
+
+
 def _bound_step(env: envs.Env | None, text: str):
     def call() -> envs.StepOutput | EnvCallFailure:
         if env is None:
@@ -358,4 +374,4 @@ def _finite(value: Any) -> bool:
         return False
 
 
-__all__ = ["Generator", "SingleTurnGenerator", "Trajectory"]
+__all__ = ["Generator", "SingleTurnGenerator", "Trajectory", "environment_metrics"]

@@ -28,12 +28,15 @@ REPORT_FILE = "report.html"
 MAX_TEXT = 3000           # characters of a prompt / response shown in a table cell
 EVAL_EXAMPLES = 3         # passing and failing examples shown from the last eval dump
 _PASS_AT_1 = re.compile(r"^eval/(.+)/pass_at_1$")
-PASS_THRESHOLD = 1.0      # as in ridgeline.trainer.evaluation: full reward counts as solved
 
 Points = list[tuple[float, float]]
-# the phases of a training step in the order they run (trainer.py), stacked bottom to top
-PHASES = ["timing/generate", "timing/logprobs", "timing/advantages", "timing/critic_train",
-          "timing/policy_train", "timing/sync_weights"]
+# the phases of a training step in the order they run (trainer.py), stacked bottom to top; they
+# add up to about timing/step. Not stacked: timing/train_critic_and_policy (critic_train +
+# policy_train) and the work after the step's row (checkpoints, exports, reference refresh).
+PHASES = ["timing/generate", "timing/postprocess_generator_output", "timing/convert_to_training_input",
+          "timing/engine_sleep", "timing/fwd_logprobs_values_reward", "timing/apply_reward_kl_penalty",
+          "timing/compute_advantages_and_returns", "timing/critic_train", "timing/policy_train",
+          "timing/sync_weights"]
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -82,12 +85,12 @@ def _score(record: dict) -> float | None:
 
 
 def _passed(record: dict) -> bool:
-    """An eval dump record's verdict: its `passed` field (Ridgeline's), else score >=
-    PASS_THRESHOLD (a dump SkyRL-Train wrote)."""
+    """An eval dump record's verdict: its `passed` field (Ridgeline's), else SkyRL's rule on its
+    score (> 0; a dump SkyRL-Train wrote)."""
     if isinstance(record.get("passed"), bool):
         return record["passed"]
     score = _score(record)
-    return score is not None and score >= PASS_THRESHOLD
+    return score is not None and score > 0.0
 
 
 def _read_config(run_dir: Path) -> dict:
@@ -151,16 +154,15 @@ def build_charts(data: RunData) -> list[tuple[str, str]]:
     reward.update({k.split("/", 1)[1]: s(k) for k in _prefixed(data, r"^reward/avg_pass_at_\d+$")})
     reward["held-out pass@1"] = s("eval/all/pass_at_1")
     eval_keys = sorted(_prefixed(data, _PASS_AT_1.pattern), key=lambda k: (k != "eval/all/pass_at_1", k))
-    timing = sorted((k for k in _prefixed(data, r"^timing/") if k not in ("timing/step", "timing/eval")),
-                    key=lambda k: (PHASES.index(k) if k in PHASES else len(PHASES), k))
+    timing = [k for k in PHASES if data.series(k)]
     specs: list[tuple[str, str | None]] = [
         ("Reward and accuracy", charts.line_chart("Reward and accuracy", reward, "reward / accuracy",
                                                   dashed=["held-out pass@1"])),
         ("Held-out pass@1 by data source",
          charts.line_chart("Held-out pass@1", {_PASS_AT_1.match(k).group(1): s(k) for k in eval_keys},
                            "pass@1", ylim=(-0.02, 1.02))),
-        ("KL", charts.line_chart("KL", {k: s(k) for k in ("policy/kl_loss", "policy/policy_kl",
-                                                          "reward/kl_in_reward")}, "KL estimate")),
+        ("KL", charts.line_chart("KL", {k: s(k) for k in ("policy/policy_kl", "policy/ppo_kl",
+                                                          "loss/avg_kl")}, "KL estimate")),
         ("Entropy", charts.line_chart("Policy entropy", {"policy/policy_entropy": s("policy/policy_entropy")},
                                       "nats / token")),
         ("Response length", charts.line_chart(
@@ -168,12 +170,13 @@ def build_charts(data: RunData) -> list[tuple[str, str]]:
                                 "min": s("generate/min_num_tokens")}, "tokens", dashed=["max", "min"])),
         ("Clip fraction", charts.line_chart(
             "Clip fraction", {k: s(k) for k in ("policy/ppo_clip_ratio", "policy/clip_frac_low",
-                                                "policy/clip_frac_high", "critic/vf_clip_frac")},
+                                                "policy/clip_frac_high", "critic/values_clipfrac")},
             "share of tokens")),
         ("Losses", charts.line_chart("Losses", {k: s(k) for k in ("policy/policy_loss", "policy/final_loss",
-                                                                  "critic/value_loss")}, "loss")),
+                                                                  "critic/value_loss", "critic/critic_loss")},
+                                     "loss")),
         ("Gradient norm", charts.line_chart("Gradient norm (before clipping)",
-                                            {k: s(k) for k in ("policy/grad_norm", "critic/grad_norm")})),
+                                            {k: s(k) for k in ("policy/raw_grad_norm", "critic/raw_grad_norm")})),
         ("Seconds per phase", charts.stacked_chart(
             "Seconds per phase", {k.split("/", 1)[1]: s(k) for k in timing},
             total=("step (total)", s("timing/step")), extra={"eval": s("timing/eval")}, ylabel="seconds")),
@@ -218,7 +221,7 @@ def _table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "")
 
 HEADLINE = [("reward/avg_raw_reward", "train reward"), ("reward/accuracy", "train accuracy"),
             ("eval/all/pass_at_1", "held-out pass@1"), ("generate/avg_num_tokens", "response length"),
-            ("policy/policy_entropy", "entropy"), ("policy/kl_loss", "KL loss"),
+            ("policy/policy_entropy", "entropy"), ("policy/policy_kl", "KL loss"),
             ("timing/step", "seconds / step")]
 
 

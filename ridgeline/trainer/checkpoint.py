@@ -474,9 +474,10 @@ class Checkpointer:
         OmegaConf.save(self.cfg, folder / "config.yaml", resolve=True)
 
     def save(self, run: RunState, workers: Workers, steps_per_epoch: int) -> Path:
-        """Write `global_step_<N>` atomically, point `latest_ckpt_global_step.txt` at it, prune. On
-        any failure the temp folder is removed, the previous checkpoint and pointer stay as they
-        were, and a CheckpointError names the path and the cause."""
+        """Write `global_step_<N>` atomically and point `latest_ckpt_global_step.txt` at it
+        (`prune_old` then removes the oldest). On any failure the temp folder is removed, the
+        previous checkpoint and pointer stay as they were, and a CheckpointError names the path and
+        the cause."""
         root = self.root
         name = f"{CKPT_PREFIX}{run.global_step}"
         final = root / name
@@ -506,9 +507,16 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.last = final
-        prune(root, self.cfg.trainer.max_ckpts_to_keep, protect=final)
         log.info("checkpoint %s written (%.2f s)", final, time.perf_counter() - start)
         return final
+
+    def prune_old(self) -> list[Path]:
+        """Remove the oldest checkpoints beyond `trainer.max_ckpts_to_keep`, never the newest one
+        written (`last`); the removed folders. Separate from `save` so the trainer can time it
+        (SkyRL's `timing/cleanup_old_checkpoints`)."""
+        if not self.root.is_dir():
+            return []
+        return prune(self.root, self.cfg.trainer.max_ckpts_to_keep, protect=self.last)
 
     # -- loading ---------------------------------------------------------------------------------
     def load(self, folder: Path, run: RunState, workers: Workers, steps_per_epoch: int) -> None:

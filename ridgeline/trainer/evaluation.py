@@ -2,13 +2,16 @@
 and pass@k per data source and over everything, SkyRL's metric names.
 
 With `generator.eval_n_samples_per_prompt = n` samples per prompt, a prompt with c passing
-samples (reward >= PASS_THRESHOLD) contributes to every source it belongs to and to `all`:
+samples (SkyRL's pass: a positive reward, `ridgeline.trainer.metrics.passes`) contributes to every
+source it belongs to and to `all`:
 
     eval/<source>/pass_at_1     mean over prompts of c / n          (unbiased pass@1)
     eval/<source>/pass_at_<k>   mean over prompts of 1 - C(n-c, k) / C(n, k), for k = 2, 4, 8, ...
                                 below n (a pass@k curve) and k = n (share of prompts with at
-                                least one passing sample); only when n > 1
-    eval/<source>/avg_score     mean reward over all samples
+                                least one passing sample: SkyRL's pass_at_<n>); only when n > 1
+    eval/<source>/avg_score     mean reward over all samples (SkyRL's)
+    eval/<source>/mean_positive_reward  mean over samples of the reward's positive part (SkyRL's)
+    eval/<source>/accuracy      share of samples that are solved (reward >= 1.0; Ridgeline's)
     eval/<source>/num_prompts   how many prompts were scored
 
 pass@k is the unbiased estimator of Chen et al. 2021, "Evaluating Large Language Models Trained
@@ -31,17 +34,15 @@ from omegaconf import DictConfig
 from ridgeline.data import PromptRow
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
-from ridgeline.generation.types import GeneratorInput, GeneratorOutput, total_reward
+from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward, total_reward
 from ridgeline.inference.types import SamplingParams
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.dumps import write_eval_dump
 from ridgeline.trainer.builders import generator_input, truncation_policy
+from ridgeline.trainer.metrics import SOLVED_THRESHOLD, passes, positive_reward
 
 log = logging.getLogger(__name__)
 
-PASS_THRESHOLD = 1.0
-"""A trajectory passes when it earns the full reward (>= 1.0), so partial credit such as a
-format score never counts as a solved problem."""
 
 def metric_key(data_source: str) -> str:
     # A data source like "openai/gsm8k" would add a level to "eval/<source>/pass_at_1".
@@ -79,15 +80,23 @@ class PromptGroup:
 
     data_source: str
     index: int                                   # the prompt's position in the eval, from 0
-    rewards: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)   # total reward of each sample
+    passed: list[bool] = field(default_factory=list)     # `passes` of each sample
+    positive: list[float] = field(default_factory=list)  # `positive_reward` of each sample
+
+    def add(self, reward: Reward) -> None:
+        self.rewards.append(total_reward(reward))
+        self.passed.append(passes(reward))
+        self.positive.append(positive_reward(reward))
 
     @property
     def num_passed(self) -> int:
-        return sum(r >= PASS_THRESHOLD for r in self.rewards)
+        return sum(self.passed)
 
 
 def summarize(groups: Sequence[PromptGroup]) -> dict[str, float]:
-    """pass_at_<k>, avg_score and num_prompts of these prompts (metric name -> value).
+    """pass_at_<k>, avg_score, mean_positive_reward, accuracy and num_prompts of these prompts
+    (metric name -> value).
 
     pass@k uses the smallest sample count n of the groups, so every prompt has k <= n samples;
     in an eval every prompt gets the same n. Empty input gives {}."""
@@ -99,6 +108,8 @@ def summarize(groups: Sequence[PromptGroup]) -> dict[str, float]:
         result[f"pass_at_{k}"] = sum(pass_at_k(len(g.rewards), g.num_passed, k) for g in groups) / len(groups)
     samples = [r for g in groups for r in g.rewards]
     result["avg_score"] = sum(samples) / len(samples)
+    result["mean_positive_reward"] = sum(p for g in groups for p in g.positive) / len(samples)
+    result["accuracy"] = sum(r >= SOLVED_THRESHOLD for r in samples) / len(samples)
     result["num_prompts"] = len(groups)
     return result
 
@@ -127,7 +138,8 @@ class EvalAccumulator:
         Samples with the same uid (`out.uids`) are the n samples of one prompt. They group within
         this call only: a prompt's samples are generated together, and a uid may come again in
         another batch. Rewards may be numbers or per-token lists (multi-turn); a trajectory's
-        reward is their sum.
+        reward is their sum, and whether it passes is read from the last token's (SkyRL's rule,
+        `passes`).
 
         A record holds SkyRL-Train's fields (`input_prompt` and `output_response`: the decoded
         token ids, special tokens kept; `score`: the reward as the generator gave it; `stop_reason`,
@@ -145,7 +157,8 @@ class EvalAccumulator:
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = PromptGroup(source, index=len(self.groups))
-            reward = total_reward(out.rewards[i])
+            group.add(out.rewards[i])
+            passed = group.passed[-1]
             metadata = out.step_metadata[i] if i < len(out.step_metadata) else {}
             extras = inp.env_extras[i]
             truth = (extras.get("reward_spec") or {}).get("ground_truth")
@@ -155,10 +168,9 @@ class EvalAccumulator:
                 "input_prompt": decode(out.prompt_token_ids[i]), "output_response": decode(out.response_ids[i]),
                 "score": out.rewards[i], "stop_reason": out.stop_reasons[i], "env_class": inp.env_classes[i],
                 "env_extras": extras, "data_source": source,
-                "prompt_index": group.index, "sample_index": len(group.rewards), "passed": reward >= PASS_THRESHOLD,
+                "prompt_index": group.index, "sample_index": len(group.rewards) - 1, "passed": passed,
                 "parsed": metadata.get("parsed"), "ground_truth": truth, "num_tokens": len(out.response_ids[i]),
             })
-            group.rewards.append(reward)
 
     def metrics(self) -> dict[str, float]:
         """`eval/<source>/<metric>` for every data source (sorted) and `eval/all/<metric>`."""

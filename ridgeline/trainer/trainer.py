@@ -17,10 +17,8 @@ import contextlib
 import logging
 import random
 import signal
-import statistics
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -37,7 +35,7 @@ from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
-from ridgeline.generation.types import GeneratorInput, GeneratorOutput, total_reward
+from ridgeline.generation.types import GeneratorInput, GeneratorOutput
 from ridgeline.inference.build import build_engine
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
@@ -56,7 +54,8 @@ from ridgeline.trainer.builders import (build_critic, build_generator, build_pol
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype,
                                         truncation_policy)
 from ridgeline.trainer.dynamic_sampling import filter_rollout, first_groups, num_groups, replace_rollout
-from ridgeline.trainer.evaluation import PASS_THRESHOLD, run_eval
+from ridgeline.trainer.evaluation import run_eval
+from ridgeline.trainer.metrics import advantage_metrics, reward_metrics, rollout_metrics
 from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch, data_parallel_rows
 from ridgeline.training.protocols import Workers
@@ -239,11 +238,16 @@ class Trainer:
                 self.in_step = True
                 self.run.global_step += 1
                 metrics = self.train_step(rows)
+                metrics.update({"trainer/epoch": float(epoch), "trainer/global_step": float(self.run.global_step)})
                 if self.val_data is not None and t.eval_interval > 0 and self.run.global_step % t.eval_interval == 0:
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
                 self._log(metrics)
-                self._after_step(epoch, batch)
+                after = self._after_step(epoch, batch)
+                if after:
+                    # a row of its own for the same step: this work runs after the step's row is
+                    # written, since a checkpoint records the rows logged before it
+                    self._log({f"timing/{k}": v for k, v in after.items()})
                 self.in_step = False
                 if self.stop_requested:
                     raise KeyboardInterrupt(f"stopped after step {self.run.global_step} (Ctrl-C)")
@@ -278,24 +282,36 @@ class Trainer:
             for batch, rows in enumerate(batches, start=skip):
                 yield epoch, batch, rows
 
-    def _after_step(self, epoch: int, batch: int) -> None:
+    def _after_step(self, epoch: int, batch: int) -> dict[str, float]:
         """Bookkeeping once step `global_step` has trained and logged: the data position, the
-        reference refresh at an epoch's end, then exports and checkpoints when due."""
+        reference refresh at an epoch's end, then exports and checkpoints when due. Returns the
+        seconds of what ran, under SkyRL's timing names."""
         t = self.cfg.trainer
+        timer = StepTimer({})
         epoch_done = batch + 1 == self.steps_per_epoch
         self.run.data_position = (epoch + 1, 0) if epoch_done else (epoch, batch + 1)
         if epoch_done and t.update_ref_every_epoch and self.workers.ref is not None and epoch + 1 < t.epochs:
-            self.update_ref()
+            with timer.phase("update_ref_with_policy"):
+                self.update_ref()
         step = self.run.global_step
         if t.hf_save_interval > 0 and (step % t.hf_save_interval == 0 or step == self.total_steps):
             # SkyRL's place: <export_path>/global_step_<N>/{policy,critic}, and one after the last step
-            self.checkpointer.export(self.workers, Path(t.export_path) / f"global_step_{step}", step)
+            with timer.phase("save_hf_model"):
+                self.checkpointer.export(self.workers, Path(t.export_path) / f"global_step_{step}", step)
         if t.ckpt_interval > 0 and (step % t.ckpt_interval == 0 or step == self.total_steps):
-            self.save_checkpoint()
+            self.save_checkpoint(timer)
+        return timer.seconds
 
-    def save_checkpoint(self) -> Path:
-        """`<ckpt_path>/global_step_<N>`, written atomically (see ridgeline.trainer.checkpoint)."""
-        return self.checkpointer.save(self.run, self.workers, self.steps_per_epoch)
+    def save_checkpoint(self, timer: StepTimer | None = None) -> Path:
+        """`<ckpt_path>/global_step_<N>`, written atomically (see ridgeline.trainer.checkpoint),
+        then the checkpoints beyond `max_ckpts_to_keep` removed; `timer` (if any) gets SkyRL's
+        `save_checkpoints` (all of it) and `cleanup_old_checkpoints` (the removal)."""
+        timer = timer or StepTimer({})
+        with timer.phase("save_checkpoints"):
+            folder = self.checkpointer.save(self.run, self.workers, self.steps_per_epoch)
+            with timer.phase("cleanup_old_checkpoints"):
+                self.checkpointer.prune_old()
+        return folder
 
     # --------------------------------------------------------------------------------- Ctrl-C
     @contextlib.contextmanager
@@ -370,7 +386,7 @@ class Trainer:
         tag = f".{round_index}" if round_index else ""
         inp = self._generator_input(rows, n, params, "train", tag)
         out = self.generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "train", self.run.global_step, round_index))
-        metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, out.uids, n)
+        metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, out.uids)
         shaped = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
                                          out.loss_masks, truncation_policy(cfg), training=True)
         out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
@@ -428,33 +444,37 @@ class Trainer:
                 out, rollout_stats = self.collect_rollout(rows)
             metrics.update(rollout_stats)
             metrics.update(out.metrics)
-            if self.run.global_step in (1, self.total_steps) and len(out):
-                # sample rollouts of the first and last steps, for the run report
-                write_samples(self.run_dir / "samples.jsonl", self.run.global_step,
-                              [self.tokenizer.decode(p, skip_special_tokens=True) for p in out.prompt_token_ids],
-                              out.responses, out.rewards, overwrite=self.run.global_step == 1)
+            n = cfg.generator.n_samples_per_prompt
             if len(out) == 0:
                 log.warning("step %d: no prompt group carries signal; the update is skipped", self.run.global_step)
                 metrics["dynamic_sampling/skipped_steps"] = 1.0
                 return metrics
-            batch = build_training_batch(out.prompt_token_ids, out.response_ids, out.loss_masks, out.rewards,
-                                         out.uids, out.rollout_logprobs, self.tokenizer.pad_token_id)
-            n = cfg.generator.n_samples_per_prompt
-            splits = [(t.policy_mini_batch_size, self.workers.policy.world_size)]
-            if self.workers.critic is not None:
-                splits.append((t.critic_mini_batch_size, self.workers.critic.world_size))
-            keep = min(data_parallel_rows(batch.batch_size, mini * n, world) for mini, world in splits)
-            if keep < batch.batch_size:
-                # a short dynamic-sampling batch whose last mini-batch does not split over the ranks
-                log.warning("step %d: %d of %d samples left out so the last mini-batch splits evenly over %d "
-                            "ranks", self.run.global_step, batch.batch_size - keep, batch.batch_size,
-                            self.workers.policy.world_size)
-                metrics["fsdp/dropped_samples"] = float(batch.batch_size - keep)
-                batch = batch.select(slice(0, keep))
+            with timer.phase("postprocess_generator_output"):
+                # SkyRL's reward metrics: the trajectories trained on, with the rewards they train with
+                metrics.update(reward_metrics(out.rewards, out.uids, n))
+                if self.run.global_step in (1, self.total_steps):
+                    # sample rollouts of the first and last steps, for the run report
+                    write_samples(self.run_dir / "samples.jsonl", self.run.global_step,
+                                  [self.tokenizer.decode(p, skip_special_tokens=True) for p in out.prompt_token_ids],
+                                  out.responses, out.rewards, overwrite=self.run.global_step == 1)
+            with timer.phase("convert_to_training_input"):
+                batch = build_training_batch(out.prompt_token_ids, out.response_ids, out.loss_masks, out.rewards,
+                                             out.uids, out.rollout_logprobs, self.tokenizer.pad_token_id)
+                splits = [(t.policy_mini_batch_size, self.workers.policy.world_size)]
+                if self.workers.critic is not None:
+                    splits.append((t.critic_mini_batch_size, self.workers.critic.world_size))
+                keep = min(data_parallel_rows(batch.batch_size, mini * n, world) for mini, world in splits)
+                if keep < batch.batch_size:
+                    # a short dynamic-sampling batch whose last mini-batch does not split over the ranks
+                    log.warning("step %d: %d of %d samples left out so the last mini-batch splits evenly over %d "
+                                "ranks", self.run.global_step, batch.batch_size - keep, batch.batch_size,
+                                self.workers.policy.world_size)
+                    metrics["fsdp/dropped_samples"] = float(batch.batch_size - keep)
+                    batch = batch.select(slice(0, keep))
             if self.colocated:
                 with timer.phase("engine_sleep"):  # the engine's weights and cache leave the GPU for training
                     self.engine.sleep()
-            with timer.phase("logprobs"):
+            with timer.phase("fwd_logprobs_values_reward"):
                 # With one optimizer step per batch the policy has not moved when the loss is taken,
                 # so the old logprobs are the training forward's own (detached): one pass saved. The
                 # KL-in-reward penalty needs them before training, so it computes them.
@@ -465,13 +485,21 @@ class Trainer:
                     batch.ref_logprobs = self.workers.ref.compute_logprobs(batch)
                 if self.workers.critic is not None:
                     batch.values = self.workers.critic.compute_values(batch)
-            with timer.phase("advantages"):
-                metrics.update(self._shape_rewards(batch))
+            if self.run.algorithm.kl_controller is not None:
+                with timer.phase("apply_reward_kl_penalty"):
+                    metrics.update(self._apply_reward_kl_penalty(batch))
+            with timer.phase("compute_advantages_and_returns"):
+                if self.run.algorithm.reward_std is not None:
+                    # normalize_reward (with a critic): returns scaled by the running reward std
+                    self.run.algorithm.reward_std.update(batch.rewards.sum(-1).tolist())
+                    batch.rewards = self.run.algorithm.reward_std.scale(batch.rewards)
+                    metrics["reward/running_std"] = self.run.algorithm.reward_std.std
                 estimator = ADVANTAGE_ESTIMATORS.get(alg.advantage_estimator)
                 batch.advantages, batch.returns = estimator(
                     token_level_rewards=batch.rewards, response_mask=batch.response_mask, index=batch.uids,
                     values=batch.values, grpo_norm_by_std=alg.grpo_norm_by_std, gamma=alg.gamma,
                     lambd=alg.lambd)
+                metrics.update(advantage_metrics(batch.rewards, batch.advantages, batch.response_mask))
                 if alg.advantage_batch_normalize:
                     batch.advantages = whiten_advantages(batch.advantages, batch.response_mask)
                 singletons = count_singleton_groups(batch.uids)
@@ -479,15 +507,15 @@ class Trainer:
                     log.warning("%d prompt groups hold a single sample: their advantage is 0 "
                                 "(generator.n_samples_per_prompt=1?)", singletons)
                 metrics["advantages/singleton_groups"] = float(singletons)
-                metrics["advantages/mean"] = float(batch.advantages.sum() / batch.response_mask.sum().clamp(min=1))
             try:
-                if self.workers.critic is not None:
-                    # The critic learns first (SkyRL's order): its update does not touch this step's
-                    # advantages, which were computed from the values before it.
-                    with timer.phase("critic_train"):
-                        metrics.update(self.workers.critic.train(batch))
-                with timer.phase("policy_train"):
-                    metrics.update(self.workers.policy.train(batch))
+                with timer.phase("train_critic_and_policy"):
+                    if self.workers.critic is not None:
+                        # The critic learns first (SkyRL's order): its update does not touch this step's
+                        # advantages, which were computed from the values before it.
+                        with timer.phase("critic_train"):
+                            metrics.update(self.workers.critic.train(batch))
+                    with timer.phase("policy_train"):
+                        metrics.update(self.workers.policy.train(batch))
             except NonFiniteLossError as err:
                 raise NonFiniteLossError(
                     f"step {self.run.global_step}: {err}. The run stops; resume from the latest checkpoint "
@@ -513,23 +541,17 @@ class Trainer:
         metrics.update(memory_metrics(self.device))
         return metrics
 
-    def _shape_rewards(self, batch) -> dict[str, float]:
-        """KL in the reward (`use_kl_in_reward`) and reward scaling for the critic
-        (`normalize_reward`), applied to `batch.rewards` in place of the environment's scores."""
-        metrics: dict[str, float] = {}
-        if self.run.algorithm.kl_controller is not None:
-            controller = self.run.algorithm.kl_controller
-            batch.rewards, current_kl = kl_penalized_rewards(
-                batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.response_mask, controller.value,
-                self.workers.policy.config.kl_estimator)
-            metrics["reward/kl_in_reward"] = current_kl
-            metrics["reward/kl_coef"] = controller.value
-            controller.update(current_kl, n_steps=batch.batch_size)
-        if self.run.algorithm.reward_std is not None:
-            self.run.algorithm.reward_std.update(batch.rewards.sum(-1).tolist())
-            batch.rewards = self.run.algorithm.reward_std.scale(batch.rewards)
-            metrics["reward/running_std"] = self.run.algorithm.reward_std.std
-        return metrics
+    def _apply_reward_kl_penalty(self, batch) -> dict[str, float]:
+        """`use_kl_in_reward`: `batch.rewards` lowered by beta * KL(pi_old || ref) per token, then
+        the controller steered by the batch KL; SkyRL's `loss/avg_kl`, `loss/avg_kl_max` and
+        `loss/kl_loss_coef` (the beta applied)."""
+        controller = self.run.algorithm.kl_controller
+        beta = controller.value
+        penalty = kl_penalized_rewards(batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
+                                       beta, self.workers.policy.config.kl_estimator)
+        batch.rewards = penalty.rewards
+        controller.update(penalty.kl_mean, n_steps=batch.batch_size)
+        return {"loss/avg_kl": penalty.kl_mean, "loss/avg_kl_max": penalty.kl_max_mean, "loss/kl_loss_coef": beta}
 
     # --------------------------------------------------------------------------------- eval
     def evaluate(self) -> dict[str, float]:
@@ -550,22 +572,3 @@ class Trainer:
             self.tokenizer.save_pretrained(self.run_dir / "final_critic")
         return out
 
-
-def rollout_metrics(rewards: list, response_ids: list[list[int]], stop_reasons: list[str],
-                    uids: list[str], n: int) -> dict[str, float]:
-    rewards = [total_reward(r) for r in rewards]
-    lengths = [len(r) for r in response_ids]
-    groups: dict[str, list[float]] = defaultdict(list)
-    for uid, reward in zip(uids, rewards):
-        groups[uid].append(reward)
-    return {
-        "reward/avg_raw_reward": sum(rewards) / len(rewards),
-        "reward/accuracy": sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards),
-        f"reward/avg_pass_at_{n}": sum(max(v) >= PASS_THRESHOLD for v in groups.values()) / len(groups),
-        "reward/solve_none_frac": sum(max(v) < PASS_THRESHOLD for v in groups.values()) / len(groups),
-        "reward/solve_all_frac": sum(min(v) >= PASS_THRESHOLD for v in groups.values()) / len(groups),
-        "generate/avg_num_tokens": statistics.fmean(lengths),
-        "generate/max_num_tokens": float(max(lengths)),
-        "generate/min_num_tokens": float(min(lengths)),
-        "generate/truncated_frac": sum(s != "stop" for s in stop_reasons) / len(stop_reasons),
-    }

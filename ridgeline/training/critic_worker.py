@@ -54,11 +54,12 @@ class _StepSums:
     clip_tokens: float = 0.0
     values_tokens: float = 0.0
     returns_tokens: float = 0.0
+    micro_batches: int = 0
     nonfinite: bool = False  # a micro-batch loss was NaN/inf: the step must be dropped
 
 
-_SUMMED = {"critic/value_loss"}
-_SHARED = {"critic/grad_norm", "critic/lr", "critic/optimizer_steps", "critic/skipped_steps"}
+_SUMMED = {"critic/value_loss", "critic/critic_loss"}
+_SHARED = {"critic/raw_grad_norm", "critic/critic_lr", "critic/critic_update_steps", "critic/skipped_steps"}
 
 
 class CriticWorker(TrainedWorker):
@@ -89,7 +90,11 @@ class CriticWorker(TrainedWorker):
 
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
         """Regress the values on `batch.returns`, clipped around `batch.values` (the critic before
-        this step's updates)."""
+        this step's updates). Metrics (docs/logging.md), SkyRL's: critic_loss (mean over
+        micro-batches of the loss each back-propagated: about value_loss / micro-batches per
+        mini-batch, as SkyRL logs it), values_mean, values_clipfrac, raw_grad_norm, critic_lr,
+        critic_update_steps; Ridgeline's: value_loss (the mini-batch loss, mean over optimizer
+        steps), returns_mean, skipped_steps."""
         if batch.values is None or batch.returns is None:
             raise ValueError("CriticWorker.train needs batch.values (compute_values before any update) "
                              "and batch.returns (from the gae estimator)")
@@ -106,19 +111,20 @@ class CriticWorker(TrainedWorker):
                     grad_norms.append(self.apply_gradients("critic", c.max_grad_norm,
                                                            "non-finite value loss" if sums.nonfinite else None))
                     losses.append(sums.loss)
-                    for name in ("tokens", "clip_tokens", "values_tokens", "returns_tokens"):
+                    for name in ("tokens", "clip_tokens", "values_tokens", "returns_tokens", "micro_batches"):
                         setattr(total, name, getattr(total, name) + getattr(sums, name))
                     bar.update()
         steps = max(1, len(grad_norms))
         tokens = max(1.0, total.tokens)
         metrics = {
             "critic/value_loss": sum(losses) / steps,
-            "critic/vf_clip_frac": total.clip_tokens / tokens,
+            "critic/critic_loss": sum(losses) / max(1, total.micro_batches),
+            "critic/values_clipfrac": total.clip_tokens / tokens,
             "critic/values_mean": total.values_tokens / tokens,
             "critic/returns_mean": total.returns_tokens / tokens,
-            "critic/grad_norm": sum(grad_norms) / steps,
-            "critic/lr": self.scheduler.get_last_lr()[0],
-            "critic/optimizer_steps": float(len(grad_norms)),
+            "critic/raw_grad_norm": sum(grad_norms) / steps,
+            "critic/critic_lr": self.scheduler.get_last_lr()[0],
+            "critic/critic_update_steps": float(len(grad_norms)),
             "critic/skipped_steps": float(self.skipped_steps),
         }
         return reduce_rank_metrics(self.parallel, metrics, float(batch.loss_mask.sum()) * c.update_epochs,
@@ -147,6 +153,7 @@ class CriticWorker(TrainedWorker):
                     break
                 loss.backward()
                 sums.loss += loss_value  # the micro losses add up to the mini-batch loss
+                sums.micro_batches += 1
                 sums.tokens += tokens
                 sums.clip_tokens += metrics["vf_clip_frac"] * tokens
                 sums.values_tokens += metrics["values_mean"] * tokens

@@ -33,7 +33,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ridgeline.algorithms import POLICY_LOSSES, kl_penalty, loss_normalizers, masked_mean, reduce_loss
-from ridgeline.algorithms.off_policy import logprob_mismatch
+from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std
 from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors, save_hf_weights
 from ridgeline.models.lora import (adapters_disabled, is_adapter_folder, is_lora, load_adapter, merged_named_parameters,
@@ -246,13 +246,13 @@ class PolicyTrainConfig:
     forward_options: ForwardOptions = PLAIN
 
 
-# SkyRL's metric names for the two classic PPO diagnostics
-_LOSS_METRIC_NAMES = {"clip_frac": "ppo_clip_ratio", "ppo_kl": "policy_kl"}
+# SkyRL's name for the loss's clip fraction (the other loss metrics keep their own names)
+_LOSS_METRIC_NAMES = {"clip_frac": "ppo_clip_ratio"}
 # Reported as a sum over micro-batches of losses normalised by global mini-batch counts: each rank
 # holds its share and the mini-batch value is the sum over ranks.
-_SUMMED = {"policy/policy_loss", "policy/final_loss", "policy/kl_loss"}
+_SUMMED = {"policy/policy_loss", "policy/final_loss", "policy/policy_kl"}
 # Identical on every rank by construction: the global grad norm, the schedule, the step counts.
-_SHARED = {"policy/grad_norm", "policy/policy_lr", "policy/optimizer_steps", "policy/skipped_steps"}
+_SHARED = {"policy/raw_grad_norm", "policy/policy_lr", "policy/policy_update_steps", "policy/skipped_steps"}
 
 
 class RefWorker(ModelWorker):
@@ -350,6 +350,14 @@ class PolicyWorker(TrainedWorker):
 
     # -- training ------------------------------------------------------------------------------
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
+        """The batch's optimizer steps and their `policy/*` metrics (docs/logging.md), reduced over
+        the ranks. SkyRL's: policy_loss (the surrogate, mean over optimizer steps), final_loss (mean
+        over micro-batches of what each back-propagated: its share of policy loss + KL term -
+        entropy bonus, so about the mini-batch loss / micro-batches per mini-batch, as SkyRL logs
+        it), policy_entropy, ppo_clip_ratio, policy_kl (the KL loss term's KL, `use_kl_loss`),
+        raw_grad_norm (before clipping), policy_lr, policy_update_steps, and from the engine's
+        logprobs rollout_train_prob_diff_mean / _std (of exp(log p_rollout - log p_old) on the loss
+        tokens)."""
         c = self.config
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
@@ -365,11 +373,11 @@ class PolicyWorker(TrainedWorker):
         steps = max(1, len(grad_norms))
         metrics = {
             "policy/policy_loss": sums["policy_loss"] / steps,
-            "policy/final_loss": sums["final_loss"] / steps,
+            "policy/final_loss": sums["final_loss"] / max(1.0, sums["micro_batches"]),
             "policy/policy_entropy": sums["entropy_tokens"] / max(1.0, local_tokens),
-            "policy/grad_norm": sum(grad_norms) / steps,
+            "policy/raw_grad_norm": sum(grad_norms) / steps,
             "policy/policy_lr": self.scheduler.get_last_lr()[0],
-            "policy/optimizer_steps": float(len(grad_norms)),
+            "policy/policy_update_steps": float(len(grad_norms)),
             "policy/skipped_steps": float(self.skipped_steps),
         }
         # The loss's own metrics: token-weighted means across micro-batches, `*_max` as maxima.
@@ -377,15 +385,21 @@ class PolicyWorker(TrainedWorker):
             name = f"policy/{_LOSS_METRIC_NAMES.get(key, key)}"
             metrics[name] = value if key.endswith("_max") else value / max(1.0, local_tokens)
         if c.use_kl_loss:
-            metrics["policy/kl_loss"] = sums["kl_loss"] / steps
+            metrics["policy/policy_kl"] = sums["kl_loss"] / steps
         metrics = reduce_rank_metrics(self.parallel, metrics, local_tokens, prefix="policy/", summed=_SUMMED,
                                       shared=_SHARED)
-        # how far the engine's numbers are from pi_old: an exact mean over every rank's tokens
-        mismatch_sum, mismatch_tokens = self.parallel.all_sum([sums["mismatch_sum"], sums["mismatch_tokens"]])
+        # how far the engine's numbers are from pi_old: exact over every rank's tokens, from sums
+        mismatch_sum, mismatch_tokens, ratio_sum, ratio_sq, ratio_tokens = self.parallel.all_sum(
+            [sums["mismatch_sum"], sums["mismatch_tokens"], sums["ratio_dev_sum"], sums["ratio_dev_sq"],
+             sums["ratio_tokens"]])
         (worst,) = self.parallel.all_max([sums["mismatch_max"]])
         if mismatch_tokens:
             metrics["rollout/logprob_abs_diff_mean"] = mismatch_sum / mismatch_tokens
             metrics["rollout/logprob_abs_diff_max"] = worst
+        if ratio_tokens:
+            mean, std = ratio_mean_std(ratio_sum, ratio_sq, ratio_tokens)
+            metrics["policy/rollout_train_prob_diff_mean"] = mean
+            metrics["policy/rollout_train_prob_diff_std"] = std
         return metrics
 
     def _optimizer_step(self, mini: TrainingBatch, sums: dict[str, float], loss_sums: dict[str, float],
@@ -425,6 +439,11 @@ class PolicyWorker(TrainedWorker):
             sums["mismatch_sum"] += total
             sums["mismatch_tokens"] += count
             sums["mismatch_max"] = max(sums["mismatch_max"], worst)
+            # SkyRL's probability ratio p_rollout / p_old, on the tokens the loss sees
+            dev_sum, dev_sq, ratio_count = prob_ratio_moments(old, micro.rollout_logprobs, mask)
+            sums["ratio_dev_sum"] += dev_sum
+            sums["ratio_dev_sq"] += dev_sq
+            sums["ratio_tokens"] += ratio_count
         pg_loss, pg_metrics = self.policy_loss_fn(logprobs, old, micro.advantages, mask, c.algorithm,
                                                   rollout_log_probs=micro.rollout_logprobs)
         loss = pg_loss
@@ -443,6 +462,7 @@ class PolicyWorker(TrainedWorker):
         if not self.check_loss(loss_value, "policy loss", c.nonfinite_loss):
             return False
         loss.backward()
+        sums["micro_batches"] += 1
         sums["policy_loss"] += pg_value
         sums["final_loss"] += loss_value
         sums["kl_loss"] += kl_value

@@ -21,7 +21,7 @@ from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker
 pytestmark = pytest.mark.gpu
 
 ROWS, MICRO, STEPS = 8, 2, 3
-KEYS = ("policy/policy_loss", "policy/final_loss", "policy/kl_loss", "policy/grad_norm", "policy/policy_entropy")
+KEYS = ("policy/policy_loss", "policy/final_loss", "policy/policy_kl", "policy/raw_grad_norm", "policy/policy_entropy")
 
 
 def _batch() -> TrainingBatch:

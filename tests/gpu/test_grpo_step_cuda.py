@@ -91,7 +91,7 @@ def test_losses_are_finite_and_peak_gpu_memory_is_logged(run):
     _, _, steps, _ = run
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
     for row in steps:
-        for key in ("policy/policy_loss", "policy/final_loss", "policy/grad_norm"):
+        for key in ("policy/policy_loss", "policy/final_loss", "policy/raw_grad_norm"):
             assert math.isfinite(row[key]), (row["step"], key, row[key])
         assert 0 < row["memory/peak_gpu_gib"] <= total_gib, row["memory/peak_gpu_gib"]
         assert row["throughput/generate_tokens_per_second"] > 0
