@@ -172,7 +172,7 @@ REFERENCE_DEFAULTS: list[tuple[str, object]] = [
     ("generator.apply_overlong_filtering", False),
     # environment
     ("environment.env_class", "gsm8k"),
-    ("environment.skyrl_gym", {}),
+    ("environment.skyrl_gym", {"max_env_workers": 32}),   # SkyRL 0.3.1's skyrl_gym default key
 ]
 
 # Ridgeline extensions and their defaults
@@ -213,7 +213,6 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.policy.model.lora.dropout", 0.0),
     ("trainer.policy.model.lora.target_modules", "all-linear"),
     # environments
-    ("environment.max_env_workers", 10),
     ("environment.step_timeout_s", 60.0),
     ("environment.env_modules", []),
     ("environment.reward_fn", None),
@@ -635,11 +634,11 @@ def test_environment_modules_and_reward_fn_are_checked(tmp_path):
     module.write_text("def score(text, extras):\n    return float('42' in text)\n")
     load_config(RUNNABLE + [f"environment.reward_fn={module}:score", f"environment.env_modules=[{module}]"])
     err = _error(RUNNABLE + [f"environment.reward_fn={module}:nope", "environment.env_modules=[no_such_module_x]",
-                             "environment.max_env_workers=-1", "environment.step_timeout_s=0"])
+                             "environment.skyrl_gym.max_env_workers=-1", "environment.step_timeout_s=0"])
     msg = str(err)
     assert "environment.reward_fn=" in msg and "has no function 'nope'" in msg
     assert "environment.env_modules" in msg and "no_such_module_x" in msg
-    assert "environment.max_env_workers=-1" in msg and "environment.step_timeout_s=0" in msg
+    assert "environment.skyrl_gym.max_env_workers=-1 must be a whole number >= 0" in msg and "environment.step_timeout_s=0" in msg
     assert len(err.problems) == 4
 
 

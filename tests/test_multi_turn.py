@@ -295,7 +295,7 @@ def test_a_run_survives_a_reward_function_that_raises_and_hangs(tmp_path):
         "    return 1.0\n")
     cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=32",
                        f"environment.reward_fn={module}:score", "environment.step_timeout_s=0.5",
-                       "environment.max_env_workers=8", "generator.sampling_params.max_generate_length=8",
+                       "environment.skyrl_gym.max_env_workers=8", "generator.sampling_params.max_generate_length=8",
                        "generator.sampling_params.temperature=1.0", "trainer.eval_before_train=false"])
     trainer = Trainer.from_config(cfg)
     trainer.train()

@@ -957,11 +957,11 @@ class _Checker:
                      "trainer.policy.model.path=Qwen/Qwen2.5-0.5B-Instruct.")
 
     def _environment(self) -> None:
-        v = self.num("environment.max_env_workers")
-        if v is not None and v < 0:
-            self.add("environment.max_env_workers",
-                     f"environment.max_env_workers={_show(v)} must be 0 (environment calls run one by "
-                     "one, without a time limit) or more. Fix: environment.max_env_workers=10.")
+        key = "environment.skyrl_gym.max_env_workers"
+        v = self.val(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            self.add(key, f"{key}={_show(None if v is _MISSING else v)} must be a whole number >= 0 (0: environment "
+                          f"calls run one by one, without a time limit). Fix: {key}=32.")
         from ridgeline.envs import load_env_module
         from ridgeline.envs.reward_fn import load_reward_fn
 

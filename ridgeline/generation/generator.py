@@ -117,7 +117,7 @@ class Generator:
     conversation_mode: `generator.max_turns`, `generator.max_input_length`,
     `generator.use_conversation_multi_turn`. append_eos_after_stop_str:
     `generator.append_eos_token_after_stop_str_in_multi_turn`. runner: how environment calls are
-    run (`environment.max_env_workers`, `environment.step_timeout_s`).
+    run (`environment.skyrl_gym.max_env_workers`, `environment.step_timeout_s`).
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, *,

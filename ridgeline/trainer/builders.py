@@ -66,12 +66,14 @@ def load_environments(env_cfg: DictConfig) -> str | None:
 def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Generator:
     """The agent loop over `engine`, from `generator.*` and `environment.*`."""
     g, env = cfg.generator, cfg.environment
+    settings = OmegaConf.to_container(env.skyrl_gym, resolve=True)
+    workers = settings.pop("max_env_workers")  # SkyRL keeps it beside the per-env settings
     return Generator(
         engine, tokenizer,
-        env_settings=OmegaConf.to_container(env.skyrl_gym, resolve=True),
+        env_settings=settings,
         max_turns=g.max_turns, max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
         append_eos_after_stop_str=g.append_eos_token_after_stop_str_in_multi_turn,
-        runner=EnvRunner(env.max_env_workers, env.step_timeout_s))
+        runner=EnvRunner(workers, env.step_timeout_s))
 
 
 def generator_input(rows: list[PromptRow], n: int, params: SamplingParams, *, uid_prefix: str, mode: str,
