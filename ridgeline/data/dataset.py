@@ -86,6 +86,7 @@ class PromptDataset(Sequence[PromptRow]):
         self.num_dropped_too_long = 0
 
         rows: list[PromptRow] = []
+        origins: list[tuple[str, int]] = []
         self._loaded_digests: dict[str, SourceDigest] = {}  # sources that are not files, by their rows
         for file in self.files:
             raw_rows = read_rows(file, config_key)
@@ -93,11 +94,14 @@ class PromptDataset(Sequence[PromptRow]):
                 self._loaded_digests[file] = rows_digest(file, raw_rows)
             for index, raw in enumerate(raw_rows):
                 rows.append(validate_row(raw, file=file, index=index, default_env_class=default_env_class))
+                origins.append((file, index))
         if not rows:
             raise DatasetError(f"dataset has no rows: {', '.join(self.files)}")
 
         if max_prompt_tokens is not None and tokenizer is not None:
-            kept = [row for row in rows if len(encode_chat_prompt(tokenizer, row.prompt)) <= max_prompt_tokens]
+            keep = [len(encode_chat_prompt(tokenizer, row.prompt)) <= max_prompt_tokens for row in rows]
+            kept = [row for row, k in zip(rows, keep) if k]
+            origins = [origin for origin, k in zip(origins, keep) if k]
             self.num_dropped_too_long = len(rows) - len(kept)
             if self.num_dropped_too_long:
                 logger.warning(
@@ -114,6 +118,7 @@ class PromptDataset(Sequence[PromptRow]):
                 )
             rows = kept
         self._rows = rows
+        self._origins = origins
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -131,6 +136,10 @@ class PromptDataset(Sequence[PromptRow]):
         """Each source by content (a file's bytes, hashed now; a loaded dataset's rows), for the
         checkpoint fingerprint: moving a file keeps its digest, editing it does not."""
         return [self._loaded_digests.get(file) or file_digest(file) for file in self.files]
+
+    def origin(self, index: int) -> tuple[str, int]:
+        """(source, 0-based row index in it) of row ``index``, for messages about that row."""
+        return self._origins[index]
 
     def data_sources(self) -> list[str]:
         """Distinct ``data_source`` values, in order of first appearance."""

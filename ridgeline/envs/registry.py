@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any, Callable, TypeVar, overload
 
 from .base import Env
+from .skyrl_gym_env import INSTALL_HINT, SkyRLGymEnv, skyrl_gym_source
 
 __all__ = ["register", "make", "registered_envs", "load_env_module", "EnvFactory", "UnknownEnvError"]
 
@@ -100,26 +101,44 @@ def registered_envs() -> list[str]:
 
 def make(name: str, env_config: dict[str, Any] | None = None, extras: dict[str, Any] | None = None,
          **settings: Any) -> Env:
-    """Build the env registered as ``name`` for one rollout.
+    """Build the env named ``name`` for one rollout.
 
     ``env_config`` holds the env's settings (``environment.skyrl_gym.<name>``); they reach the
-    constructor as keyword arguments, together with any given as ``**settings``. A name of the
-    form ``my_pkg.my_module:MyEnv`` imports that class (or factory) without registering it.
+    constructor as keyword arguments, together with any given as ``**settings``. Names resolve as
+    :func:`ridgeline.envs.skyrl_gym_env.skyrl_gym_source` says: ``skyrl_gym:<id>`` and names only
+    skyrl-gym knows build skyrl-gym's env (wrapped as a :class:`SkyRLGymEnv`), a name user code
+    registered with ``skyrl_gym.register`` wins over a Ridgeline built-in, and the rest come from
+    Ridgeline's registry. A name of the form ``my_pkg.my_module:MyEnv`` imports that class (or
+    factory) without registering it.
     """
     settings = {**dict(env_config or {}), **settings}
-    try:
-        factory = _REGISTRY[name] if name in _REGISTRY or ":" not in name else _import_factory(name)
-    except KeyError:
+    factory = _REGISTRY.get(name)
+    gym_id = skyrl_gym_source(name, in_ridgeline=factory is not None,
+                              ridgeline_builtin=factory is not None and _is_builtin(factory))
+    if gym_id is not None:
+        return SkyRLGymEnv(gym_id, extras, **settings)
+    if factory is None and ":" in name:
+        factory = _import_factory(name)
+    if factory is None:
         known = ", ".join(registered_envs()) or "(none)"
+        gym = sys.modules.get("skyrl_gym")
+        gym_known = ("; skyrl-gym envs: " + ", ".join(sorted(gym.registry)) if gym is not None
+                     else f"; skyrl-gym is not installed (for its envs: {INSTALL_HINT})"
+                     if importlib.util.find_spec("skyrl_gym") is None else "")
         raise UnknownEnvError(
-            f"unknown env {name!r}; registered envs: {known}. "
-            "Custom envs must be registered with ridgeline.envs.register, in a module "
-            "loaded via load_env_module."
-        ) from None
+            f"unknown env {name!r}; registered envs: {known}{gym_known}. "
+            "Custom envs must be registered with ridgeline.envs.register or skyrl_gym.register, in a "
+            "module listed in environment.env_modules."
+        )
     env = factory(extras=extras, **settings)
     if not isinstance(env, Env):
         raise TypeError(f"env factory for {name!r} returned {type(env).__name__}, not a ridgeline.envs.Env")
     return env
+
+
+def _is_builtin(factory: EnvFactory) -> bool:
+    """Registered by Ridgeline itself (its gsm8k, text2sql, ...), not by user code."""
+    return str(_identity(factory)[0] or "").startswith("ridgeline.")
 
 
 def _import_factory(path: str) -> EnvFactory:
@@ -130,6 +149,10 @@ def _import_factory(path: str) -> EnvFactory:
         raise UnknownEnvError(f"env {path!r} could not be imported ({type(exc).__name__}: {exc})") from None
     if not callable(factory):
         raise UnknownEnvError(f"env {path!r} names a {type(factory).__name__}, not an Env class or factory")
+    gym = sys.modules.get("skyrl_gym")
+    if gym is not None and isinstance(factory, type) and issubclass(factory, gym.Env):
+        raise UnknownEnvError(f"env {path!r} is a skyrl-gym env: register it with skyrl_gym.register(id=..., "
+                              "entry_point=...) in a module of environment.env_modules and name its id")
     return factory
 
 

@@ -172,11 +172,9 @@ class Generator:
         trajectories = []
         encoded: dict[str, list[int]] = {}   # a GRPO group's samples share one prompt: template it once
         for env_class, extras, prompt in zip(inp.env_classes, inp.env_extras, inp.prompts):
-            settings = dict(self.env_settings.get(env_class, {}))
-            settings.setdefault("max_turns", self.max_turns)
             env, messages, failed = None, prompt, False
             try:
-                env = envs.make(env_class, env_config=settings, extras=extras)
+                env = build_env(env_class, extras, self.env_settings, self.max_turns)
                 messages, _ = env.init(prompt)
             except Exception as exc:
                 failed = True
@@ -359,6 +357,15 @@ def environment_metrics(episodes: dict[str, list[dict[str, float]]]) -> dict[str
     return metrics
 
 
+def build_env(env_class: str, extras: dict[str, Any], env_settings: dict[str, dict[str, Any]],
+              max_turns: int) -> envs.Env:
+    """The env of one row, as the generator builds it: settings from `environment.skyrl_gym.<name>`
+    (`<id>` for `skyrl_gym:<id>`), `max_turns` defaulting to `generator.max_turns`."""
+    settings = dict(env_settings.get(env_class.removeprefix(envs.SKYRL_GYM_PREFIX), {}))
+    settings.setdefault("max_turns", max_turns)
+    return envs.make(env_class, env_config=settings, extras=extras)
+
+
 def _bound_step(env: envs.Env | None, text: str):
     def call() -> envs.StepOutput | EnvCallFailure:
         if env is None:
@@ -374,4 +381,4 @@ def _finite(value: Any) -> bool:
         return False
 
 
-__all__ = ["Generator", "SingleTurnGenerator", "Trajectory", "environment_metrics"]
+__all__ = ["Generator", "build_env", "SingleTurnGenerator", "Trajectory", "environment_metrics"]

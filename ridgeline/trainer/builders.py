@@ -5,17 +5,19 @@ critic, the generator, and generator inputs. The policy and reference workers' b
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from ridgeline import envs
-from ridgeline.data import (PromptRow, prepare_arithmetic, prepare_code, prepare_gsm8k, prepare_multiply,
+from ridgeline.data import (PromptDataset, PromptRow, prepare_arithmetic, prepare_code, prepare_gsm8k, prepare_multiply,
                             prepare_text2sql)
 from ridgeline.data.sources import is_data_file
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
 from ridgeline.generation.env_steps import EnvRunner
-from ridgeline.generation.generator import Generator
+from ridgeline.generation.generator import Generator, build_env
 from ridgeline.generation.truncation import TruncationPolicy
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
@@ -24,7 +26,7 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype)
 
-__all__ = ["PREPARERS", "build_critic", "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
+__all__ = ["PREPARERS", "EnvironmentCheckError", "build_critic", "check_environments", "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
            "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
            "policy_spec", "policy_train_config", "prepare_data_if_missing", "seed_everything",
            "training_autocast_dtype", "truncation_policy"]
@@ -61,6 +63,49 @@ def load_environments(env_cfg: DictConfig) -> str | None:
     envs.register("reward_fn", reward_fn_env(load_reward_fn(env_cfg.reward_fn)), overwrite=True)
     log.info("environment.reward_fn=%s scores every prompt (rows' env_class is ignored)", env_cfg.reward_fn)
     return "reward_fn"
+
+
+class EnvironmentCheckError(ValueError):
+    """A dataset row's environment cannot be built or started (raised before any training step)."""
+
+
+def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], env_override: str | None) -> None:
+    """Build and `init` (then close) the environment of the rows, as the generator will, before
+    any model loads: an env_class unknown to Ridgeline and to skyrl-gym, an env whose constructor
+    fails, or a row missing what its env reads stops the run here, naming the env, the file and the
+    row, instead of a run of zero rewards with every trajectory in `generate/env_errors`.
+
+    One build per distinct (env_class, shape of the row's extras: keys and value types, nested):
+    rows of one shape carry the same fields, so a large dataset costs a handful of builds.
+    `datasets`: config key (`data.train_data`) -> its rows.
+    """
+    env_settings = OmegaConf.to_container(cfg.environment.skyrl_gym, resolve=True)
+    seen: set[tuple[str, object]] = set()
+    for key, data in datasets.items():
+        for i, row in enumerate(data):
+            env_class = env_override or row.env_class
+            shape = (env_class, _shape(row.extras))
+            if shape in seen:
+                continue
+            seen.add(shape)
+            try:
+                env = build_env(env_class, row.extras, env_settings, int(cfg.generator.max_turns))
+                try:
+                    env.init(row.prompt)
+                finally:
+                    env.close()
+            except Exception as exc:
+                file, index = data.origin(i)
+                raise EnvironmentCheckError(
+                    f"{key}: {file} row {index}: environment {env_class!r} could not be built and started "
+                    f"({type(exc).__name__}: {exc}); fix the row or the env before training") from exc
+
+
+def _shape(value: Any) -> object:
+    """A row's structure without its values: nested keys and value types."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _shape(v)) for k, v in value.items()))
+    return type(value).__name__
 
 
 def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Generator:

@@ -50,7 +50,7 @@ from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_tracke
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
-                                        generator_input, load_environments, policy_spec,
+                                        check_environments, generator_input, load_environments, policy_spec,
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype,
                                         truncation_policy)
 from ridgeline.trainer.dynamic_sampling import filter_rollout, first_groups, num_groups, replace_rollout
@@ -129,6 +129,10 @@ class Trainer:
         if len(train_data) < t.train_batch_size:
             raise ValueError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
                              f"trainer.train_batch_size={t.train_batch_size}")
+        # environments before any model loads: a row whose env cannot be built stops the run here
+        env_override = load_environments(cfg.environment)
+        check_environments(cfg, {"data.train_data": train_data, **({"data.val_data": val_data} if val_data else {})},
+                           env_override)
         fingerprint = checkpoint.run_fingerprint(cfg, train_data)
         resume_from = checkpoint.find_resume_checkpoint(cfg)
         if resume_from is not None:
@@ -169,7 +173,6 @@ class Trainer:
                 kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
                                                    alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
                 reward_std=RunningRewardStd() if workers.critic is not None and alg.normalize_reward else None))
-            env_override = load_environments(cfg.environment)
             generator = build_generator(cfg, engine, tokenizer)
             loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
             log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s; memory allocator %s)",

@@ -1,0 +1,211 @@
+"""skyrl-gym envs run unchanged: a user's BaseTextEnv registered with skyrl_gym.register trains
+through the real trainer, skyrl-gym's own multi-turn env runs through the generator token for token
+as Ridgeline's twin, the name rules, and rows whose env cannot be built stop the run before any
+model loads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import textwrap
+
+import pytest
+
+skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install 'ridgeline[skyrl-gym]')")
+
+from ridgeline import envs  # noqa: E402
+from ridgeline.config import load_config  # noqa: E402
+from ridgeline.generation.env_steps import EnvRunner  # noqa: E402
+from ridgeline.generation.generator import Generator  # noqa: E402
+from ridgeline.generation.types import GeneratorInput, TrajectoryID  # noqa: E402
+from ridgeline.inference.hf_engine import HFEngine  # noqa: E402
+from ridgeline.inference.types import SamplingParams  # noqa: E402
+from ridgeline.tracking.trackers import read_metrics  # noqa: E402
+from ridgeline.trainer.builders import EnvironmentCheckError  # noqa: E402
+
+# A user env exactly as SkyRL's docs write one: BaseTextEnv, BaseTextEnvStepOutput, skyrl_gym.register.
+USER_ENV = textwrap.dedent('''
+    from typing import Any, Dict
+
+    from omegaconf import DictConfig
+    from skyrl_gym.envs import register
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+
+    class DigitsEnv(BaseTextEnv):
+        """1.0 for the ground truth in the answer, `partial` for any digit, else 0; two turns."""
+
+        def __init__(self, env_config: DictConfig, extras: Dict[str, Any] = {}):
+            super().__init__()
+            assert "reward_spec" in extras, "reward_spec field is required"
+            assert "ground_truth" in extras["reward_spec"], "ground_truth is required in reward_spec field"
+            self.ground_truth = str(extras["reward_spec"]["ground_truth"])
+            self.max_turns = extras["max_turns"]
+            self.partial = env_config.get("partial", 0.5)
+
+        def step(self, action: str) -> BaseTextEnvStepOutput:
+            self.turns += 1
+            if self.ground_truth in action:
+                reward = 1.0
+            else:
+                reward = self.partial if any(c.isdigit() for c in action) else 0.0
+            done = self.turns >= self.max_turns or reward == 1.0
+            observations = [] if done else [{"role": "user", "content": "again"}]
+            return BaseTextEnvStepOutput(observations=observations, reward=reward, done=done, metadata={})
+
+        def get_metrics(self) -> Dict[str, Any]:
+            return {"digit_turns": self.turns, "solved": False}
+
+
+    class BrokenEnv(BaseTextEnv):
+        def __init__(self, env_config: DictConfig, extras: Dict[str, Any] = {}):
+            super().__init__()
+            raise ConnectionError("cannot reach the task server")
+
+        def step(self, action: str) -> BaseTextEnvStepOutput:
+            return BaseTextEnvStepOutput(observations=[], reward=1.0, done=True, metadata={})
+
+
+    register(id="{digits}", entry_point=DigitsEnv)
+    register(id="{broken}", entry_point=BrokenEnv)
+''')
+
+
+@pytest.fixture()
+def user_env(tmp_path, request):
+    """A module registering `<test>_digits` and `<test>_broken` in skyrl-gym; deregistered after."""
+    stem = request.node.name.replace("[", "_").replace("]", "_").replace("-", "_")
+    ids = {"digits": f"{stem}_digits", "broken": f"{stem}_broken"}
+    path = tmp_path / f"{stem}_envs.py"
+    path.write_text(USER_ENV.replace("{digits}", ids["digits"]).replace("{broken}", ids["broken"]))
+    yield path, ids
+    for env_id in ids.values():
+        skyrl_gym.registry.pop(env_id, None)
+
+
+def _rows(path, env_class, n=32, drop_ground_truth_at=None):
+    with path.open("w") as f:
+        for i in range(n):
+            a, b = i % 5, (i * 3) % 5
+            spec = {"method": "rule"} if i == drop_ground_truth_at else {"method": "rule", "ground_truth": str(a + b)}
+            f.write(json.dumps({"data_source": "sums", "env_class": env_class, "reward_spec": spec, "extra_info": {},
+                                "prompt": [{"role": "user", "content": f"{a} + {b} ="}]}) + "\n")
+    return path
+
+
+def _tiny(tmp_path, data, module, *extra):
+    return load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                        f"data.train_data=[{data}]", "data.val_data=[]", f"environment.env_modules=[{module}]",
+                        "trainer.eval_before_train=false", "generator.max_turns=2", *extra])
+
+
+def test_a_users_skyrl_gym_env_trains_through_the_real_trainer(tmp_path, user_env):
+    from ridgeline.entrypoints.run import run_training
+
+    module, ids = user_env
+    data = _rows(tmp_path / "train.jsonl", ids["digits"])
+    cfg = _tiny(tmp_path, data, module, f"+environment.skyrl_gym.{ids['digits']}.partial=0.25",
+                "generator.sampling_params.temperature=1.0")
+    summary = run_training(cfg)
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    for step in steps:
+        assert step["generate/env_errors"] == 0
+        assert step["reward/avg_raw_reward"] > 0            # digits earn 0.25, right sums 1.0 (per turn)
+        assert 1.0 <= step["environment/digit_turns"] <= 2.0  # get_metrics, averaged over the episodes
+        assert step["environment/solved"] == 0.0             # a bool counts as 0/1, as skyrl-gym aggregates
+
+
+def _mt_input(env_class, n=4):
+    return GeneratorInput(prompts=[[{"role": "user", "content": "What is 3 + 4?"}]] * n, env_classes=[env_class] * n,
+                          env_extras=[{"data_source": "t", "reward_spec": {"method": "rule", "ground_truth": "7"},
+                                       "extra_info": {}}] * n,
+                          trajectory_ids=[TrajectoryID("u", i) for i in range(n)],
+                          sampling_params=SamplingParams(max_generate_length=4, temperature=1.0))
+
+
+@pytest.mark.parametrize("conversation", [True, False])
+def test_skyrl_gyms_own_multi_turn_env_runs_token_for_token_as_ridgelines_twin(tiny_model, tiny_tokenizer,
+                                                                                 conversation):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    gen = Generator(engine, tiny_tokenizer, max_turns=3, conversation_mode=conversation,
+                    runner=EnvRunner(max_workers=0))
+    theirs = gen.generate(_mt_input("skyrl_gym:gsm8k_multi_turn"), seed=3)
+    ours = gen.generate(_mt_input("gsm8k_multi_turn"), seed=3)
+    # four sampled characters cannot hold "#### 7": every episode takes all three turns
+    assert theirs.metrics["generate/avg_turns"] == 3.0 and theirs.metrics["generate/env_errors"] == 0
+    assert theirs.metrics["environment/steps"] == 3.0     # skyrl-gym's get_metrics
+    assert all(0 in mask for mask in theirs.loss_masks)   # its observations are in the sequence, masked
+    assert all(isinstance(r, list) for r in theirs.rewards)
+    assert theirs.response_ids == ours.response_ids
+    assert theirs.loss_masks == ours.loss_masks
+    assert theirs.rewards == ours.rewards
+
+
+class _UserRidgelineEnv(envs.SingleTurnEnv):
+    def score(self, action: str) -> float:
+        return 1.0
+
+
+def test_name_resolution_and_shadowing(tmp_path, caplog):
+    extras = {"reward_spec": {"method": "rule", "ground_truth": "7"}, "extra_info": {}}
+    # skyrl-gym's own gsm8k does not shadow Ridgeline's (they score the same); asked for, it runs
+    assert not isinstance(envs.make("gsm8k", extras=extras), envs.SkyRLGymEnv)
+    explicit = envs.make("skyrl_gym:gsm8k", extras=extras)
+    assert isinstance(explicit, envs.SkyRLGymEnv) and type(explicit.inner).__name__ == "GSM8kEnv"
+    assert explicit.step("#### 7").reward == 1.0
+    # skyrl-gym-only built-ins resolve without a prefix
+    assert isinstance(envs.make("aime", extras={"reward_model": {"ground_truth": "7"}}), envs.SkyRLGymEnv)
+
+    # a user's skyrl_gym.register of a Ridgeline built-in's name wins, with one log line
+    module = tmp_path / "shadow_envs.py"
+    module.write_text(USER_ENV.replace("{digits}", "arithmetic").replace("{broken}", "shadow_broken"))
+    try:
+        envs.load_env_module(module)
+        with caplog.at_level(logging.INFO, logger="ridgeline.envs.skyrl_gym_env"):
+            env = envs.make("arithmetic", extras={**extras, "reward_spec": {"ground_truth": "7"}})
+            envs.make("arithmetic", extras=extras)
+        assert isinstance(env, envs.SkyRLGymEnv) and type(env.inner).__name__ == "DigitsEnv"
+        assert [r.message for r in caplog.records].count(
+            "env_class 'arithmetic': the skyrl_gym.register-ed "
+            f"{skyrl_gym.registry['arithmetic'].entry_point!r} is used, not Ridgeline's built-in 'arithmetic'") == 1
+
+        # user code registering one name in both registries is refused
+        envs.register("shadow_broken", _UserRidgelineEnv, overwrite=True)
+        with pytest.raises(ValueError, match="'shadow_broken' is registered twice by user code"):
+            envs.make("shadow_broken", extras=extras)
+    finally:
+        skyrl_gym.registry.pop("arithmetic", None)
+        skyrl_gym.registry.pop("shadow_broken", None)
+    assert not isinstance(envs.make("arithmetic", extras=extras), envs.SkyRLGymEnv)
+
+
+def test_without_skyrl_gym_the_message_names_the_env_and_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "skyrl_gym", None)  # import skyrl_gym now fails
+    with pytest.raises(envs.SkyRLGymNotInstalled,
+                       match=r"env_class 'skyrl_gym:gsm8k' is a skyrl-gym env.*pip install 'ridgeline\[skyrl-gym\]'"):
+        envs.make("skyrl_gym:gsm8k", extras={})
+    with pytest.raises(envs.UnknownEnvError, match=r"unknown env 'search'.*pip install 'ridgeline\[skyrl-gym\]'"):
+        envs.make("search", extras={})
+    # Ridgeline's own envs need no skyrl-gym
+    assert envs.make("gsm8k", extras={"reward_spec": {"ground_truth": "7"}}).step("#### 7").reward == 1.0
+
+
+@pytest.mark.parametrize("case", ["unknown", "failing_constructor", "missing_field"])
+def test_rows_whose_env_cannot_be_built_stop_the_run_before_any_model_loads(tmp_path, user_env, monkeypatch, case):
+    from ridgeline.trainer import trainer as trainer_module
+
+    module, ids = user_env
+    env_class = {"unknown": "no_such_env", "failing_constructor": ids["broken"], "missing_field": ids["digits"]}[case]
+    data = _rows(tmp_path / "train.jsonl", env_class, drop_ground_truth_at=5 if case == "missing_field" else None)
+    loaded = []
+    monkeypatch.setattr(trainer_module, "build_policy_worker", lambda *a, **k: loaded.append(1))
+    with pytest.raises(EnvironmentCheckError) as info:
+        trainer_module.Trainer.from_config(_tiny(tmp_path, data, module))
+    message = str(info.value)
+    row = 5 if case == "missing_field" else 0
+    assert message.startswith(f"data.train_data: {data} row {row}: environment {env_class!r} could not be built")
+    assert {"unknown": "unknown env 'no_such_env'", "failing_constructor": "cannot reach the task server",
+            "missing_field": "ground_truth is required in reward_spec field"}[case] in message
+    assert loaded == []  # no model was built, so no step ran
