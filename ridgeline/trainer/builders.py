@@ -79,7 +79,7 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
     rows of one shape carry the same fields, so a large dataset costs a handful of builds.
     `datasets`: config key (`data.train_data`) -> its rows.
     """
-    env_settings = OmegaConf.to_container(cfg.environment.skyrl_gym, resolve=True)
+    env_settings = per_env_settings(cfg)
     seen: set[tuple[str, object]] = set()
     for key, data in datasets.items():
         for i, row in enumerate(data):
@@ -108,17 +108,22 @@ def _shape(value: Any) -> object:
     return type(value).__name__
 
 
+def per_env_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """`environment.skyrl_gym` by env name, without `max_env_workers` (SkyRL keeps it beside them)."""
+    settings = OmegaConf.to_container(cfg.environment.skyrl_gym, resolve=True)
+    settings.pop("max_env_workers", None)
+    return settings
+
+
 def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Generator:
     """The agent loop over `engine`, from `generator.*` and `environment.*`."""
     g, env = cfg.generator, cfg.environment
-    settings = OmegaConf.to_container(env.skyrl_gym, resolve=True)
-    workers = settings.pop("max_env_workers")  # SkyRL keeps it beside the per-env settings
     return Generator(
         engine, tokenizer,
-        env_settings=settings,
+        env_settings=per_env_settings(cfg),
         max_turns=g.max_turns, max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
         append_eos_after_stop_str=g.append_eos_token_after_stop_str_in_multi_turn,
-        runner=EnvRunner(workers, env.step_timeout_s))
+        runner=EnvRunner(int(env.skyrl_gym.max_env_workers), env.step_timeout_s))
 
 
 def generator_input(rows: list[PromptRow], n: int, params: SamplingParams, *, uid_prefix: str, mode: str,
