@@ -51,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
         return 2
     from ridgeline.data import DatasetError
+    from ridgeline.trainer.builders import EnvironmentCheckError
     from ridgeline.trainer.checkpoint import CheckpointError
     try:
         run_training(cfg)
-    except (CheckpointError, DatasetError) as err:  # what the user fixes: one message, no traceback
+    except (CheckpointError, DatasetError, EnvironmentCheckError) as err:  # what the user fixes: one message
         print(f"ridgeline: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:

@@ -347,3 +347,21 @@ def test_eval_scores_a_training_checkpoint(tmp_path):
     report = evaluate_model(load_config(overrides), checkpoint=ckpt_root, output=tmp_path / "eval")
     assert (tmp_path / "eval" / AGGREGATED_FILE).exists()
     assert "eval/all/pass_at_1" in report.metrics
+
+
+def test_eval_checks_every_rows_environment_before_scoring(tmp_path):
+    """An env class unknown to Ridgeline and to skyrl-gym stops `ridgeline eval` before any sample
+    is generated, naming the file and the row (not a table of zero rewards)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ridgeline.config import load_config
+    from ridgeline.trainer.builders import EnvironmentCheckError
+
+    data = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"data_source": "x", "prompt": [{"role": "user", "content": "1+1?"}],
+                                          "env_class": "no_such_env",
+                                          "reward_spec": {"method": "rule", "ground_truth": "2"}}]), data)
+    with pytest.raises(EnvironmentCheckError, match=rf"{data} row 0: environment 'no_such_env' could not be built"):
+        eval_cli.evaluate_model(load_config(tiny(tmp_path, f"data.val_data=[{data}]")), output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -101,8 +101,10 @@ def test_cli_refuses_bad_config_before_loading_anything(tmp_path):
 
 
 def test_main_base_entrypoint_runs_the_same_app(tmp_path):
+    # a SkyRL-style override on the way: the free-form per-env key without '+' (the loader's rule)
     proc = subprocess.run([sys.executable, "-m", "ridgeline.entrypoints.main_base", *tiny_overrides(tmp_path),
-                           "data.prepare.num_train=16", "generator.eval_sampling_params.max_generate_length=2"],
+                           "data.prepare.num_train=16", "generator.eval_sampling_params.max_generate_length=2",
+                           "trainer.resume_mode=null", "environment.skyrl_gym.arithmetic.format_score=0.5"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out pass@1" in proc.stdout

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ridgeline.data import PromptRow
+    from ridgeline.data import PromptDataset, PromptRow
 
 log = logging.getLogger("ridgeline.eval")
 
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from ridgeline.config import ConfigError, load_config
     from ridgeline.data import DatasetError
     from ridgeline.entrypoints.run import setup_logging
+    from ridgeline.trainer.builders import EnvironmentCheckError
 
     args = _options_among_overrides(args)
     try:
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         report = evaluate_model(cfg, checkpoint=args.checkpoint, output=args.output)
-    except (DatasetError, FileNotFoundError, CheckpointArgumentError) as err:
+    except (DatasetError, FileNotFoundError, CheckpointArgumentError, EnvironmentCheckError) as err:
         # what a user can fix (a missing file, a wrong folder) without a traceback
         print(f"ridgeline eval: {err}", file=sys.stderr)
         return 1
@@ -142,8 +143,9 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
 
     from ridgeline.inference.hf_engine import HFEngine
     from ridgeline.tracking.dumps import eval_dump_folder
-    from ridgeline.trainer.builders import (build_generator, load_environments, prepare_data_if_missing,
-                                            seed_everything)
+    from ridgeline.models.device import resolve_device
+    from ridgeline.trainer.builders import (build_generator, check_environments, load_environments,
+                                            prepare_data_if_missing, seed_everything)
     from ridgeline.trainer.evaluation import run_eval
 
     t, g = cfg.trainer, cfg.generator
@@ -152,15 +154,19 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a copy; the caller's stays as it is
     if g.run_engines_locally and g.backend == "hf":
         tokenizer, model = load_policy(cfg, checkpoint)
-        engine = HFEngine(model, tokenizer, dtype=next(model.parameters()).dtype, max_num_seqs=g.max_num_seqs)
+        engine = HFEngine(model, tokenizer, dtype=next(model.parameters()).dtype, max_num_seqs=g.max_num_seqs,
+                          device=resolve_device(t.device))
         del model  # the engine holds its own copy
     else:  # vLLM / SGLang load a model folder themselves; remote servers serve what they hold
         from ridgeline.inference.build import build_engine
 
         engine = build_engine(cfg, tokenizer := engine_tokenizer(cfg, checkpoint))
     prepare_data_if_missing(cfg.data)
-    labelled = labelled_rows(cfg, tokenizer)
+    datasets = val_datasets(cfg, tokenizer)
     env_override = load_environments(cfg.environment)
+    # every row's env builds and starts before any sample is generated (as before training)
+    check_environments(cfg, {f"data.val_data ({file})": data for file, data in datasets.items()}, env_override)
+    labelled = labelled_rows(datasets)
     generator = build_generator(cfg, engine, tokenizer)
 
     metrics, acc = run_eval(generator, labelled, cfg, env_override=env_override)
@@ -275,9 +281,8 @@ def _training_checkpoint_policy(folder: Path) -> Path:
     return folder
 
 
-def labelled_rows(cfg: DictConfig, tokenizer) -> list[tuple[str, PromptRow]]:
-    """Every usable row of `data.val_data`, in file order, with the name it is reported under:
-    its data_source, or `<data_source>/<file stem>` when that source is in several files."""
+def val_datasets(cfg: DictConfig, tokenizer) -> dict[str, PromptDataset]:
+    """Each entry of `data.val_data` (file or dataset name) -> its usable rows."""
     from ridgeline.data import PromptDataset
 
     t = cfg.trainer
@@ -285,14 +290,19 @@ def labelled_rows(cfg: DictConfig, tokenizer) -> list[tuple[str, PromptRow]]:
     if not files:
         raise FileNotFoundError("data.val_data is empty: name the dataset files to score, "
                                 "e.g. data.val_data=[data/validation.parquet]")
-    datasets = [PromptDataset([f], default_env_class=cfg.environment.env_class, max_prompt_tokens=t.max_prompt_length,
-                              tokenizer=tokenizer, config_key="data.val_data") for f in files]
+    return {f: PromptDataset([f], default_env_class=cfg.environment.env_class, max_prompt_tokens=t.max_prompt_length,
+                             tokenizer=tokenizer, config_key="data.val_data") for f in files}
+
+
+def labelled_rows(datasets: dict[str, PromptDataset]) -> list[tuple[str, PromptRow]]:
+    """Every row of the datasets, in file order, with the name it is reported under: its
+    data_source, or `<data_source>/<file stem>` when that source is in several files."""
     files_of: dict[str, set[str]] = {}
-    for file, data in zip(files, datasets):
+    for file, data in datasets.items():
         for source in data.data_sources():
             files_of.setdefault(source, set()).add(file)
     return [(row.data_source if len(files_of[row.data_source]) == 1 else f"{row.data_source}/{Path(file).stem}", row)
-            for file, data in zip(files, datasets) for row in data]
+            for file, data in datasets.items() for row in data]
 
 
 # ------------------------------------------------------------------------------------ table

@@ -1,6 +1,9 @@
-"""`python -m ridgeline.entrypoints.main_base [overrides]`: the Hydra app (SkyRL's entry point name).
+"""`python -m ridgeline.entrypoints.main_base [overrides]`: SkyRL's entry point name.
 
-Takes the same overrides as `ridgeline train`, plus Hydra's own flags (`--cfg job`, `--help`)."""
+Overrides go through the same loader as `ridgeline train` (`ridgeline.config.load_config`), so a
+SkyRL script's command line is read the same way by both: `trainer.resume_mode=null`, free-form
+per-env keys without '+', Megatron settings named once. Hydra's own flags (`--cfg job`, `--help`,
+...) run the Hydra app below instead."""
 
 from __future__ import annotations
 
@@ -28,4 +31,8 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     from ridgeline.allocator import reexec_with_tcmalloc
     reexec_with_tcmalloc()
-    main()
+    if any(arg.startswith("-") for arg in sys.argv[1:]):
+        main()  # Hydra's flags
+    else:
+        from ridgeline import cli
+        sys.exit(cli.main(["train", *sys.argv[1:]]))
