@@ -290,6 +290,23 @@ def test_warmup_per_model_as_skyrl_0_3_1_sets_it():
     assert "trainer.critic.optimizer_config.scheduler=cosine is not supported yet: only constant_with_warmup" in str(err)
 
 
+def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
+    """SkyRL's typed config moved the engine keys under generator.inference_engine and renamed
+    use_sample_packing: read as the 0.3.1 keys, one log line each."""
+    with caplog.at_level("INFO", logger="ridgeline.config.loader"):
+        cfg = load_config(RUNNABLE + ["generator.inference_engine.num_engines=2",
+                                      "generator.inference_engine.tensor_parallel_size=1",
+                                      "generator.inference_engine.engine_init_kwargs.attn_implementation=eager",
+                                      "trainer.remove_microbatch_padding=false"])
+    assert cfg.generator.num_inference_engines == 2 and cfg.trainer.use_sample_packing is False
+    assert cfg.generator.engine_init_kwargs.attn_implementation == "eager"
+    assert ("generator.inference_engine.num_engines is a later SkyRL release's name for "
+            "generator.num_inference_engines") in caplog.text
+    # a later key with no counterpart here stays unknown, without a misleading suggestion
+    err = _error(RUNNABLE + ["generator.inference_engine.pipeline_parallel_size=2"])
+    assert "did you mean" not in str(err)
+
+
 def test_features_not_built_are_named_before_other_problems():
     """One sentence each for what this build does not have (Megatron, sequence parallelism), listed
     before the unrelated problems, whose messages may follow from them."""

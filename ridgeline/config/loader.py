@@ -7,11 +7,13 @@ with the preset and overrides, drops Hydra's own node, and validates the result.
 from __future__ import annotations
 
 import difflib
+import logging
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ridgeline.config.support import renamed_key
 from ridgeline.config.validate import (
     FREE_FORM,
     UNBUILT_STRATEGY_SECTIONS,
@@ -28,6 +30,8 @@ from ridgeline.config.validate import (
 __all__ = [
     "CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments", "base_config",
 ]
+
+log = logging.getLogger(__name__)
 
 CONFIG_DIR: Path = Path(__file__).resolve().parent
 CONFIG_NAME = "ppo_base_config"
@@ -125,6 +129,12 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
                 "special characters, e.g. 'trainer.run_name=\"my run\"'.")
             continue
         key = ov.key_or_group
+        renamed = renamed_key(key)
+        if renamed is not None:
+            log.info("%s is a later SkyRL release's name for %s: read as %s", key, renamed, renamed)
+            text = text.replace(key, renamed, 1)
+            ov = parser.parse_override(text)
+            key = renamed
         if key == EXPERIMENT_GROUP or key.startswith("hydra") or ov.package is not None:
             if key == EXPERIMENT_GROUP and not (ov.is_add() or ov.is_force_add()):
                 problems.append(

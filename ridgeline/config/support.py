@@ -95,6 +95,38 @@ KNOWN_POLICY_LOSSES: tuple[str, ...] = (
     "regular", "dual_clip", "gspo", "cispo", "clip_cov", "kl_cov", "sapo",
 )
 
+# Later SkyRL-Train releases' names (their typed config, `generator.inference_engine.*`, ...) -> the
+# 0.3.1 key here: accepted with a one-line notice. A prefix entry (ending in ".") maps the keys below it.
+RENAMED_KEYS: dict[str, str] = {
+    "generator.inference_engine.model_dtype": "generator.model_dtype",
+    "generator.inference_engine.run_engines_locally": "generator.run_engines_locally",
+    "generator.inference_engine.num_engines": "generator.num_inference_engines",
+    "generator.inference_engine.backend": "generator.backend",
+    "generator.inference_engine.weight_sync_backend": "generator.weight_sync_backend",
+    "generator.inference_engine.weight_transfer_threshold_cuda_ipc_GB": "generator.weight_transfer_threshold_cuda_ipc_GB",
+    "generator.inference_engine.tensor_parallel_size": "generator.inference_engine_tensor_parallel_size",
+    "generator.inference_engine.enable_prefix_caching": "generator.enable_prefix_caching",
+    "generator.inference_engine.enable_chunked_prefill": "generator.enable_chunked_prefill",
+    "generator.inference_engine.max_num_batched_tokens": "generator.max_num_batched_tokens",
+    "generator.inference_engine.enforce_eager": "generator.enforce_eager",
+    "generator.inference_engine.gpu_memory_utilization": "generator.gpu_memory_utilization",
+    "generator.inference_engine.max_num_seqs": "generator.max_num_seqs",
+    "generator.inference_engine.external_server_urls": "generator.remote_inference_engine_urls",
+    "generator.inference_engine.engine_init_kwargs.": "generator.engine_init_kwargs.",
+    "trainer.remove_microbatch_padding": "trainer.use_sample_packing",
+}
+
+
+def renamed_key(key: str) -> str | None:
+    """The 0.3.1 key a later SkyRL release's `key` names, or None."""
+    if key in RENAMED_KEYS:
+        return RENAMED_KEYS[key]
+    for old, new in RENAMED_KEYS.items():
+        if old.endswith(".") and key.startswith(old):
+            return new + key[len(old):]
+    return None
+
+
 # datasets `data.prepare.dataset` can name
 PREPARE_DATASETS: set[str] = {"arithmetic", "code", "gsm8k", "multiply", "text2sql"}
 
