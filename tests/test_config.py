@@ -162,6 +162,9 @@ REFERENCE_DEFAULTS: list[tuple[str, object]] = [
     ("generator.sampling_params.min_p", 0.0),
     ("generator.sampling_params.top_k", -1),
     ("generator.use_conversation_multi_turn", False),
+    ("generator.chat_template.source", "name"),          # SkyRL 0.3.1
+    ("generator.chat_template.name_or_path", None),
+    ("generator.chat_template_kwargs", {}),
     ("generator.eval_sampling_params.max_generate_length", 1024),  # follows sampling_params
     ("generator.eval_sampling_params.temperature", 1.0),
     ("generator.eval_sampling_params.top_p", 1.0),

@@ -107,3 +107,34 @@ def test_each_distinct_prompt_is_chat_templated_once_per_batch(tiny_model, tiny_
     for prompt, ids in zip(prompts, out.prompt_token_ids):
         assert ids == SingleTurnGenerator.encode_prompt(gen, prompt)
     assert out.prompt_token_ids[0] is not out.prompt_token_ids[1]
+
+
+
+def test_skyrl_chat_template_settings_shape_every_rendering(tmp_path):
+    """generator.chat_template (source=file) replaces the model's template and
+    generator.chat_template_kwargs fixes its variables, for prompts and length checks alike."""
+    from ridgeline.config import load_config
+    from ridgeline.config.validate import ConfigError
+    from ridgeline.data import encode_chat_prompt
+    from ridgeline.models.loading import configure_chat_template
+    from ridgeline.models.tiny import build_char_tokenizer
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}{% if shout %}!{% endif %}]{{ m['content'] }}"
+                        "{% endfor %}{% if add_generation_prompt %}>{% endif %}")
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "generator.chat_template.source=file",
+                       f"generator.chat_template.name_or_path={template}", "generator.chat_template_kwargs.shout=true"])
+    tok = build_char_tokenizer()
+    configure_chat_template(tok, cfg.generator)
+    ids = encode_chat_prompt(tok, [{"role": "user", "content": "hi"}])
+    assert tok.decode(ids) == "[user!]hi>"
+    # the model's own template with a variable only (ChatML ignores unknown variables)
+    tok = build_char_tokenizer()
+    configure_chat_template(tok, load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}",
+                                              "generator.chat_template_kwargs.enable_thinking=false"]).generator)
+    assert tok.decode(encode_chat_prompt(tok, [{"role": "user", "content": "hi"}])) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(ConfigError, match="names a template of SkyRL's library, which is not built here"):
+        load_config(["+experiment=tiny", "generator.chat_template.name_or_path=qwen3_without_thinking"])
+    with pytest.raises(ConfigError, match="needs the path of a Jinja template file that exists"):
+        load_config(["+experiment=tiny", "generator.chat_template.source=file"])

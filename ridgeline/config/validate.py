@@ -22,7 +22,8 @@ __all__ = ["ConfigError", "validate_config", "config_problems", "base_config", "
 BASE_CONFIG_FILE = Path(__file__).resolve().parent / "ppo_base_config.yaml"
 
 # maps whose contents are free-form: keys below them are not checked against the base config
-FREE_FORM: tuple[str, ...] = ("generator.engine_init_kwargs", "environment.skyrl_gym", "data.prepare")
+FREE_FORM: tuple[str, ...] = ("generator.engine_init_kwargs", "generator.chat_template_kwargs", "environment.skyrl_gym",
+                               "data.prepare")
 
 CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.strategy": ("fsdp2", "fsdp", "single", "deepspeed", "megatron"),
@@ -37,6 +38,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "generator.model_dtype": ("bfloat16", "float16", "float32"),
     "generator.override_existing_update_group": ("auto", "enable", "disable"),
     "generator.weight_sync_backend": ("nccl", "gloo"),
+    "generator.chat_template.source": ("name", "file"),
 }
 # sections of SkyRL's training backends that are not built here: one sentence for the whole section
 # (trainer.strategy names the backend), never an "unknown key" per setting
@@ -700,6 +702,17 @@ class _Checker:
                      f"={tbs} x generator.n_samples_per_prompt={n} = {tbs * n} samples evenly. Fix: give the "
                      "reference the policy's placement (trainer.placement.ref_* = policy_*).")
 
+    def chat_template(self) -> None:
+        source, path = self.val("generator.chat_template.source"), self.val("generator.chat_template.name_or_path")
+        key = "generator.chat_template.name_or_path"
+        if source == "file" and not (isinstance(path, str) and Path(path).is_file()):
+            self.add(key, f"{key}={_show(path)}: generator.chat_template.source=file needs the path of a Jinja "
+                          f"template file that exists. Fix: {key}=/path/to/template.jinja")
+        elif source == "name" and path is not None:
+            self.add(key, f"{key}={_show(path)} names a template of SkyRL's library, which is not built here. Fix: "
+                          "generator.chat_template.source=file with the template's file, or name_or_path=null "
+                          "for the model's own")
+
     def device(self) -> None:
         value = self.val("trainer.device")
         if not isinstance(value, str):
@@ -997,6 +1010,7 @@ class _Checker:
         self.lora()
         self.placement()
         self.device()
+        self.chat_template()
         self.engines()
         self.extensions()
         return self.problems

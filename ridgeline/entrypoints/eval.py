@@ -144,6 +144,7 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     from ridgeline.inference.hf_engine import HFEngine
     from ridgeline.tracking.dumps import eval_dump_folder
     from ridgeline.models.device import resolve_device
+    from ridgeline.models.loading import configure_chat_template
     from ridgeline.trainer.builders import (build_generator, check_environments, load_environments,
                                             prepare_data_if_missing, seed_everything)
     from ridgeline.trainer.evaluation import run_eval
@@ -161,6 +162,7 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
         from ridgeline.inference.build import build_engine
 
         engine = build_engine(cfg, tokenizer := engine_tokenizer(cfg, checkpoint))
+    configure_chat_template(tokenizer, g)
     prepare_data_if_missing(cfg.data)
     datasets = val_datasets(cfg, tokenizer)
     env_override = load_environments(cfg.environment)

@@ -32,13 +32,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from ridgeline.inference.build import build_hf_engine
     from ridgeline.inference.server import EngineService, make_http_server
-    from ridgeline.models.loading import load_tokenizer, policy_spec
+    from ridgeline.models.loading import configure_chat_template, load_tokenizer, policy_spec
     from ridgeline.training.build import seed_everything
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     seed_everything(cfg.trainer.seed)
     spec = policy_spec(cfg)
     tokenizer = load_tokenizer(spec)
+    configure_chat_template(tokenizer, cfg.generator)
     service = EngineService(build_hf_engine(cfg, tokenizer), tokenizer, spec.path)
     server = make_http_server(service, args.host, args.port, args.api_key)
     host, port = server.server_address[:2]

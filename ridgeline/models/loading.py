@@ -170,6 +170,33 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -> None:
+    """`generator.chat_template` and `generator.chat_template_kwargs` (SkyRL's keys) on the tokenizer
+    every prompt of the run is templated with (dataset length checks, the generator's prompts and
+    multi-turn observations alike; engines receive token ids). A `file` template replaces the
+    model's; the kwargs are template variables, fixed by `{%- set name = value -%}` lines ahead of
+    the template, so every `apply_chat_template` call renders with them without passing them along.
+    Checkpoints and exports save the tokenizer with this template: the model was trained on it."""
+    import json
+
+    source = generator_cfg.chat_template.source
+    path = generator_cfg.chat_template.name_or_path
+    if source == "file":
+        tokenizer.chat_template = Path(path).read_text()
+    kwargs = dict(generator_cfg.get("chat_template_kwargs") or {})
+    if kwargs:
+        header = "".join(f"{{%- set {name} = {json.dumps(_plain(value))} -%}}" for name, value in kwargs.items())
+        tokenizer.chat_template = header + tokenizer.chat_template
+        log.info("chat template variables fixed for the run (generator.chat_template_kwargs): %s", kwargs)
+
+
+def _plain(value):
+    """A config value (OmegaConf containers included) as plain JSON-able Python."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
 def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
                tokenizer: PreTrainedTokenizerBase | None = None) -> PreTrainedModel:
     if spec.path.startswith("tiny://"):

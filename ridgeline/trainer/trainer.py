@@ -40,7 +40,7 @@ from ridgeline.inference.build import build_engine
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.device import memory_metrics, resolve_device
-from ridgeline.models.loading import load_tokenizer
+from ridgeline.models.loading import configure_chat_template, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import dump_training_batch, eval_dump_folder
@@ -117,6 +117,7 @@ class Trainer:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
         tokenizer = load_tokenizer(policy_spec(cfg))
+        configure_chat_template(tokenizer, cfg.generator)
         prepare_data_if_missing(cfg.data)
         default_env = cfg.environment.env_class
         train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
