@@ -57,6 +57,11 @@ def test_colocation_counts_engines_times_tensor_parallelism():
                           use_critic=False, device="GPU")
     assert [(p.name, p.bundles) for p in plan.pools] == [("colocated", 8)]
     assert [bundle_index(plan, "engine", i) for i in range(2)] == [0, 4]
+    # on GPUs an actor asks for its share of its bundle's GPU (Ray then shows it that one GPU)
+    assert plan.actor_resources("policy") == {"num_gpus": 0.2, "num_cpus": 0.2}
+    cpu = plan_placement(_placement(colocate_all=False), num_engines=1, engine_tp=1, use_ref=False,
+                         use_critic=False, device="CPU")
+    assert cpu.actor_resources("policy") == {"num_cpus": 1.0}
     assert load_config(["trainer.placement.policy_num_gpus_per_node=8", "trainer.placement.ref_num_gpus_per_node=8",
                         "generator.num_inference_engines=2"]).generator.inference_engine_tensor_parallel_size == 4
 

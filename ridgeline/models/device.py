@@ -46,12 +46,6 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA runs asynchronously: timings need it)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def memory_metrics(device: torch.device) -> dict[str, float]:
     """`memory/peak_rss_gib` (this process's peak resident memory; Linux reports KiB) and, on
     CUDA, `memory/peak_gpu_gib` (the peak of tensors allocated since the last call, which resets

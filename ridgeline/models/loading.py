@@ -179,22 +179,17 @@ def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -
     Checkpoints and exports save the tokenizer with this template: the model was trained on it."""
     import json
 
+    from omegaconf import OmegaConf
+
     source = generator_cfg.chat_template.source
     path = generator_cfg.chat_template.name_or_path
     if source == "file":
         tokenizer.chat_template = Path(path).read_text()
-    kwargs = dict(generator_cfg.get("chat_template_kwargs") or {})
+    kwargs = OmegaConf.to_container(generator_cfg.chat_template_kwargs, resolve=True)
     if kwargs:
-        header = "".join(f"{{%- set {name} = {json.dumps(_plain(value))} -%}}" for name, value in kwargs.items())
+        header = "".join(f"{{%- set {name} = {json.dumps(value)} -%}}" for name, value in kwargs.items())
         tokenizer.chat_template = header + tokenizer.chat_template
         log.info("chat template variables fixed for the run (generator.chat_template_kwargs): %s", kwargs)
-
-
-def _plain(value):
-    """A config value (OmegaConf containers included) as plain JSON-able Python."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,

@@ -80,9 +80,9 @@ class CriticWorker(TrainedWorker):
         parts = []
         for micro in micros:
             with autocast(self.parallel.device, c.autocast_dtype):
-                parts.append(micro_values(self.model, micro, c.forward_options, self.parallel.device).float().cpu())
+                parts.append(micro_values(self.model, micro, c.forward_options, self.parallel.device).float())
         self.model.train(was_training)
-        return torch.cat(parts) * batch.response_mask
+        return torch.cat(parts).cpu() * batch.response_mask  # one copy to the host
 
     def load_weights(self, folder: Path) -> None:  # collective
         """A folder `save_weights` wrote: the backbone's Hugging Face files and the value head's."""

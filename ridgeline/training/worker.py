@@ -71,10 +71,10 @@ def batch_logprobs(model: PreTrainedModel, batch: TrainingBatch, micro_batch_siz
         for micro in micros:
             with autocast(parallel.device, autocast_dtype):
                 lp, _ = micro_logprobs(model, micro, temperature, forward_options, parallel.device)
-            parts.append(lp.float().cpu())
+            parts.append(lp.float())
     finally:
         model.train(was_training)
-    return torch.cat(parts) * batch.response_mask
+    return torch.cat(parts).cpu() * batch.response_mask  # one copy to the host, not one per micro-batch
 
 
 def state_from_folder(folder: Path, prefix: str = "", keep_prefixed: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
