@@ -308,6 +308,8 @@ def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
     # a later key with no counterpart here stays unknown, without a misleading suggestion
     err = _error(RUNNABLE + ["generator.inference_engine.pipeline_parallel_size=2"])
     assert "did you mean" not in str(err)
+    err = _error(RUNNABLE + ["generator.inference_engine.num_engines=2", "generator.num_inference_engines=4"])
+    assert "generator.inference_engine.num_engines and generator.num_inference_engines are the same setting" in str(err)
 
 
 def test_features_not_built_are_named_before_other_problems():

@@ -119,6 +119,7 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
     parser = OverridesParser.create()
     known = _known_keys()
     usable: list[str] = []
+    given = {text.lstrip("+").split("=", 1)[0] for text in overrides}
     for text in overrides:
         try:
             ov = parser.parse_override(text)
@@ -130,6 +131,10 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
             continue
         key = ov.key_or_group
         renamed = renamed_key(key)
+        if renamed is not None and renamed in given:
+            problems.append(f"{key} and {renamed} are the same setting (a later SkyRL release's name and "
+                            f"0.3.1's) and both are set. Fix: keep one of them.")
+            continue
         if renamed is not None:
             log.info("%s is a later SkyRL release's name for %s: read as %s", key, renamed, renamed)
             text = text.replace(key, renamed, 1)
