@@ -23,7 +23,7 @@ import torch
 from common import median_seconds
 from omegaconf import OmegaConf
 
-from ridgeline.config.validate import base_config
+from ridgeline.config import base_config
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.training.batch import TrainingBatch, build_training_batch
 from ridgeline.training.forward_path import ForwardOptions, choose_forward_path

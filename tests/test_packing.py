@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ridgeline.config.validate import base_config
+from ridgeline.config import base_config
 from ridgeline.models.forward import enable_activation_checkpointing
 from ridgeline.models.loading import ModelSpec
 from ridgeline.models.value_model import load_value_model

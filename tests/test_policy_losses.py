@@ -25,7 +25,7 @@ from ridgeline.algorithms import (
     sapo_loss,
 )
 from ridgeline.algorithms import policy_loss
-from ridgeline.config.validate import base_config
+from ridgeline.config import base_config
 
 ALL_LOSSES = ["regular", "dual_clip", "gspo", "cispo", "clip_cov", "kl_cov", "sapo"]
 COMMON_KEYS = {"clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "ppo_kl"}

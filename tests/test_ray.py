@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ridgeline.config import load_config
-from ridgeline.config.validate import ConfigError, base_config, config_problems
+from ridgeline.config import ConfigError, base_config, config_problems
 from ridgeline.distributed.placement import PlacementConfigError, bundle_index, plan_placement
 from ridgeline.models.tiny import build_char_tokenizer
 from ridgeline.training.batch import data_parallel_rows, rank_rows

@@ -43,3 +43,40 @@ def test_skyrl_example_command_lines(script):
         load_config(overrides)
     assert len(info.value.problems) == 1, info.value.problems
     assert info.value.problems[0].startswith(expected), info.value.problems[0]
+
+
+GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+# what this machine lacks, and the sizes of a test: appended after the script's own overrides
+ON_THIS_MACHINE = [
+    "trainer.strategy=single", "generator.backend=hf",           # no GPUs, no vLLM
+    "trainer.policy.model.path=tiny://llama", "trainer.mixed_precision=fp32", "generator.model_dtype=float32",
+    "trainer.epochs=1", "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2",
+    "trainer.micro_forward_batch_size_per_gpu=10", "trainer.micro_train_batch_size_per_gpu=10",
+    "trainer.eval_batch_size=4", "trainer.max_prompt_length=1024", "generator.sampling_params.max_generate_length=8",
+    "trainer.logger=jsonl",
+]
+
+
+@pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason="../shared/data/gsm8k is not beside the checkout")
+def test_skyrl_gsm8k_command_line_runs_and_logs_skyrl_metric_names(tmp_path):
+    """SkyRL's run_gsm8k.sh, its overrides unchanged but for the model, the data files, the devices and
+    the sizes, trains on the tiny model here and logs under SkyRL's metric names."""
+    from ridgeline.data import prepare_gsm8k
+    from ridgeline.entrypoints.run import run_training
+    from ridgeline.tracking.trackers import read_metrics
+
+    files = prepare_gsm8k(tmp_path / "data", input_dir=GSM8K_DIR, max_train=4, max_val=4)
+    cfg = load_config(COMMANDS["gsm8k/run_gsm8k.sh"] + ON_THIS_MACHINE + [
+        f"data.train_data=['{files['train']}']", f"data.val_data=['{files['validation']}']",
+        f"trainer.ckpt_path={tmp_path / 'ckpts'}", f"trainer.export_path={tmp_path / 'exports'}"])
+    assert cfg.trainer.ckpt_interval == 10 and cfg.generator.n_samples_per_prompt == 5  # the script's own
+    run_training(cfg)
+    rows = read_metrics(tmp_path / "exports" / "gsm8k_test" / "metrics.jsonl")
+    names = set().union(*(row.keys() for row in rows))
+    for name in ("trainer/global_step", "trainer/epoch", "reward/avg_raw_reward", "reward/avg_pass_at_5",
+                 "reward/mean_positive_reward", "generate/avg_num_tokens", "loss/avg_raw_advantages",
+                 "policy/policy_loss", "policy/policy_kl", "policy/raw_grad_norm", "policy/policy_lr",
+                 "timing/step", "timing/generate", "timing/sync_weights", "eval/all/avg_score",
+                 "eval/all/pass_at_1"):
+        assert name in names, name
+    assert max(row.get("trainer/global_step", 0) for row in rows) == 2

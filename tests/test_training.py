@@ -7,7 +7,7 @@ import torch
 
 from omegaconf import OmegaConf
 
-from ridgeline.config.validate import base_config
+from ridgeline.config import base_config
 from ridgeline.models.forward import EAGER_ATTENTION_MAX_TOKENS, enable_activation_checkpointing, prefer_eager_attention
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.logprobs import response_logprobs

@@ -1,7 +1,7 @@
-"""Ridgeline configuration: YAML defaults and presets (Hydra), validation, build-support tables.
+"""Ridgeline configuration: the typed schema (SkyRL-Train 0.3.1's keys), presets (Hydra), validation.
 
 Importing this package registers the ``ridgeline.default_backend`` OmegaConf resolver used by
-``generator.backend`` in ``ppo_base_config.yaml``.
+``generator.backend`` and the base config (``ppo_base_config``) in Hydra's config store.
 """
 
 from ridgeline.config.loader import (
@@ -11,13 +11,15 @@ from ridgeline.config.loader import (
     list_experiments,
     load_config,
 )
+from ridgeline.config.schema import RidgelineConfig, base_config
 from ridgeline.config.support import unbuilt_defaults
-from ridgeline.config.validate import ConfigError, base_config, config_problems, validate_config
+from ridgeline.config.validate import ConfigError, config_problems, validate_config
 
 __all__ = [
     "CONFIG_DIR",
     "CONFIG_NAME",
     "ConfigError",
+    "RidgelineConfig",
     "base_config",
     "config_problems",
     "default_backend",

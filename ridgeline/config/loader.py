@@ -1,7 +1,8 @@
 """Compose a Ridgeline config the way the `ridgeline` command does: Hydra + validation.
 
-``load_config(["+experiment=quickstart", "trainer.epochs=2"])`` composes ``ppo_base_config.yaml``
-with the preset and overrides, drops Hydra's own node, and validates the result.
+``load_config(["+experiment=quickstart", "trainer.epochs=2"])`` composes the base config
+(``ppo_base_config``: the schema's defaults) with the preset and overrides, drops Hydra's own node,
+and returns the validated, typed result.
 """
 
 from __future__ import annotations
@@ -9,27 +10,23 @@ from __future__ import annotations
 import difflib
 import logging
 from pathlib import Path
-from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ridgeline.config.fields import show
+from ridgeline.config.schema import all_keys, base_config, free_form_keys
 from ridgeline.config.support import renamed_key
 from ridgeline.config.validate import (
-    FREE_FORM,
     UNBUILT_STRATEGY_SECTIONS,
     ConfigError,
-    _base_default,
-    _base_leaves,
-    _show,
-    base_config,
+    check_config,
     config_problems,
     suggest_key,
     under_free_form,
 )
 
-__all__ = [
-    "CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments", "base_config",
-]
+__all__ = ["CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +47,19 @@ def default_backend() -> str:
 OmegaConf.register_new_resolver("ridgeline.default_backend", default_backend, replace=True)
 
 
+def _register_base_config() -> None:
+    """Hydra's primary config: the schema's defaults, untyped (the validator types them, reporting
+    every problem at once where Hydra would stop at the first), and Hydra's own settings: no output
+    folders, no change of working directory, Python logging left to Ridgeline."""
+    node = OmegaConf.to_container(base_config(), resolve=False)
+    node["defaults"] = ["_self_", {"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
+    node["hydra"] = {"run": {"dir": "."}, "output_subdir": None, "job": {"chdir": False}}
+    ConfigStore.instance().store(name=CONFIG_NAME, node=node)
+
+
+_register_base_config()
+
+
 def list_experiments() -> list[str]:
     """Names of the presets usable as ``+experiment=NAME``."""
     return sorted(p.stem for p in (CONFIG_DIR / EXPERIMENT_GROUP).glob("*.yaml"))
@@ -59,7 +69,8 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose the base config with Hydra ``overrides``, validate it and return it.
 
     Raises :class:`ConfigError` naming every problem found (bad override syntax, unknown keys,
-    wrong types, clashing batch sizes, features not built yet, ...).
+    wrong types, clashing batch sizes, features not built yet, ...). The result is typed: a value
+    of the wrong type set later is refused by OmegaConf.
     """
     overrides = list(overrides or [])
     problems: list[str] = []
@@ -79,11 +90,11 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
             problems.extend(config_problems(cfg))
         raise ConfigError(problems) from None
     _strip_hydra(cfg)
-    _names_to_str(cfg)
-    problems.extend(config_problems(cfg))
+    typed, found = check_config(cfg)
+    problems.extend(found)
     if problems:
         raise ConfigError(problems)
-    return cfg
+    return typed
 
 
 # --------------------------------------------------------------------------- Hydra
@@ -168,7 +179,7 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
             usable.append("+" + text)
             continue
         # a CHANGE of a key the base config does not have: Hydra would refuse it
-        value = _show(ov.value()) if not isinstance(ov.value(), dict) else "..."
+        value = show(ov.value()) if not isinstance(ov.value(), dict) else "..."
         guess = suggest_key(key)
         if guess:
             problems.append(f"{key}={value} is not a Ridgeline config key: did you mean {guess}? "
@@ -176,7 +187,7 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
         else:
             problems.append(
                 f"{key}={value} is not a Ridgeline config key. Fix: remove it. Free-form "
-                f"settings go under {', '.join(FREE_FORM)} (add them with '+', e.g. "
+                f"settings go under {', '.join(free_form_keys())} (add them with '+', e.g. "
                 "+generator.engine_init_kwargs.attention_backend=flashinfer).")
     return usable
 
@@ -188,9 +199,7 @@ def _parse_reason(exc: Exception) -> str:
 
 
 def _known_keys() -> set[str]:
-    from ridgeline.config.validate import _all_keys
-
-    return set(_all_keys())
+    return set(all_keys())
 
 
 def _missing_config_problem(exc: Exception, overrides: list[str]) -> str:
@@ -228,22 +237,3 @@ def _strip_hydra(cfg: DictConfig) -> None:
     if "hydra" in cfg:
         with open_dict(cfg):
             cfg.pop("hydra")
-
-
-def _names_to_str(cfg: DictConfig) -> None:
-    """Hydra reads ``trainer.run_name=2024`` as a number; string keys get it back as text."""
-    for key, default in _base_leaves().items():
-        if not isinstance(_base_default(key), str) or isinstance(default, (list, dict)):
-            continue
-        parent_key, _, leaf = key.rpartition(".")
-        parent: Any = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-        if not isinstance(parent, DictConfig) or leaf not in parent:
-            continue
-        node = parent._get_node(leaf)
-        if node is None or OmegaConf.is_interpolation(parent, leaf):
-            continue
-        value = node._value()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            with open_dict(parent):
-                parent[leaf] = str(value)
-

@@ -21,11 +21,11 @@ def main(cfg: DictConfig) -> None:
     from ridgeline.entrypoints.run import run_training
 
     try:
-        validate_config(cfg)
+        typed = validate_config(cfg)
     except ConfigError as err:
         print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
         sys.exit(2)
-    run_training(cfg)
+    run_training(typed)
 
 
 if __name__ == "__main__":

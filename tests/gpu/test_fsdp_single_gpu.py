@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ridgeline.config.validate import base_config
+from ridgeline.config import base_config
 from ridgeline.distributed.launch import run_ranks
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.training.batch import TrainingBatch, build_training_batch

@@ -1,0 +1,127 @@
+"""What the config sections are made of: the ``setting`` field, the problem report, value text.
+
+A section is a dataclass whose fields are ``setting(default, ...)``: the dataclass gives the type
+and the default (OmegaConf turns it into a typed node), the metadata says which values are allowed
+or built. A section's ``check(at, report)`` holds its rules between keys, each with its "Fix:".
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+__all__ = ["setting", "Report", "show", "one_of", "divisor_text", "Section"]
+
+
+def setting(default: Any, *, choices: tuple[Any, ...] = (), built: tuple[Any, ...] = (), not_built: str = "",
+            example: str = "") -> Any:
+    """A config field. ``choices``: the values the key may hold. ``not_built``: why a value this build
+    does not act on is refused; with ``built`` (values that are built) it applies to every other
+    value, the default included, else to any change of the default. ``example``: a value to show in a
+    fix when the default is no example (null)."""
+    meta = {"choices": choices, "built": built, "not_built": not_built, "example": example}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class Section:
+    """A config section: its rules between keys. ``at`` is the section's dotted key."""
+
+    def check(self, at: str, report: "Report") -> None:
+        """Add a problem to ``report`` for every rule this section's values break."""
+
+
+@dataclass
+class Report:
+    """The problems of one config, one paragraph each, in the order found.
+
+    ``bad`` holds the keys whose value was refused on its own (unknown, wrong type, not a choice,
+    not built): the rules between keys then read a stand-in value there, so a rule's problem that
+    names a bad key says nothing new and is left out."""
+
+    problems: list[str] = field(default_factory=list)
+    bad: set[str] = field(default_factory=set)
+    _first: int = 0  # problems[:_first] name features this build does not have
+
+    def refuse(self, key: str, text: str, *, first: bool = False) -> None:
+        """A value that is wrong on its own; ``first``: a feature not built, listed before the rest
+        (it explains what follows)."""
+        if first:
+            self.problems.insert(self._first, text)
+            self._first += 1
+        else:
+            self.problems.append(text)
+        self.bad.add(key)
+
+    def add(self, text: str) -> None:
+        """A rule between keys that does not hold (its text names the keys it read)."""
+        if not any(_names(text, key) for key in self.bad):
+            self.problems.append(text)
+
+
+def _names(text: str, key: str) -> bool:
+    start = text.find(key)
+    while start != -1:
+        end = start + len(key)
+        if end == len(text) or not (text[end].isalnum() or text[end] == "_"):
+            return True
+        start = text.find(key, end)
+    return False
+
+
+# --------------------------------------------------------------------------- the schema as data
+
+
+def section_fields(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def section_type(tp: Any) -> type | None:
+    """The section dataclass a field of type ``tp`` holds, or None for a value."""
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+def is_free_form(tp: Any) -> bool:
+    """A map whose keys are the user's (``Dict[str, Any]``, optional or not)."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) is typing.Union else [tp]
+    return any(typing.get_origin(a) in (dict, typing.Dict) for a in args)
+
+
+# --------------------------------------------------------------------------- value text
+
+
+def show(value: Any) -> str:
+    """A value as it would be written on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value) if (value == "" or value.strip() != value or " " in value) else value
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {show(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def one_of(values: Iterable[Any]) -> str:
+    items = [show(v) for v in values]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def divisor_text(n: int) -> str:
+    divs = [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+    if len(divs) > 8:
+        return ", ".join(str(d) for d in divs[:5]) + ", ... or " + str(divs[-1])
+    return one_of(divs)

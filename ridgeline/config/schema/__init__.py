@@ -1,0 +1,182 @@
+"""The typed Ridgeline config: one dataclass per section, with SkyRL-Train 0.3.1's keys and defaults.
+
+``RidgelineConfig`` is the whole tree (``data``, ``trainer``, ``generator``, ``environment``); each
+section's fields carry the type and default of a key, its comment says what the key does, and its
+``check`` holds the rules between its keys. The rules that span sections are below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+from ridgeline.config.fields import (
+    Report, Section, divisor_text, field_type, is_free_form, section_fields, section_type, show,
+)
+from ridgeline.config.schema.algorithm import AlgorithmConfig
+from ridgeline.config.schema.environment import DataConfig, EnvironmentConfig
+from ridgeline.config.schema.generator import GeneratorConfig
+from ridgeline.config.schema.trainer import TrainerConfig
+
+__all__ = ["RidgelineConfig", "AlgorithmConfig", "DataConfig", "EnvironmentConfig", "GeneratorConfig",
+           "TrainerConfig", "base_config", "leaf_fields", "all_keys", "free_form_keys"]
+
+
+@dataclass
+class RidgelineConfig(Section):
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+
+    def check(self, at: str, report: Report) -> None:
+        self.data.check("data", report)
+        self.trainer.check("trainer", report)
+        self.generator.check("generator", report)
+        self.environment.check("environment", report)
+        self._batches(report)
+        self._placement(report)
+        self._rollout_budget(report)
+
+    # a step's prompts are split into mini-batches, then over ranks, then into micro-batches
+    def _batches(self, report: Report) -> None:
+        t = self.trainer
+        self._batch_role("policy", report)
+        if t.critic.model.path is not None:
+            self._batch_role("critic", report)
+
+    def _batch_role(self, role: str, report: Report) -> None:
+        t, n = self.trainer, self.generator.n_samples_per_prompt
+        tbs, micro = t.train_batch_size, t.micro_train_batch_size_per_gpu
+        mkey, mini = f"trainer.{role}_mini_batch_size", getattr(t, f"{role}_mini_batch_size")
+        if min(tbs, mini) < 1:
+            return
+        if mini > tbs:
+            report.add(f"{mkey}={mini} is larger than trainer.train_batch_size={tbs}: a mini-batch is a slice of the "
+                       f"{tbs} prompts of one step. Fix: choose a mini-batch size that divides {tbs} "
+                       f"({divisor_text(tbs)}).")
+            return
+        if tbs % mini:
+            report.add(f"{mkey}={mini} does not divide trainer.train_batch_size={tbs}: each step splits the {tbs} "
+                       f"prompts into mini-batches of {mini} for optimizer steps. Fix: choose a mini-batch size that "
+                       f"divides {tbs} ({divisor_text(tbs)}).")
+        if min(n, micro) < 1:
+            return
+        if t.strategy == "single":
+            dp, dp_why = 1, "1 data-parallel rank (strategy single)"
+        else:
+            nodes_key, gpus_key = f"trainer.placement.{role}_num_nodes", f"trainer.placement.{role}_num_gpus_per_node"
+            nodes, gpus = getattr(t.placement, f"{role}_num_nodes"), getattr(t.placement, f"{role}_num_gpus_per_node")
+            if min(nodes, gpus) < 1:
+                return
+            dp = nodes * gpus
+            dp_why = (f"{dp} data-parallel ranks ({nodes_key}={nodes} x {gpus_key}={gpus}, strategy {t.strategy})")
+        samples = mini * n
+        if samples % dp:
+            report.add(f"{mkey}={mini} x generator.n_samples_per_prompt={n} = {samples} samples per optimizer step "
+                       f"cannot be split evenly over {dp_why}. Fix: make {mkey} x n_samples_per_prompt a multiple "
+                       f"of {dp}, or change the number of ranks.")
+            return
+        per_rank = samples // dp
+        if per_rank % micro:
+            report.add(f"trainer.micro_train_batch_size_per_gpu={micro} does not divide the {per_rank} samples each "
+                       f"rank trains on per {role} optimizer step ({mkey}={mini} x generator.n_samples_per_prompt={n} "
+                       f"/ {dp_why}): gradient accumulation needs whole micro-batches. Fix: choose a micro-batch "
+                       f"size that divides {per_rank} ({divisor_text(per_rank)}).")
+
+    def _placement(self, report: Report) -> None:
+        t, g = self.trainer, self.generator
+        if t.strategy not in ("fsdp2", "fsdp"):
+            return
+        from ridgeline.distributed.placement import PlacementConfigError, plan_placement
+        try:
+            plan = plan_placement(dataclasses.asdict(t.placement), num_engines=g.num_inference_engines,
+                                  engine_tp=g.inference_engine_tensor_parallel_size,
+                                  use_ref=t.algorithm.uses_reference, use_critic=t.critic.model.path is not None,
+                                  device="CPU", remote_engines=not g.run_engines_locally)
+        except PlacementConfigError as exc:
+            report.add(str(exc))
+            return
+        for role, ranks in plan.ranks.items():
+            key, size = f"trainer.{role}.fsdp_config.fsdp_size", getattr(t, role).fsdp_config.fsdp_size
+            if size > 0 and ranks % size:
+                report.add(f"{key}={size} must divide the {ranks} {role} ranks (hybrid sharding: shard groups of "
+                           f"{size} ranks, replicated). Fix: {key}=-1 (shard over all ranks), or a divisor of {ranks} "
+                           f"({divisor_text(ranks)}).")
+        samples, ref_ranks = t.policy_mini_batch_size * g.n_samples_per_prompt, plan.ranks.get("ref")
+        if ref_ranks and samples % ref_ranks:
+            report.add(f"the reference's {ref_ranks} ranks cannot split a mini-batch of trainer.policy_mini_batch_size="
+                       f"{t.policy_mini_batch_size} x generator.n_samples_per_prompt={g.n_samples_per_prompt} = "
+                       f"{samples} samples evenly. Fix: give the reference the policy's placement "
+                       "(trainer.placement.ref_* = policy_*).")
+
+    def _rollout_budget(self, report: Report) -> None:
+        a, n = self.trainer.algorithm, self.generator.n_samples_per_prompt
+        ds = "trainer.algorithm.dynamic_sampling"
+        if a.dynamic_sampling.type is not None and n == 1:
+            report.add(f"{ds}.type={a.dynamic_sampling.type} keeps only prompt groups whose rewards differ, and a "
+                       "group of generator.n_samples_per_prompt=1 never does. Fix: generator.n_samples_per_prompt=8 "
+                       f"(or more than 1), or {ds}.type=null.")
+        buf, max_len = a.overlong_buffer_len, self.generator.sampling_params.max_generate_length
+        if buf is not None and not 1 <= buf <= max_len:
+            report.add(f"trainer.algorithm.overlong_buffer_len={show(buf)} must be null (off) or a whole number of "
+                       f"tokens from 1 to generator.sampling_params.max_generate_length={max_len}: responses longer "
+                       "than max_generate_length - overlong_buffer_len lose reward. "
+                       f"Fix: e.g. trainer.algorithm.overlong_buffer_len={max(1, max_len // 4)}.")
+
+
+# --------------------------------------------------------------------------- the schema as data
+
+
+@functools.lru_cache(maxsize=1)
+def base_config() -> DictConfig:
+    """Every key with its default, typed (``RidgelineConfig``), read-only."""
+    cfg = OmegaConf.structured(RidgelineConfig)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def leaf_fields(cls: type = RidgelineConfig, prefix: str = "") -> Iterator[tuple[str, type, dataclasses.Field]]:
+    """(dotted key, owning section, field) for every key that holds a value (free-form maps included)."""
+    for f in section_fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        sub = section_type(field_type(cls, f.name))
+        if sub is not None:
+            yield from leaf_fields(sub, key)
+        else:
+            yield key, cls, f
+
+
+@functools.lru_cache(maxsize=1)
+def all_keys() -> tuple[str, ...]:
+    """Every key of the schema, sections included."""
+    keys: list[str] = []
+
+    def rec(cls: type, prefix: str) -> None:
+        for f in section_fields(cls):
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            keys.append(key)
+            sub = section_type(field_type(cls, f.name))
+            if sub is not None:
+                rec(sub, key)
+
+    rec(RidgelineConfig, "")
+    return tuple(keys)
+
+
+@functools.lru_cache(maxsize=1)
+def free_form_keys() -> tuple[str, ...]:
+    """The maps whose keys are the user's (engine kwargs, per-env settings, data.prepare, ...)."""
+    return tuple(key for key, cls, f in leaf_fields() if is_free_form(field_type(cls, f.name)))
+
+
+def default_of(key: str) -> Any:
+    """The default of ``key`` as the schema writes it (an interpolation stays a string)."""
+    node: Any = base_config()
+    for part in key.split("."):
+        node = node._get_node(part)
+    return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node._value()

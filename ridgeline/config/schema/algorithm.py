@@ -1,0 +1,198 @@
+"""``trainer.algorithm.*``: advantage estimator, policy loss, KL, dynamic sampling, DAPO's overlong
+punishment (SkyRL-Train 0.3.1's keys)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Optional
+
+from ridgeline.config.fields import Report, Section, one_of, setting, show
+
+
+@dataclass
+class KLControlConfig(Section):
+    type: str = setting("fixed", choices=("fixed", "adaptive"))
+    kl_target: float = setting(0.1)
+    horizon: int = setting(10000)
+
+
+@dataclass
+class DynamicSamplingConfig(Section):
+    type: Optional[str] = setting(None, choices=(None, "filter", "replace"))
+    max_sample_batches: int = setting(30)
+    min_replace_ratio: float = setting(0.3)
+
+    def check(self, at: str, report: Report) -> None:
+        if self.type == "filter" and self.max_sample_batches < 1:
+            report.add(f"{at}.max_sample_batches={show(self.max_sample_batches)} must be at least 1: it is how many "
+                       f"batches filter may generate in one step. Fix: e.g. {at}.max_sample_batches=30.")
+        if self.type == "replace" and not 0 <= self.min_replace_ratio <= 1:
+            report.add(f"{at}.min_replace_ratio={show(self.min_replace_ratio)} must be in [0, 1]: the share of groups "
+                       f"with signal needed before the others are replaced. Fix: e.g. {at}.min_replace_ratio=0.3.")
+
+
+# Settings of single policy losses (SkyRL key names); each is read only by its loss.
+@dataclass
+class CISPOConfig(Section):
+    cispo_eps_clip_low: float = setting(0.0)
+    cispo_eps_clip_high: float = setting(5.0)
+
+
+@dataclass
+class ClipCovConfig(Section):
+    clip_ratio: float = setting(0.0002)
+    clip_cov_lb: float = setting(1.0)
+    clip_cov_ub: float = setting(5.0)
+
+
+@dataclass
+class KLCovConfig(Section):
+    kl_cov_frac: float = setting(0.2)
+    ppo_kl_coef: float = setting(1.0)
+
+
+@dataclass
+class SAPOConfig(Section):
+    tau_pos: float = setting(1.0)
+    tau_neg: float = setting(1.05)
+
+
+# the settings each built-in loss reads: (key below trainer.algorithm, holds, in words)
+LOSS_SETTINGS: dict[str, list[tuple[str, Callable[[float], bool], str]]] = {
+    "dual_clip": [("clip_ratio_c", lambda v: v > 1, "greater than 1")],
+    "cispo": [("cispo.cispo_eps_clip_low", lambda v: 0 <= v <= 1, "in [0, 1]"),
+              ("cispo.cispo_eps_clip_high", lambda v: v >= 0, "0 or more")],
+    "clip_cov": [("clip_cov.clip_ratio", lambda v: 0 < v <= 1, "in (0, 1]")],
+    "kl_cov": [("kl_cov.kl_cov_frac", lambda v: 0 < v <= 1, "in (0, 1]"),
+               ("kl_cov.ppo_kl_coef", lambda v: v >= 0, "0 or more")],
+    "sapo": [("sapo.tau_pos", lambda v: v > 0, "greater than 0"),
+             ("sapo.tau_neg", lambda v: v > 0, "greater than 0")],
+}
+
+
+@dataclass
+class AlgorithmConfig(Section):
+    # built-in estimators that ignore critic values (a user's estimator may read them)
+    CRITIC_FREE_ESTIMATORS: ClassVar[tuple[str, ...]] = ("grpo", "rloo", "reinforce++")
+
+    advantage_estimator: str = setting("grpo")   # a registered name, or "my_pkg.module:function"
+    grpo_norm_by_std: bool = setting(True)
+    use_kl_estimator_k3: bool = setting(True)
+    use_abs_kl: bool = setting(False)
+    kl_estimator_type: Optional[str] = setting(None, choices=(None, "k1", "k2", "k3", "abs"))
+    use_kl_in_reward: bool = setting(False)
+    use_kl_loss: bool = setting(True)
+    kl_loss_coef: float = setting(0.001)
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    use_entropy_loss: bool = setting(False)
+    entropy_loss_coef: float = setting(0.01)
+    advantage_batch_normalize: bool = setting(False)
+    value_head_prefix: str = setting("value_head")
+    ppo_loss_type: str = setting("regular")
+    policy_loss_type: Optional[str] = setting(None)   # null: ppo_loss_type names the loss
+    loss_reduction: str = setting("token_mean", choices=("token_mean", "sequence_mean", "seq_mean_token_sum_norm"))
+    lambd: float = setting(1.0)
+    gamma: float = setting(1.0)
+    eps_clip_low: float = setting(0.2)
+    eps_clip_high: float = setting(0.2)
+    clip_ratio_c: float = setting(3.0)   # read only by the dual_clip policy loss
+    value_clip: float = setting(0.2)
+    normalize_reward: bool = setting(True)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    use_tis: bool = setting(False)
+    tis_imp_ratio_cap: float = setting(-1.0)
+    cispo: CISPOConfig = field(default_factory=CISPOConfig)
+    clip_cov: ClipCovConfig = field(default_factory=ClipCovConfig)
+    kl_cov: KLCovConfig = field(default_factory=KLCovConfig)
+    sapo: SAPOConfig = field(default_factory=SAPOConfig)
+    # DAPO soft overlong punishment (the keys of SkyRL's DAPO recipe). null = off. A response
+    # longer than max_generate_length - overlong_buffer_len loses reward linearly, down to
+    # -overlong_buffer_penalty_factor at max_generate_length.
+    overlong_buffer_len: Optional[int] = setting(None)
+    overlong_buffer_penalty_factor: float = setting(1.0)
+
+    @property
+    def uses_reference(self) -> bool:
+        """A KL term (loss or reward) needs the reference model."""
+        return self.use_kl_loss or self.use_kl_in_reward
+
+    @property
+    def loss_name(self) -> str:
+        return self.policy_loss_type if self.policy_loss_type is not None else self.ppo_loss_type
+
+    def check(self, at: str, report: Report) -> None:
+        self._registered(at, report)
+        if self.kl_loss_coef < 0:
+            report.add(f"{at}.kl_loss_coef={show(self.kl_loss_coef)} must not be negative. "
+                       f"Fix: e.g. {at}.kl_loss_coef=0.001.")
+        if not 0 <= self.eps_clip_low < 1:
+            report.add(f"{at}.eps_clip_low={show(self.eps_clip_low)} must be in [0, 1): the ratio is clipped below "
+                       f"at 1 - eps_clip_low, which must stay positive. Fix: e.g. {at}.eps_clip_low=0.2.")
+        if self.eps_clip_high < 0:
+            report.add(f"{at}.eps_clip_high={show(self.eps_clip_high)} must be 0 or more: the ratio is clipped above "
+                       f"at 1 + eps_clip_high. Fix: e.g. {at}.eps_clip_high=0.2 (0.28 for clip-higher).")
+        if self.use_kl_loss and self.use_kl_in_reward:
+            report.add(f"{at}.use_kl_loss=true and {at}.use_kl_in_reward=true cannot both be on: the KL penalty to "
+                       "the reference model is applied either as a loss term or subtracted from the reward, not "
+                       f"both. Fix: keep the KL loss ({at}.use_kl_in_reward=false), or move it into the reward "
+                       f"({at}.use_kl_loss=false).")
+        if self.use_tis and self.tis_imp_ratio_cap <= 0:
+            report.add(f"{at}.use_tis=true needs a positive {at}.tis_imp_ratio_cap (got {self.tis_imp_ratio_cap}): "
+                       "it caps the importance weight exp(old - rollout logprob) of each token. Fix: "
+                       f"{at}.tis_imp_ratio_cap=2.0 (a common choice), or use_tis=false.")
+        if self.use_kl_in_reward and self.kl_ctrl.type == "adaptive":
+            for name in ("kl_target", "horizon"):
+                value = getattr(self.kl_ctrl, name)
+                if value <= 0:
+                    report.add(f"{at}.kl_ctrl.{name}={show(value)} must be greater than 0 for the adaptive KL "
+                               f"controller. Fix: e.g. {at}.kl_ctrl.{name}={show(getattr(KLControlConfig(), name))}.")
+        self.dynamic_sampling.check(f"{at}.dynamic_sampling", report)
+        if self.overlong_buffer_penalty_factor < 0:
+            report.add(f"{at}.overlong_buffer_penalty_factor={show(self.overlong_buffer_penalty_factor)} must not be "
+                       f"negative (it is the reward lost at full length). Fix: {at}.overlong_buffer_penalty_factor=1.0.")
+        self._loss_settings(at, report)
+
+    def _loss_settings(self, at: str, report: Report) -> None:
+        loss, defaults = self.loss_name, AlgorithmConfig()
+        for name, holds, words in LOSS_SETTINGS.get(loss, []):
+            value, default = _dotted(self, name), _dotted(defaults, name)
+            if not holds(value):
+                report.add(f"{at}.{name}={show(value)} must be {words} for the {loss} policy loss. "
+                           f"Fix: e.g. {at}.{name}={show(default)}.")
+        if loss == "clip_cov" and self.clip_cov.clip_cov_lb >= self.clip_cov.clip_cov_ub:
+            report.add(f"{at}.clip_cov.clip_cov_lb={show(self.clip_cov.clip_cov_lb)} must be below clip_cov_ub="
+                       f"{show(self.clip_cov.clip_cov_ub)}: tokens whose covariance lies between them are candidates "
+                       f"for clipping. Fix: e.g. {at}.clip_cov.clip_cov_lb=1.0 {at}.clip_cov.clip_cov_ub=5.0.")
+
+    def _registered(self, at: str, report: Report) -> None:
+        from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+        names = [("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS, "ADVANTAGE_ESTIMATORS"),
+                 ("ppo_loss_type", self.ppo_loss_type, POLICY_LOSSES, "POLICY_LOSSES")]
+        if self.policy_loss_type is not None:
+            names.append(("policy_loss_type", self.policy_loss_type, POLICY_LOSSES, "POLICY_LOSSES"))
+        for name, value, registry, attr in names:
+            key = f"{at}.{name}"
+            if value in registry:
+                continue
+            if ":" in value:
+                try:
+                    registry.import_path(value)
+                except Exception as exc:  # the user's module: any failure is a config problem
+                    report.add(f"{key}={value} could not be imported ({type(exc).__name__}: {exc}). Fix: name a "
+                               "function as 'my_pkg.my_module:my_function' on the Python path (PYTHONPATH or an "
+                               "installed package).")
+                continue
+            built = registry.names()
+            close = difflib.get_close_matches(value, built, n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            report.add(f"{key}={value} is not a registered {registry.kind}.{hint} Registered: {one_of(built)}. Fix: "
+                       f"pick one of those, or register your own in ridgeline.algorithms.{attr} before the config is "
+                       "loaded.")
+
+
+def _dotted(section: object, name: str) -> float:
+    for part in name.split("."):
+        section = getattr(section, part)
+    return section  # type: ignore[return-value]

@@ -1,0 +1,81 @@
+"""``environment.*`` (the env of each row, per-env settings) and ``data.*`` (the prompt files)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, List, Optional
+
+from ridgeline.config.fields import Report, Section, one_of, setting, show
+
+
+@dataclass
+class EnvironmentConfig(Section):
+    env_class: str = setting("gsm8k")
+    # Per-environment settings by env name (free-form, e.g. skyrl_gym.text2sql.db_path=...) and,
+    # as in SkyRL 0.3.1, max_env_workers: environment calls (step, init) running at once; 0 runs
+    # them one by one in the generator's thread, without a time limit.
+    skyrl_gym: Dict[str, Any] = setting({"max_env_workers": 32})
+    # Ridgeline extension: seconds one environment call may take before its trajectory scores 0.
+    step_timeout_s: float = setting(60.0)
+    # Ridgeline extension: modules (dotted names or .py files) imported at start, so that the
+    # environments they register (ridgeline.envs.register or skyrl_gym.register) can be named in
+    # env_class; skyrl_gym:<id> names skyrl-gym's own env where Ridgeline has one of that name.
+    env_modules: List[str] = setting([])
+    # Ridgeline extension: null, or "my_pkg.module:function" / "file.py:function" with signature
+    # score(response_text, extras) -> float; every prompt then becomes a single-turn episode
+    # scored by it, whatever its env_class.
+    reward_fn: Optional[str] = setting(None)
+
+    def check(self, at: str, report: Report) -> None:
+        from ridgeline.envs import load_env_module
+        from ridgeline.envs.reward_fn import load_reward_fn
+
+        key, workers = f"{at}.skyrl_gym.max_env_workers", self.skyrl_gym.get("max_env_workers")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            report.add(f"{key}={show(workers)} must be a whole number >= 0 (0: environment calls run one by one, "
+                       f"without a time limit). Fix: {key}=32.")
+        if self.step_timeout_s <= 0:
+            report.add(f"{at}.step_timeout_s={show(self.step_timeout_s)} must be a positive number of seconds. "
+                       f"Fix: e.g. {at}.step_timeout_s=60.")
+        for module in self.env_modules:
+            try:
+                load_env_module(module)
+            except Exception as exc:  # the user's module: any failure is a config problem
+                report.add(f"{at}.env_modules lists {module!r}, which could not be imported ({type(exc).__name__}: "
+                           f"{exc}). Fix: a dotted module on the Python path or a path to a .py file.")
+        if self.reward_fn is not None:
+            try:
+                load_reward_fn(self.reward_fn)
+            except Exception as exc:
+                report.add(f"{at}.reward_fn={self.reward_fn} could not be loaded ({type(exc).__name__}: {exc}). "
+                           "Fix: 'my_pkg.module:function' or '/path/to/file.py:function', a function "
+                           "score(response_text, extras) -> float.")
+
+
+@dataclass
+class DataConfig(Section):
+    # datasets `data.prepare.dataset` can name
+    PREPARE_DATASETS: ClassVar[tuple[str, ...]] = ("arithmetic", "code", "gsm8k", "multiply", "text2sql")
+
+    train_data: List[str] = setting(["${oc.env:HOME}/data/gsm8k/train.parquet"])
+    val_data: List[str] = setting(["${oc.env:HOME}/data/gsm8k/validation.parquet"])
+    # Ridgeline extension: null, or {dataset: arithmetic|gsm8k|..., output_dir: PATH, ...options}.
+    # When set, the trainer writes the dataset files into output_dir before loading data if
+    # they are missing.
+    prepare: Optional[Dict[str, Any]] = setting(None)
+
+    def check(self, at: str, report: Report) -> None:
+        if not self.train_data:
+            report.add(f"{at}.train_data=[] lists no training files. Fix: e.g. "
+                       f"{at}.train_data=[$HOME/data/gsm8k/train.parquet].")
+        if self.prepare is None:
+            return
+        dataset = self.prepare.get("dataset")
+        if dataset not in self.PREPARE_DATASETS:
+            report.add(f"{at}.prepare.dataset={show(dataset)} is not a dataset Ridgeline can prepare: it must be "
+                       f"{one_of(self.PREPARE_DATASETS)}. Fix: e.g. +{at}.prepare.dataset=gsm8k, or {at}.prepare=null "
+                       "to prepare nothing.")
+        out = self.prepare.get("output_dir")
+        if not isinstance(out, str) or not out:
+            report.add(f"{at}.prepare.output_dir={show(out)} must be a folder path: the prepared files are written "
+                       f"there. Fix: e.g. +{at}.prepare.output_dir=$HOME/data/gsm8k.")

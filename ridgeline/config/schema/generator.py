@@ -1,0 +1,173 @@
+"""``generator.*``: the inference engines, sampling, chat template, multi-turn rollouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Dict, List, Optional
+
+from ridgeline.config.fields import Report, Section, one_of, setting, show
+
+
+@dataclass
+class SamplingConfig(Section):
+    max_generate_length: int = setting(1024)
+    # SkyRL keys. repetition_penalty: > 0, 1.0 = off; tokens of the prompt and of the response so
+    # far get their logit divided by it when positive, multiplied otherwise (vLLM's rule). Rollout
+    # logprobs stay those of the unpenalized distribution (docs/engines.md).
+    repetition_penalty: float = setting(1.0)
+    temperature: float = setting(1.0)
+    top_p: float = setting(1.0)
+    min_p: float = setting(0.0)
+    top_k: int = setting(-1)
+    # null, or N >= 0: the engine also returns the N most likely tokens of each position with their
+    # logprobs (the sampled token's logprob is returned in every case).
+    logprobs: Optional[int] = setting(None, example="5")
+    # null, or a list of stop strings: a response ends with the token that completes one, the
+    # string kept in it, stop reason "stop", e.g. stop=['</sql>','</solution>'].
+    stop: Optional[List[str]] = setting(None, example="['</answer>']")
+
+    def check(self, at: str, report: Report) -> None:
+        if self.max_generate_length < 1:
+            report.add(f"{at}.max_generate_length={show(self.max_generate_length)} must be a positive whole number "
+                       f"(at least 1). Fix: e.g. {at}.max_generate_length=1024.")
+        if self.temperature < 0:
+            report.add(f"{at}.temperature={show(self.temperature)} must be 0 or more (0 means greedy decoding). "
+                       f"Fix: e.g. {at}.temperature=1.0.")
+        if not 0 < self.top_p <= 1:
+            report.add(f"{at}.top_p={show(self.top_p)} must be in (0, 1]: it is the probability mass kept when "
+                       f"sampling. Fix: e.g. {at}.top_p=1.0 (no nucleus cut).")
+        if not 0 <= self.min_p < 1:
+            report.add(f"{at}.min_p={show(self.min_p)} must be in [0, 1). Fix: e.g. {at}.min_p=0.0 (off).")
+        if self.top_k != -1 and self.top_k < 1:
+            report.add(f"{at}.top_k={show(self.top_k)} must be -1 (off) or at least 1. Fix: e.g. {at}.top_k=-1.")
+        if self.repetition_penalty <= 0:
+            report.add(f"{at}.repetition_penalty={show(self.repetition_penalty)} must be greater than 0 (1.0 is off; "
+                       f"above 1 discourages repeating tokens). Fix: e.g. {at}.repetition_penalty=1.0.")
+        if self.logprobs is not None and self.logprobs < 0:
+            report.add(f"{at}.logprobs={show(self.logprobs)} must be null or a whole number N >= 0: the engine then "
+                       f"also returns the N most likely tokens of each position. Fix: {at}.logprobs=null or e.g. "
+                       f"{at}.logprobs=5.")
+        if self.stop is not None and not all(self.stop):
+            report.add(f"{at}.stop={show(self.stop)} must be null or a list of non-empty stop strings. Fix: e.g. "
+                       f"\"{at}.stop=['</answer>']\" (quoted for the shell).")
+
+
+@dataclass
+class EvalSamplingConfig(SamplingConfig):
+    max_generate_length: int = setting("${generator.sampling_params.max_generate_length}")
+
+
+@dataclass
+class ChatTemplateConfig(Section):
+    """SkyRL keys: the chat template every prompt (and multi-turn observation) is rendered with. source
+    "file" + name_or_path: a Jinja file replacing the model's template; source "name" with name_or_path
+    null keeps the model's own (SkyRL's library of named templates is not built)."""
+    source: str = setting("name", choices=("name", "file"))
+    name_or_path: Optional[str] = setting(None)
+
+    def check(self, at: str, report: Report) -> None:
+        key, path = f"{at}.name_or_path", self.name_or_path
+        if self.source == "file" and not (path is not None and Path(path).is_file()):
+            report.add(f"{key}={show(path)}: {at}.source=file needs the path of a Jinja template file that exists. "
+                       f"Fix: {key}=/path/to/template.jinja")
+        elif self.source == "name" and path is not None:
+            report.add(f"{key}={show(path)} names a template of SkyRL's library, which is not built here. Fix: "
+                       f"{at}.source=file with the template's file, or name_or_path=null for the model's own")
+
+
+@dataclass
+class GeneratorConfig(Section):
+    # generator.engine_init_kwargs the embedded engine takes (vllm/sglang take any of theirs)
+    HF_ENGINE_KWARGS: ClassVar[tuple[str, ...]] = ("attn_implementation",)
+
+    model_dtype: str = setting("bfloat16", choices=("bfloat16", "float16", "float32"))
+    run_engines_locally: bool = setting(True)
+    num_inference_engines: int = setting(1)
+    # Ridgeline: the default is "vllm" on a machine with a CUDA GPU and "hf" otherwise
+    # (resolver registered by ridgeline.config).
+    backend: str = setting("${ridgeline.default_backend:}", choices=("hf", "vllm", "sglang"))
+    weight_sync_backend: str = setting("nccl", choices=("nccl", "gloo"))
+    weight_sync_timeout: int = setting(60)
+    # Engines colocated with the policy on GPUs (trainer.strategy=fsdp2 with
+    # trainer.placement.colocate_all=true) take the weights as CUDA IPC handles of flat buffers of at
+    # most this many GiB (a tensor larger than that gets a buffer of its own); each policy rank holds
+    # one such buffer on its GPU at a time. > 0.
+    weight_transfer_threshold_cuda_ipc_GB: float = setting(1.0)
+    inference_engine_tensor_parallel_size: int = setting(4)
+    n_samples_per_prompt: int = setting(5)
+    async_engine: bool = setting(True)            # vllm engine mode; the hf engine is always synchronous
+    batched: bool = setting(True)                 # vllm/sglang request batching; the hf engine batches on its own
+    max_input_length: int = setting("${trainer.max_prompt_length}")
+    enable_prefix_caching: bool = setting(True)   # vllm/sglang KV-cache option
+    enable_chunked_prefill: bool = setting(True)  # vllm option
+    max_num_batched_tokens: int = setting(8192)   # vllm scheduler option
+    enforce_eager: bool = setting(False)          # vllm option (CUDA graphs off)
+    gpu_memory_utilization: float = setting(0.8)  # vllm/sglang KV-cache budget
+    max_num_seqs: int = setting(1024)             # vllm/sglang scheduler option
+    remote_inference_engine_urls: List[str] = setting(["127.0.0.1:8001"])
+    # Ridgeline extensions for remote engines (run_engines_locally=false): seconds one HTTP request
+    # may take, and retries (with doubling backoff from 0.5 s) after a connection error. A bearer
+    # token, if the servers want one, comes from the RIDGELINE_ENGINE_API_KEY environment variable.
+    remote_request_timeout_s: float = setting(600.0)
+    remote_max_retries: int = setting(3)
+    max_turns: int = setting(1)
+    override_existing_update_group: str = setting("auto", choices=("auto", "enable", "disable"))
+    engine_init_kwargs: Dict[str, Any] = setting({})
+    sampling_params: SamplingConfig = field(default_factory=SamplingConfig)
+    use_conversation_multi_turn: bool = setting(False)
+    chat_template: ChatTemplateConfig = field(default_factory=ChatTemplateConfig)
+    # template variables (e.g. enable_thinking: false), fixed for every rendering of the run
+    chat_template_kwargs: Dict[str, Any] = setting({})
+    # SkyRL key: with use_conversation_multi_turn and a response that ended on a stop string, append
+    # the eos token after it (loss mask 0, logprob 0.0) so the assistant message is closed.
+    append_eos_token_after_stop_str_in_multi_turn: bool = setting(True)
+    eval_sampling_params: EvalSamplingConfig = field(default_factory=EvalSamplingConfig)
+    eval_n_samples_per_prompt: int = setting(1)
+    zero_reward_on_non_stop: bool = setting(False)
+    apply_overlong_filtering: bool = setting(False)
+
+    def check(self, at: str, report: Report) -> None:
+        for name in ("n_samples_per_prompt", "eval_n_samples_per_prompt", "max_input_length", "max_turns",
+                     "num_inference_engines", "inference_engine_tensor_parallel_size"):
+            value = getattr(self, name)
+            if value < 1:
+                report.add(f"{at}.{name}={show(value)} must be a positive whole number (at least 1). "
+                           f"Fix: e.g. {at}.{name}={show(getattr(GeneratorConfig(), name))}.")
+        for name, example in (("weight_sync_timeout", 60), ("remote_request_timeout_s", 600)):
+            value = getattr(self, name)
+            if value <= 0:
+                report.add(f"{at}.{name}={show(value)} must be a positive number of seconds. "
+                           f"Fix: e.g. {at}.{name}={example}.")
+        key = f"{at}.weight_transfer_threshold_cuda_ipc_GB"
+        if self.weight_transfer_threshold_cuda_ipc_GB <= 0:
+            report.add(f"{key}={show(self.weight_transfer_threshold_cuda_ipc_GB)} must be a positive number of GiB "
+                       f"(the largest CUDA IPC bucket of a colocated weight sync). Fix: e.g. {key}=1.0.")
+        if self.remote_max_retries < 0:
+            report.add(f"{at}.remote_max_retries={show(self.remote_max_retries)} must be 0 or more. "
+                       f"Fix: e.g. {at}.remote_max_retries=3.")
+        self.sampling_params.check(f"{at}.sampling_params", report)
+        self.eval_sampling_params.check(f"{at}.eval_sampling_params", report)
+        self.chat_template.check(f"{at}.chat_template", report)
+        self._engines(at, report)
+
+    def _engines(self, at: str, report: Report) -> None:
+        if not self.run_engines_locally:
+            urls = self.remote_inference_engine_urls
+            if not urls or not all(u.strip() for u in urls):
+                report.add(f"{at}.remote_inference_engine_urls={show(urls)} must list the servers when "
+                           f"{at}.run_engines_locally=false. Fix: e.g. "
+                           f"{at}.remote_inference_engine_urls=['127.0.0.1:8001','10.0.0.2:8001'].")
+            return
+        if self.backend != "hf":
+            return
+        tp, default_tp = self.inference_engine_tensor_parallel_size, GeneratorConfig().inference_engine_tensor_parallel_size
+        if tp not in (1, default_tp):
+            report.add(f"{at}.inference_engine_tensor_parallel_size={tp}: the embedded hf engine runs on one device. "
+                       f"Fix: {at}.inference_engine_tensor_parallel_size=1, or a tensor-parallel engine "
+                       f"({at}.backend=vllm or sglang).")
+        unknown = sorted(set(self.engine_init_kwargs) - set(self.HF_ENGINE_KWARGS))
+        if unknown:
+            report.add(f"{at}.engine_init_kwargs has {', '.join(unknown)}, which the embedded hf engine does not take "
+                       f"(it takes {one_of(self.HF_ENGINE_KWARGS)}). Fix: remove the +{at}.engine_init_kwargs.* "
+                       f"overrides, or use {at}.backend=vllm or sglang, whose engines receive them as is.")

@@ -1,0 +1,318 @@
+"""``trainer.*``: the models, their optimizers and sharding, placement, checkpoints, logging."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from ridgeline.config.fields import Report, Section, one_of, setting, show
+from ridgeline.config.schema.algorithm import AlgorithmConfig
+
+LOGGERS: tuple[str, ...] = ("wandb", "console", "tensorboard", "mlflow", "jsonl")
+SCHEDULE_NOTE = "only constant_with_warmup is built (linear warmup to a constant learning rate); decaying schedules are not"
+SP_NOTE = "sequence parallelism is not built: FSDP2 shards the parameters, every rank holds whole sequences"
+
+
+@dataclass
+class LoraConfig(Section):
+    """LoRA adapters through peft (docs/lora.md): rank 0 = off (full fine-tuning). With rank > 0 only
+    the adapters train; the reference model is the frozen base (no second copy), engines get the
+    merged weights, checkpoints hold the adapters and exports the merged model."""
+    rank: int = setting(0)
+    alpha: float = setting(16.0)                  # the update is scaled by alpha / rank
+    dropout: float = setting(0.0)
+    target_modules: Any = setting("all-linear")   # or a list of module names, e.g. [q_proj, v_proj]
+
+    def check(self, at: str, report: Report) -> None:
+        if self.rank < 0:
+            report.add(f"{at}.rank={show(self.rank)} must be 0 (LoRA off: every weight trains) or a positive adapter "
+                       f"rank. Fix: {at}.rank=0, or e.g. {at}.rank=16.")
+        if self.alpha <= 0:
+            report.add(f"{at}.alpha={show(self.alpha)} must be greater than 0: the adapters' update is scaled by alpha "
+                       f"/ rank. Fix: e.g. {at}.alpha=16 (or twice the rank).")
+        if not 0 <= self.dropout < 1:
+            report.add(f"{at}.dropout={show(self.dropout)} must be in [0, 1): the probability of dropping an adapter "
+                       f"input. Fix: {at}.dropout=0.0 (or e.g. 0.05).")
+        key, targets = f"{at}.target_modules", self.target_modules
+        names = [targets] if isinstance(targets, str) else targets if isinstance(targets, list) else None
+        if names is None or not all(isinstance(t, str) for t in names):
+            report.add(f"{key}={show(targets)} has the wrong type: expected 'all-linear' or a list of module names. "
+                       f"Fix: {key}=all-linear, or e.g. {key}=[q_proj,v_proj].")
+        elif not names or not all(t.strip() for t in names):
+            report.add(f"{key}={show(targets)} names no module to adapt. Fix: {key}=all-linear (every linear layer "
+                       f"but the output head), or a list such as {key}=[q_proj,k_proj,v_proj,o_proj].")
+
+
+@dataclass
+class PolicyModelConfig(Section):
+    path: str = setting("Qwen/Qwen2.5-1.5B-Instruct")
+    gguf_file: Optional[str] = setting(None)  # Ridgeline extension: a GGUF file inside the folder `path` names
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def check(self, at: str, report: Report) -> None:
+        if not self.path.strip():
+            report.add(f"{at}.path is empty. Fix: a hub id or a local folder, e.g. "
+                       f"{at}.path=Qwen/Qwen2.5-0.5B-Instruct.")
+        self.lora.check(f"{at}.lora", report)
+
+
+@dataclass
+class CriticModelConfig(Section):
+    path: Optional[str] = setting(None)       # null: no critic
+    gguf_file: Optional[str] = setting(None)  # Ridgeline extension
+
+
+@dataclass
+class OptimizerConfig(Section):
+    lr: float = setting(1.0e-6)
+    adam_betas: List[float] = setting([0.9, 0.999])
+    weight_decay: float = setting(1e-2)
+    max_grad_norm: float = setting(1.0)
+    offload_after_step: bool = setting(True)
+    # SkyRL 0.3.1: optimizer steps of linear warmup for this model (0: trainer.num_warmup_steps
+    # applies; both set and different is refused) and the schedule after it
+    num_warmup_steps: int = setting(0)
+    scheduler: str = setting("constant_with_warmup", built=("constant_with_warmup",), not_built=SCHEDULE_NOTE)
+
+    def check(self, at: str, report: Report) -> None:
+        if self.lr <= 0:
+            report.add(f"{at}.lr={show(self.lr)} must be greater than 0: the optimizer would not move the weights. "
+                       f"Fix: e.g. {at}.lr={show(type(self)().lr)}.")
+        for name in ("num_warmup_steps", "weight_decay", "max_grad_norm"):
+            value = getattr(self, name)
+            if value < 0:
+                report.add(f"{at}.{name}={show(value)} must not be negative. "
+                           f"Fix: e.g. {at}.{name}={show(getattr(type(self)(), name))}.")
+        betas = self.adam_betas
+        if len(betas) != 2 or any(not 0 <= b < 1 for b in betas):
+            report.add(f"{at}.adam_betas={show(betas)} must be two numbers in [0, 1) (beta1, beta2). "
+                       f"Fix: e.g. {at}.adam_betas=[0.9,0.999].")
+
+
+@dataclass
+class CriticOptimizerConfig(OptimizerConfig):
+    lr: float = setting(5.0e-6)
+
+
+@dataclass
+class FSDPConfig(Section):
+    cpu_offload: bool = setting(False)
+    reshard_after_forward: bool = setting(True)
+    fsdp_size: int = setting(-1)   # -1: shard over all ranks; N: shard groups of N ranks, replicated
+
+
+@dataclass
+class RefFSDPConfig(FSDPConfig):
+    cpu_offload: bool = setting(True)
+
+
+@dataclass
+class PolicyConfig(Section):
+    model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
+    optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
+    use_torch_compile: bool = setting(False, not_built="torch.compile is not built (on one CPU core it costs "
+                                      "minutes of compilation per shape; docs/benchmarks.md)")
+    record_memory: bool = setting(False, not_built="CUDA memory snapshots are not built (memory/peak_gpu_gib is "
+                                  "logged every step)")
+
+    def check(self, at: str, report: Report) -> None:
+        self.model.check(f"{at}.model", report)
+        self.optimizer_config.check(f"{at}.optimizer_config", report)
+
+
+@dataclass
+class CriticConfig(Section):
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optimizer_config: CriticOptimizerConfig = field(default_factory=CriticOptimizerConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
+
+    def check(self, at: str, report: Report) -> None:
+        self.optimizer_config.check(f"{at}.optimizer_config", report)
+
+
+@dataclass
+class RefConfig(Section):
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
+
+
+@dataclass
+class PlacementConfig(Section):
+    colocate_all: bool = setting(True)
+    colocate_policy_ref: bool = setting(True)
+    colocate_critic_reward: bool = setting(False)
+    policy_num_nodes: int = setting(1)
+    policy_num_gpus_per_node: int = setting(4)
+    critic_num_nodes: int = setting(1)
+    critic_num_gpus_per_node: int = setting(4)
+    ref_num_nodes: int = setting(1)
+    ref_num_gpus_per_node: int = setting(4)
+    reward_num_nodes: int = setting(1)
+    reward_num_gpus_per_node: int = setting(4)
+    # Ridgeline extension: seconds to wait for Ray to reserve the placement groups (and for the
+    # ranks of a group to meet) before failing with the resource that could not be placed.
+    timeout_s: int = setting(180)
+
+
+@dataclass
+class TrainerConfig(Section):
+    strategy: str = setting("fsdp2", choices=("fsdp2", "fsdp", "single", "deepspeed", "megatron"),
+                            built=("single", "fsdp2", "fsdp"),
+                            not_built="single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on "
+                            "CPU workers, NCCL on GPUs) are built; deepspeed and megatron are not planned")
+    epochs: int = setting(1)
+    update_epochs_per_batch: int = setting(1)
+    train_batch_size: int = setting(1024)
+    policy_mini_batch_size: int = setting(256)
+    critic_mini_batch_size: int = setting(256)
+    micro_train_batch_size_per_gpu: int = setting(1)
+    micro_forward_batch_size_per_gpu: int = setting(1)
+    update_ref_every_epoch: bool = setting(False)
+    num_warmup_steps: int = setting(0)
+    use_sample_packing: bool = setting(True)
+    max_prompt_length: int = setting(512)
+    gradient_checkpointing: bool = setting(True)   # activation recomputation: a memory option
+    seed: int = setting(42)
+    eval_batch_size: int = setting(1024)
+    eval_before_train: bool = setting(True)
+    eval_interval: int = setting(5)
+    # Checkpoints and resume: docs/checkpointing.md. resume_mode null is SkyRL's spelling of none.
+    resume_mode: Optional[str] = setting("latest", choices=("none", None, "latest", "from_path"))
+    resume_path: Optional[str] = setting(None)
+    # Ridgeline extension: resume even when the checkpoint's run had another policy/critic model,
+    # other training data, seed or train_batch_size (a warning instead of an error).
+    resume_ignore_config_changes: bool = setting(False)
+    ckpt_path: str = setting("${oc.env:HOME}/ckpts/")
+    max_ckpts_to_keep: int = setting(-1)
+    ckpt_interval: int = setting(10)
+    # Ridgeline extension: true = the first Ctrl-C lets the current step finish, writes a
+    # checkpoint of it and exits (a second Ctrl-C aborts at once, writing nothing).
+    ckpt_on_interrupt: bool = setting(False)
+    # Hugging Face exports every N steps (and after the last) into ${trainer.export_path}/global_step_N
+    hf_save_interval: int = setting(-1)
+    # SkyRL's folder for exports and dumps (dumped_evals/, dumped_data/): docs/checkpointing.md
+    export_path: str = setting("${oc.env:HOME}/exports/")
+    project_name: str = setting("skyrl")
+    run_name: str = setting("test_run")
+    logger: Any = setting("wandb")   # a tracker name or a list of them
+    dump_data_batch: bool = setting(False)
+    dump_eval_results: bool = setting(True)
+    # Ridgeline extension: what a NaN/inf loss of a micro-batch does (checked before backward):
+    # skip = drop that optimizer step (counted in policy/skipped_steps, critic/skipped_steps)
+    # and warn; stop = end the run with an error naming the step.
+    nonfinite_loss: str = setting("skip", choices=("skip", "stop"))
+    # Ridgeline extension: folder for metrics.jsonl, the run report and the final model.
+    run_dir: str = setting("${trainer.export_path}/${trainer.run_name}")
+    # Ridgeline extension: autocast compute dtype of the training forward/backward
+    # (auto | bf16 | fp32). Master weights stay float32. auto = bf16 where the device runs it
+    # fast (CUDA with bf16 support, or a CPU with AMX), fp32 otherwise.
+    mixed_precision: str = setting("auto", choices=("auto", "bf16", "fp32"))
+    # Ridgeline extension: where this process trains and generates: auto (the GPU when CUDA is
+    # available, else the CPU) | cpu | cuda (the current GPU; on a rank, the one LOCAL_RANK names)
+    # | cuda:N. SkyRL configs never name it; auto does what they expect.
+    device: str = setting("auto")
+    # FlashAttention-2 for the training models on CUDA when the flash-attn package is installed;
+    # PyTorch's SDPA otherwise (and on CPU, eager attention for rows of <= 256 tokens).
+    flash_attn: bool = setting(True)
+
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+
+    def check(self, at: str, report: Report) -> None:
+        for name in ("epochs", "update_epochs_per_batch", "train_batch_size", "policy_mini_batch_size",
+                     "critic_mini_batch_size", "micro_train_batch_size_per_gpu", "micro_forward_batch_size_per_gpu",
+                     "max_prompt_length", "eval_batch_size"):
+            value = getattr(self, name)
+            if value < 1:
+                report.add(f"{at}.{name}={show(value)} must be a positive whole number (at least 1). "
+                           f"Fix: e.g. {at}.{name}={show(getattr(TrainerConfig(), name))}.")
+        if self.num_warmup_steps < 0:
+            report.add(f"{at}.num_warmup_steps={show(self.num_warmup_steps)} must not be negative. "
+                       f"Fix: e.g. {at}.num_warmup_steps=0.")
+        for role, optimizer in (("policy", self.policy.optimizer_config), ("critic", self.critic.optimizer_config)):
+            own, shared = optimizer.num_warmup_steps, self.num_warmup_steps
+            if own and shared and own != shared:
+                report.add(f"{at}.{role}.optimizer_config.num_warmup_steps={show(own)} and {at}.num_warmup_steps="
+                           f"{show(shared)} both set the {role}'s warmup. Fix: set one of them (the other 0).")
+        if self.eval_interval != -1 and self.eval_interval < 1:
+            report.add(f"{at}.eval_interval={show(self.eval_interval)} must be a positive number of steps, or -1 to "
+                       f"turn periodic evaluation off. Fix: {at}.eval_interval=-1 or e.g. 5.")
+        self._checkpoints(at, report)
+        self._logger(at, report)
+        self._device(at, report)
+        self.policy.check(f"{at}.policy", report)
+        self.critic.check(f"{at}.critic", report)
+        self.algorithm.check(f"{at}.algorithm", report)
+        self._critic_and_reference(at, report)
+        self._lora(at, report)
+
+    def _checkpoints(self, at: str, report: Report) -> None:
+        meaning = {"ckpt_interval": ("off", "a checkpoint every N steps", 10),
+                   "hf_save_interval": ("off", "a Hugging Face export every N steps", 10),
+                   "max_ckpts_to_keep": ("keep all", "keep the N newest checkpoints", 3)}
+        for name, (minus_one, n, example) in meaning.items():
+            value = getattr(self, name)
+            if value != -1 and value < 1:
+                report.add(f"{at}.{name}={show(value)} must be -1 ({minus_one}) or a whole number N >= 1 ({n}). "
+                           f"Fix: {at}.{name}=-1 or e.g. {at}.{name}={example}.")
+        if self.resume_mode == "from_path" and (self.resume_path is None or not self.resume_path.strip()):
+            report.add(f"{at}.resume_mode=from_path loads the checkpoint named by {at}.resume_path, but "
+                       f"{at}.resume_path is null. Fix: {at}.resume_path=<ckpt_path>/global_step_N, or "
+                       f"{at}.resume_mode=latest to take the newest checkpoint in {at}.ckpt_path.")
+
+    def _logger(self, at: str, report: Report) -> None:
+        logger = self.logger
+        entries = [logger] if isinstance(logger, str) else logger if isinstance(logger, list) else None
+        if not entries or not all(isinstance(e, str) for e in entries):
+            report.add(f"{at}.logger={show(logger)} has the wrong type: expected a tracker name or a non-empty list "
+                       f"of tracker names. Fix: e.g. {at}.logger=console, or {at}.logger=[console,jsonl].")
+            return
+        unknown = [e for e in entries if e not in LOGGERS]
+        if unknown:
+            report.add(f"{at}.logger={show(logger)} names unknown tracker(s) {one_of(unknown)}: trackers are "
+                       f"{one_of(LOGGERS)}. Fix: e.g. {at}.logger=console, or a list such as "
+                       f"{at}.logger=[console,jsonl].")
+
+    def _device(self, at: str, report: Report) -> None:
+        from ridgeline.models.device import resolve_device
+        try:
+            resolve_device(self.device)
+        except ValueError as exc:
+            report.add(str(exc))
+
+    def _critic_and_reference(self, at: str, report: Report) -> None:
+        a, critic = f"{at}.algorithm", self.critic.model.path
+        estimator = self.algorithm.advantage_estimator
+        if estimator == "gae" and critic is None:
+            report.add(f"{a}.advantage_estimator=gae needs a critic (value model), but {at}.critic.model.path is "
+                       f"null. Fix: {at}.critic.model.path=<the policy's path, a common start>, or a critic-free "
+                       f"estimator such as {a}.advantage_estimator=grpo.")
+        if critic is not None and estimator in AlgorithmConfig.CRITIC_FREE_ESTIMATORS:
+            report.add(f"{at}.critic.model.path={critic} builds and trains a critic, but {a}.advantage_estimator="
+                       f"{estimator} never reads its values. Fix: {a}.advantage_estimator=gae to use the critic, "
+                       f"or {at}.critic.model.path=null.")
+        if self.update_ref_every_epoch and not self.algorithm.uses_reference:
+            report.add(f"{at}.update_ref_every_epoch=true refreshes the reference model, but no KL option uses one "
+                       f"({a}.use_kl_loss and use_kl_in_reward are both off). Fix: {a}.use_kl_loss=true, or "
+                       f"{at}.update_ref_every_epoch=false.")
+
+    def _lora(self, at: str, report: Report) -> None:
+        lora, rank = f"{at}.policy.model.lora", self.policy.model.lora.rank
+        if rank <= 0:
+            return
+        if self.strategy in ("fsdp2", "fsdp"):
+            report.add(f"{lora}.rank={rank} with {at}.strategy={self.strategy}: LoRA is built for one process only so "
+                       "far (the FSDP ranks would need the reference served by the policy ranks and the merged "
+                       f"weights gathered for the engines). Fix: {at}.strategy=single, or {lora}.rank=0 for full "
+                       "fine-tuning.")
+        if self.update_ref_every_epoch and self.algorithm.uses_reference:
+            report.add(f"{at}.update_ref_every_epoch=true with {lora}.rank={rank}: with LoRA the reference model is "
+                       "the frozen base the adapters sit on (the policy with its adapters off, no second copy), so it "
+                       f"cannot follow the policy. Fix: {at}.update_ref_every_epoch=false, or {lora}.rank=0 to train "
+                       "(and refresh the reference from) the full model.")
