@@ -227,6 +227,9 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("generator.eval_sampling_params.logprobs", None),
     ("generator.eval_sampling_params.stop", None),
     ("generator.append_eos_token_after_stop_str_in_multi_turn", True),
+    # further SkyRL 0.3.1 keys beyond CONFIG_REFERENCE
+    ("trainer.sequence_parallel_backend", "ulysses"),
+    ("trainer.algorithm.zero_variance_filter", False),
 ]
 
 

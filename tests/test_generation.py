@@ -110,6 +110,28 @@ def test_each_distinct_prompt_is_chat_templated_once_per_batch(tiny_model, tiny_
 
 
 
+@pytest.mark.parametrize("name, rendered", [
+    ("qwen3_with_thinking", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\nhello"
+     "<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"),
+    ("qwen3_without_thinking", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+     "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"),
+])
+def test_skyrl_named_chat_templates(tmp_path, name, rendered):
+    """SkyRL's two template names: Qwen3's turns with earlier reasoning kept, or dropped as Qwen3's own
+    template drops it; both end with the assistant header the model answers after."""
+    from ridgeline.config import load_config
+    from ridgeline.data import encode_chat_prompt
+    from ridgeline.models.loading import configure_chat_template
+    from ridgeline.models.tiny import build_char_tokenizer
+
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", f"generator.chat_template.name_or_path={name}"])
+    tok = build_char_tokenizer()
+    configure_chat_template(tok, cfg.generator)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nhello"},
+                {"role": "user", "content": "again"}]
+    assert tok.decode(encode_chat_prompt(tok, messages)) == rendered
+
+
 def test_skyrl_chat_template_settings_shape_every_rendering(tmp_path):
     """generator.chat_template (source=file) replaces the model's template and
     generator.chat_template_kwargs fixes its variables, for prompts and length checks alike."""
@@ -134,7 +156,8 @@ def test_skyrl_chat_template_settings_shape_every_rendering(tmp_path):
                                               "generator.chat_template_kwargs.enable_thinking=false"]).generator)
     assert tok.decode(encode_chat_prompt(tok, [{"role": "user", "content": "hi"}])) == \
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    with pytest.raises(ConfigError, match="names a template of SkyRL's library, which is not built here"):
-        load_config(["+experiment=tiny", "generator.chat_template.name_or_path=qwen3_without_thinking"])
+    with pytest.raises(ConfigError, match="qwen3_thinking is not a named chat template: the names are "
+                                          "qwen3_with_thinking or qwen3_without_thinking"):
+        load_config(["+experiment=tiny", "generator.chat_template.name_or_path=qwen3_thinking"])
     with pytest.raises(ConfigError, match="needs the path of a Jinja template file that exists"):
         load_config(["+experiment=tiny", "generator.chat_template.source=file"])

@@ -13,7 +13,8 @@ from ridgeline.algorithms.kl_control import (AdaptiveKLController, FixedKLContro
                                              kl_penalized_rewards)
 from ridgeline.algorithms.reward_shaping import RunningRewardStd, soft_overlong_punishment
 from ridgeline.generation.types import GeneratorOutput, TrajectoryID
-from ridgeline.trainer.dynamic_sampling import filter_rollout, first_groups, num_groups, replace_rollout, signal_groups
+from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, mask_signal_less_groups, num_groups,
+                                               replace_rollout, signal_groups)
 
 
 # ------------------------------------------------------------------------------ KL controllers
@@ -119,6 +120,16 @@ def test_signal_groups() -> None:
     rewards = [1.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.25]
     # a differs, b all equal, c is a singleton (nothing to compare), d differs
     assert signal_groups(uids, rewards) == ["a", "d"]
+
+
+def test_zero_variance_filter_masks_the_rows_of_signal_less_groups() -> None:
+    """SkyRL's zero_variance_filter: groups whose rewards are all equal lose their loss masks; a
+    singleton keeps its own (SkyRL keeps singletons); rewards and rows stay."""
+    rollout = _rollout({"a": [1.0, 1.0], "b": [0.0, 1.0], "c": [0.5], "d": [0.0, 0.0, 0.0]})
+    rollout.loss_masks = [[1, 1], [1, 0], [1, 1], [1, 1], [1], [1, 1, 1], [0, 1], [1]]
+    assert mask_signal_less_groups(rollout) == 5
+    assert rollout.loss_masks == [[0, 0], [0, 0], [1, 1], [1, 1], [1], [0, 0, 0], [0, 0], [0]]
+    assert rollout.rewards == [1.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0]
 
 
 def test_filter_keeps_whole_signal_groups_in_order() -> None:

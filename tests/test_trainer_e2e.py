@@ -135,6 +135,30 @@ def test_overlong_filtering_drops_truncated_responses_from_the_loss(tmp_path):
     assert torch.equal(batch.loss_mask.sum(-1) > 0, stopped)
 
 
+def test_zero_variance_filter_takes_signal_less_groups_out_of_the_loss(tmp_path):
+    """SkyRL's trainer.algorithm.zero_variance_filter: in the trained batch, a row has loss tokens
+    exactly when its prompt group's rewards differ."""
+    from ridgeline.trainer.dynamic_sampling import signal_groups
+    from ridgeline.trainer.trainer import Trainer
+    cfg = load_config(tiny_overrides(tmp_path, "data.prepare.num_train=16", "trainer.eval_before_train=false",
+                                     "trainer.algorithm.zero_variance_filter=true"))
+    trainer = Trainer.from_config(cfg)
+    seen = {}
+    collect = trainer.collect_rollout
+
+    def keep_rollout(rows):
+        seen["out"], metrics = collect(rows)
+        return seen["out"], metrics
+
+    trainer.collect_rollout = keep_rollout
+    rows = next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0))
+    metrics = trainer.train_step(rows)
+    out = seen["out"]
+    signal = set(signal_groups(out.uids, out.rewards))
+    assert [any(mask) for mask in out.loss_masks] == [uid in signal for uid in out.uids]
+    assert metrics["generate/zero_variance_masked"] == sum(uid not in signal for uid in out.uids)
+
+
 def test_rollouts_are_a_function_of_the_seed_and_the_step(tmp_path):
     """Generation seeds and dynamic sampling's further prompts derive from (trainer.seed, step,
     round): a second trainer of the same config collects the same rollout, another step does not."""

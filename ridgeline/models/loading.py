@@ -173,18 +173,22 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
 def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -> None:
     """`generator.chat_template` and `generator.chat_template_kwargs` (SkyRL's keys) on the tokenizer
     every prompt of the run is templated with (dataset length checks, the generator's prompts and
-    multi-turn observations alike; engines receive token ids). A `file` template replaces the
-    model's; the kwargs are template variables, fixed by `{%- set name = value -%}` lines ahead of
+    multi-turn observations alike; engines receive token ids). A `file` template, or a `name` of
+    `ridgeline.models.chat_templates` (SkyRL's names), replaces the model's; the kwargs are template variables, fixed by `{%- set name = value -%}` lines ahead of
     the template, so every `apply_chat_template` call renders with them without passing them along.
     Checkpoints and exports save the tokenizer with this template: the model was trained on it."""
     import json
 
     from omegaconf import OmegaConf
 
+    from ridgeline.models.chat_templates import named_chat_template
+
     source = generator_cfg.chat_template.source
     path = generator_cfg.chat_template.name_or_path
     if source == "file":
         tokenizer.chat_template = Path(path).read_text()
+    elif path is not None:
+        tokenizer.chat_template = named_chat_template(path)
     kwargs = OmegaConf.to_container(generator_cfg.chat_template_kwargs, resolve=True)
     if kwargs:
         header = "".join(f"{{%- set {name} = {json.dumps(value)} -%}}" for name, value in kwargs.items())

@@ -53,6 +53,18 @@ def filter_rollout(out: GeneratorOutput) -> GeneratorOutput:
     return keep_groups(out, signal_groups(out.uids, out.rewards))
 
 
+def mask_signal_less_groups(out: GeneratorOutput) -> int:
+    """SkyRL's `trainer.algorithm.zero_variance_filter`: every row of a group (two samples or more)
+    whose returns are all equal gets loss mask 0, in place; returns how many rows. Such a group has
+    zero group-relative advantage, but a KL or entropy term would still move the policy on it.
+    SkyRL applies it to single-turn rewards only; here a multi-turn row's return counts the same."""
+    signal = set(signal_groups(out.uids, out.rewards))
+    masked = [r for uid, rows in group_rows(out.uids).items() if len(rows) > 1 and uid not in signal for r in rows]
+    for row in masked:
+        out.loss_masks[row] = [0] * len(out.loss_masks[row])
+    return len(masked)
+
+
 def replace_rollout(out: GeneratorOutput, min_replace_ratio: float,
                     rng: random.Random) -> tuple[GeneratorOutput, int]:
     """Replace signal-less groups by copies of random groups with signal, when at least

@@ -53,7 +53,8 @@ from ridgeline.trainer.builders import (build_critic, build_generator, build_pol
                                         check_environments, generator_input, load_environments, policy_spec,
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype,
                                         truncation_policy)
-from ridgeline.trainer.dynamic_sampling import filter_rollout, first_groups, num_groups, replace_rollout
+from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, mask_signal_less_groups, num_groups,
+                                               replace_rollout)
 from ridgeline.trainer.evaluation import run_eval
 from ridgeline.trainer.metrics import advantage_metrics, reward_metrics, rollout_metrics
 from ridgeline.trainer.state import AlgorithmState, RunState
@@ -395,6 +396,8 @@ class Trainer:
                                          out.loss_masks, truncation_policy(cfg), training=True)
         out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
         metrics.update(shaped.metrics)
+        if cfg.trainer.algorithm.zero_variance_filter:
+            metrics["generate/zero_variance_masked"] = float(mask_signal_less_groups(out))
         return out, metrics
 
     def collect_rollout(self, rows: list[PromptRow]) -> tuple[GeneratorOutput, dict[str, float]]:

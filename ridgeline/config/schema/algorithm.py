@@ -100,6 +100,8 @@ class AlgorithmConfig(Section):
     value_clip: float = setting(0.2)
     normalize_reward: bool = setting(True)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    # SkyRL 0.3.1: rows of a prompt group whose rewards are all equal get no loss (mask 0)
+    zero_variance_filter: bool = setting(False)
     use_tis: bool = setting(False)
     tis_imp_ratio_cap: float = setting(-1.0)
     cispo: CISPOConfig = field(default_factory=CISPOConfig)

@@ -61,8 +61,9 @@ class EvalSamplingConfig(SamplingConfig):
 @dataclass
 class ChatTemplateConfig(Section):
     """SkyRL keys: the chat template every prompt (and multi-turn observation) is rendered with. source
-    "file" + name_or_path: a Jinja file replacing the model's template; source "name" with name_or_path
-    null keeps the model's own (SkyRL's library of named templates is not built)."""
+    "file" + name_or_path: a Jinja file replacing the model's template; source "name" + a name of
+    SkyRL's (qwen3_with_thinking, qwen3_without_thinking: ridgeline/models/chat_templates/); a null
+    name_or_path keeps the model's own."""
     source: str = setting("name", choices=("name", "file"))
     name_or_path: Optional[str] = setting(None)
 
@@ -72,8 +73,11 @@ class ChatTemplateConfig(Section):
             report.add(f"{key}={show(path)}: {at}.source=file needs the path of a Jinja template file that exists. "
                        f"Fix: {key}=/path/to/template.jinja")
         elif self.source == "name" and path is not None:
-            report.add(f"{key}={show(path)} names a template of SkyRL's library, which is not built here. Fix: "
-                       f"{at}.source=file with the template's file, or name_or_path=null for the model's own")
+            from ridgeline.models.chat_templates import chat_template_names
+            if path not in chat_template_names():
+                report.add(f"{key}={show(path)} is not a named chat template: the names are "
+                           f"{one_of(chat_template_names())}. Fix: one of those, {at}.source=file with a template "
+                           "file, or name_or_path=null for the model's own.")
 
 
 @dataclass

@@ -163,6 +163,8 @@ class TrainerConfig(Section):
                             built=("single", "fsdp2", "fsdp"),
                             not_built="single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on "
                             "CPU workers, NCCL on GPUs) are built; deepspeed and megatron are not planned")
+    # SkyRL 0.3.1 (its only backend); sequence parallelism itself is not built (*.sequence_parallel_size)
+    sequence_parallel_backend: str = setting("ulysses", choices=("ulysses",))
     epochs: int = setting(1)
     update_epochs_per_batch: int = setting(1)
     train_batch_size: int = setting(1024)
