@@ -227,6 +227,11 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("generator.eval_sampling_params.logprobs", None),
     ("generator.eval_sampling_params.stop", None),
     ("generator.append_eos_token_after_stop_str_in_multi_turn", True),
+    # SkyRL 0.3.1's HTTP endpoint of a training run (docs/engines.md)
+    ("generator.model_name", "Qwen/Qwen2.5-1.5B-Instruct"),  # ${trainer.policy.model.path}
+    ("generator.enable_http_endpoint", False),
+    ("generator.http_endpoint_host", "127.0.0.1"),
+    ("generator.http_endpoint_port", 8000),
 ]
 
 

@@ -12,6 +12,7 @@ import functools
 import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -752,6 +753,35 @@ class _Checker:
                          f"+generator.engine_init_kwargs.* overrides, or use generator.backend=vllm or sglang, "
                          "whose engines receive them as is.")
 
+    def http_endpoint(self) -> None:
+        """generator.enable_http_endpoint: where it listens and the name it serves (a port taken by
+        another process is refused when the run starts, before any model loads)."""
+        if self.val("generator.enable_http_endpoint") is not True:
+            return
+        key, port = "generator.http_endpoint_port", self.val("generator.http_endpoint_port")
+        if isinstance(port, int) and not isinstance(port, bool) and not 1 <= port <= 65535:
+            self.add(key, f"{key}={_show(port)} is not a TCP port the endpoint can listen on (1-65535; 0 would pick "
+                          f"a random one that agents cannot know). Fix: e.g. {key}=8000.")
+        host = self.val("generator.http_endpoint_host")
+        if isinstance(host, str) and not host.strip():
+            self.add("generator.http_endpoint_host", "generator.http_endpoint_host is empty: the endpoint needs an "
+                     "address to listen on. Fix: generator.http_endpoint_host=127.0.0.1 (this machine only) or "
+                     "0.0.0.0 (every interface).")
+        name = self.val("generator.model_name")
+        if isinstance(name, str) and not name.strip():
+            self.add("generator.model_name", "generator.model_name is empty: requests to the endpoint name the model "
+                     "they ask for. Fix: leave it at its default (trainer.policy.model.path) or give a name, e.g. "
+                     "generator.model_name=policy.")
+        urls = self.val("generator.remote_inference_engine_urls")
+        if self.val("generator.run_engines_locally") is False and isinstance(urls, list) and isinstance(port, int):
+            local = {"127.0.0.1", "localhost", "0.0.0.0", host}
+            for url in urls:
+                parsed = urlsplit(url if "://" in str(url) else f"http://{url}")
+                if parsed.hostname in local and parsed.port == port:
+                    self.add(key, f"{key}={port} is the port of the remote engine {url} "
+                                  "(generator.remote_inference_engine_urls): the endpoint cannot listen where that "
+                                  f"server does. Fix: another port, e.g. {key}={port + 10}.")
+
     # 6. exclusive switches --------------------------------------------------------------
     def kl(self) -> None:
         if self.val("trainer.algorithm.use_kl_loss") is True and \
@@ -1012,6 +1042,7 @@ class _Checker:
         self.device()
         self.chat_template()
         self.engines()
+        self.http_endpoint()
         self.extensions()
         return self.problems
 
