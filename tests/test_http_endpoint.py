@@ -336,3 +336,24 @@ def test_config_refuses_an_endpoint_that_cannot_listen_or_serve():
                             "generator.remote_inference_engine_urls=['127.0.0.1:8001']"])
     # nothing is checked while the endpoint is off
     load_config(["+experiment=tiny", "generator.http_endpoint_port=0"])
+
+
+def test_an_interrupted_run_stops_its_endpoint_and_frees_the_port(tmp_path):
+    from ridgeline.config import load_config
+    from ridgeline.trainer.trainer import Trainer
+
+    port = free_port()
+    trainer = Trainer.from_config(load_config([
+        "+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=16", "trainer.eval_before_train=false",
+        "generator.enable_http_endpoint=true", f"generator.http_endpoint_port={port}"]))
+    served = []
+
+    def interrupted_step(rows):  # Ctrl-C inside the first step, once the endpoint has answered
+        served.append(requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"])
+        raise KeyboardInterrupt
+
+    trainer.train_step = interrupted_step
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert served == ["tiny://llama"]  # generator.model_name's default: the policy's path
+    assert port_is_free(port)
