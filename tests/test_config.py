@@ -230,6 +230,11 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     # further SkyRL 0.3.1 keys beyond CONFIG_REFERENCE
     ("trainer.sequence_parallel_backend", "ulysses"),
     ("trainer.algorithm.zero_variance_filter", False),
+    # SkyRL 0.3.1's HTTP endpoint of a training run (docs/engines.md)
+    ("generator.model_name", "Qwen/Qwen2.5-1.5B-Instruct"),  # ${trainer.policy.model.path}
+    ("generator.enable_http_endpoint", False),
+    ("generator.http_endpoint_host", "127.0.0.1"),
+    ("generator.http_endpoint_port", 8000),
 ]
 
 

@@ -440,7 +440,7 @@ def test_serve_answers_stop_strings_and_top_logprobs_as_sglang_and_vllm_do(serve
     native["sampling_params"]["no_stop_trim"] = True
     assert service.generate(native)["text"] == "WW"
 
-    completion = {"prompt": prompt, "max_tokens": 8, "temperature": 0.0, "stop": ["WW"], "logprobs": 1,
+    completion = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "stop": ["WW"], "logprobs": 1,
                   "return_token_ids": True}
     choice = service.completions(completion)["choices"][0]
     assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("", "stop", "WW")
@@ -455,7 +455,7 @@ def test_serve_answers_stop_strings_and_top_logprobs_as_sglang_and_vllm_do(serve
                        ({"repetition_penalty": 0}, "repetition_penalty must be greater than 0"),
                        ({"logprobs": -1}, "top logprobs must be a whole number")]:
         with pytest.raises(RequestError, match=words):
-            service.completions({"prompt": prompt, **bad})
+            service.completions({"model": MODEL, "prompt": prompt, **bad})
 
 
 def test_completion_requests_carry_the_sampling_keys():

@@ -138,9 +138,11 @@ class EvalReport:
 
 def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path | None = None) -> EvalReport:
     """Build tokenizer, model, engine and generator from `cfg`, score every row of
-    `data.val_data` with `generator.eval_n_samples_per_prompt` samples, and write the results."""
+    `data.val_data` with `generator.eval_n_samples_per_prompt` samples, and write the results.
+    With `generator.enable_http_endpoint` the engine also answers HTTP requests while it evaluates."""
     from omegaconf import OmegaConf
 
+    from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_address
     from ridgeline.inference.hf_engine import HFEngine
     from ridgeline.tracking.dumps import eval_dump_folder
     from ridgeline.models.device import resolve_device
@@ -150,6 +152,8 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     from ridgeline.trainer.evaluation import run_eval
 
     t, g = cfg.trainer, cfg.generator
+    if g.enable_http_endpoint:  # a taken port stops here, before any model loads
+        check_address(g.http_endpoint_host, g.http_endpoint_port)
     seed_everything(t.seed)
     output = Path(output) if output is not None else eval_dump_folder(t.export_path, None)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a copy; the caller's stays as it is
@@ -169,11 +173,19 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     # every row's env builds and starts before any sample is generated (as before training)
     check_environments(cfg, {f"data.val_data ({file})": data for file, data in datasets.items()}, env_override)
     labelled = labelled_rows(datasets)
-    generator = build_generator(cfg, engine, tokenizer)
-
-    metrics, acc = run_eval(generator, labelled, cfg, env_override=env_override)
+    endpoint = None
+    try:
+        if g.enable_http_endpoint:
+            endpoint = HttpEndpoint(engine, tokenizer, EndpointSettings.from_config(cfg))
+            engine = endpoint.engine
+            endpoint.start()
+        generator = build_generator(cfg, engine, tokenizer)
+        metrics, acc = run_eval(generator, labelled, cfg, env_override=env_override)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+        engine.close()
     seconds = metrics["timing/eval"]
-    engine.close()
     acc.dump(output, extra_metrics={"timing/eval": seconds})
     OmegaConf.save(cfg, output / "config.yaml")
     return EvalReport(acc.metrics(), output, len(acc.records), seconds)

@@ -1,5 +1,6 @@
 """`ridgeline serve [overrides] [--host H] [--port N] [--api-key K]`: the embedded engine of the
-configured policy model behind an HTTP server (ridgeline.inference.server)."""
+configured policy model behind an HTTP server (ridgeline.inference.server), serving it as
+`generator.model_name` on the OpenAI routes."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec(cfg)
     tokenizer = load_tokenizer(spec)
     configure_chat_template(tokenizer, cfg.generator)
-    service = EngineService(build_hf_engine(cfg, tokenizer), tokenizer, spec.path)
+    service = EngineService(build_hf_engine(cfg, tokenizer), tokenizer, spec.path,
+                            served_model_name=cfg.generator.model_name,
+                            chat_max_tokens=cfg.generator.sampling_params.max_generate_length)
     server = make_http_server(service, args.host, args.port, args.api_key)
     host, port = server.server_address[:2]
     # the line a launcher waits for (tests and scripts parse it)

@@ -18,27 +18,37 @@ SGLang-style native routes (the same request and answer shapes as SGLang's serve
   POST /destroy_weights_update_group  {group_name}
   POST /update_weights_from_disk      {model_path}: a folder of safetensors in HF names
   POST /release_memory_occupation, /resume_memory_occupation {tags}: sleep / wake_up(tags)
-OpenAI-compatible routes (the subset vLLM serves that token-in/token-out rollouts need)
+OpenAI-compatible routes (the subset of vLLM's that rollouts and agents need)
   GET  /v1/models
-  POST /v1/completions    {prompt: token ids, max_tokens, temperature, top_p, top_k, min_p,
-                           repetition_penalty, stop, include_stop_str_in_output, logprobs,
-                           prompt_logprobs, seed, stop_token_ids, skip_special_tokens,
+  POST /v1/completions    {model, prompt: token ids or text, n, max_tokens, temperature, top_p,
+                           top_k, min_p, repetition_penalty, stop, include_stop_str_in_output,
+                           logprobs, prompt_logprobs, seed, stop_token_ids, skip_special_tokens,
                            return_token_ids, return_tokens_as_token_ids}
+  POST /v1/chat/completions {model, messages, n, max_completion_tokens / max_tokens, the sampling
+                           fields above, logprobs: bool, top_logprobs, chat_template_kwargs}:
+                           the messages rendered with the tokenizer's chat template
 
 Both APIs answer like their servers: the matched stop string in `finish_reason["matched"]` /
-`stop_reason`, the top logprobs in `meta_info["output_top_logprobs"]` / `logprobs.top_logprobs`,
-and `text` without special tokens and without the stop string unless `no_stop_trim` /
-`include_stop_str_in_output` (token ids always end with the token that completed it).
+`stop_reason`, the top logprobs in `meta_info["output_top_logprobs"]` / `logprobs.top_logprobs`
+(chat: OpenAI's `logprobs.content`), and text without special tokens and without the stop string
+unless `no_stop_trim` / `include_stop_str_in_output` (token ids always end with the token that
+completed it). OpenAI requests must name the served model (`served_model_name`, the config's
+`generator.model_name`); a request naming another, a field this server does not act on, or
+`stream=true` is refused with a 400 in OpenAI's error shape ({"error": {message, type, param,
+code}}, which every error answer takes but the weight routes' SGLang-style {success, message}).
 
 With an API key every route but /health asks for `Authorization: Bearer <key>`. Requests are
 served one at a time (the engine batches within a request; the remote client sends one batched
-request per server), so a weight update never lands in the middle of a generation.
+request per server), so a weight update never lands in the middle of a generation. A request
+without a seed gets a fresh one from the operating system: the process's global RNG is never
+touched (a training run's endpoint shares its process, ridgeline.inference.endpoint).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -46,9 +56,10 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
+from jinja2 import TemplateError
 
 from ridgeline.inference.sglang_engine import CUDA_GRAPH, KV_CACHE, WEIGHTS
 from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSyncError
@@ -99,6 +110,17 @@ def sampling_from_completion(body: dict[str, Any]) -> SamplingParams:
     return _sampling(body.get("max_tokens", 16), body, "stop", body.get("logprobs"))
 
 
+# The fields of the OpenAI routes. Any other is refused with a 400 naming it, never ignored; `user`
+# and SkyRL's `session_id` (a routing hint) change no answer, so they are accepted.
+_OPENAI_FIELDS = {"model", "n", "seed", "stream", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+                  "repetition_penalty", "stop", "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output",
+                  "return_token_ids", "return_tokens_as_token_ids", "logprobs", "user", "session_id"}
+COMPLETION_FIELDS = _OPENAI_FIELDS | {"prompt", "prompt_logprobs"}
+CHAT_FIELDS = _OPENAI_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs"}
+# penalties this server does not apply: accepted only at OpenAI's default, which applies none
+_ZERO_ONLY = ("frequency_penalty", "presence_penalty")
+
+
 def _token_batch(value: Any, what: str) -> tuple[list[list[int]], bool]:
     """A list of token ids or a list of such lists -> (batch, was_single)."""
     if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
@@ -119,10 +141,16 @@ class _Group:
 class EngineService:
     """The routes as plain methods over one engine: body dict in, (status, body) out."""
 
-    def __init__(self, engine, tokenizer, model_path: str, *, tp_size: int = 1):
+    def __init__(self, engine, tokenizer, model_path: str, *, tp_size: int = 1, served_model_name: str | None = None,
+                 chat_max_tokens: int = 1024):
+        """`served_model_name`: the name OpenAI requests must give as `model` (default `model_path`,
+        vLLM's rule); `chat_max_tokens`: the `max_tokens` of a chat request that sets none (vLLM fills
+        the context; here the config's `generator.sampling_params.max_generate_length`)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path
+        self.served_model_name = served_model_name or model_path
+        self.chat_max_tokens = chat_max_tokens
         self.tp_size = tp_size
         self.weight_version = "0"
         self.groups: dict[str, _Group] = {}
@@ -140,7 +168,7 @@ class EngineService:
                 "weight_update_groups": sorted(self.groups)}
 
     def models(self, _: dict) -> dict:
-        return {"object": "list", "data": [{"id": self.model_path, "object": "model", "owned_by": "ridgeline",
+        return {"object": "list", "data": [{"id": self.served_model_name, "object": "model", "owned_by": "ridgeline",
                                             "root": self.model_path, "created": int(self.started)}]}
 
     # -- generation ---------------------------------------------------------------------------
@@ -184,8 +212,10 @@ class EngineService:
         outputs = [EngineOutput([], [], "length", top_logprobs=[] if r.sampling_params.num_top_logprobs else None)
                    for r in requests]
         if todo:
-            # one generator per batch: the first seed given makes the whole batch reproducible
+            # one generator per batch: the first seed given makes the whole batch reproducible; without
+            # one, a fresh seed, so that the engine never reseeds (and so moves) the process's global RNG
             seed = next((int(s) for s in seeds if s is not None), None)
+            seed = secrets.randbits(63) if seed is None else seed
             with self.lock:
                 for i, out in zip(todo, self.engine.generate([requests[i] for i in todo], seed=seed)):
                     outputs[i] = out
@@ -207,16 +237,29 @@ class EngineService:
         cut = -1 if out.matched_stop is None or keep_stop else text.rfind(out.matched_stop)
         return text if cut < 0 else text[:cut]
 
-    def completions(self, body: dict) -> dict:
+    def _check_openai(self, body: dict, route: str, fields: set[str]) -> None:
+        """What every OpenAI request must satisfy: the served model named, no streaming, no field
+        this server would not act on."""
         if body.get("stream"):
-            raise RequestError("stream=true is not supported by ridgeline serve")
+            raise RequestError(f"{route}: stream=true is not supported; send stream=false")
+        unknown = sorted(k for k in set(body) - fields if not (k in _ZERO_ONLY and body[k] in (0, None)))
+        if unknown:
+            raise RequestError(f"{route}: fields this server does not act on: {unknown}; remove them")
+        if "model" not in body:
+            raise RequestError(f"{route}: the field `model` is required; this server serves {self.served_model_name!r}")
+        if body["model"] != self.served_model_name:
+            raise RequestError(f"{route}: model {body['model']!r} is not served here; this server serves "
+                               f"{self.served_model_name!r} (generator.model_name)")
+
+    def completions(self, body: dict) -> dict:
+        self._check_openai(body, "/v1/completions", COMPLETION_FIELDS)
         prompt = body.get("prompt")
         if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
             texts = [prompt] if isinstance(prompt, str) else prompt
             prompts = [list(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
         else:
             prompts, _ = _token_batch(prompt, "prompt")
-        n = int(body.get("n", 1))
+        n = _sample_count(body)
         params = sampling_from_completion(body)
         stop = tuple(int(t) for t in body.get("stop_token_ids") or ())
         requests = [EngineRequest(ids, params, stop) for ids in prompts for _ in range(n)]
@@ -250,7 +293,65 @@ class EngineService:
                  "completion_tokens": sum(len(o.response_ids) for o in outputs)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_path, "choices": choices, "usage": usage}
+                "model": self.served_model_name, "choices": choices, "usage": usage}
+
+    def chat_completions(self, body: dict) -> dict:
+        """OpenAI's chat completions: the messages rendered with the tokenizer's chat template (the
+        one the run's prompts use, with the assistant turn opened), then `n` samples of one batch."""
+        self._check_openai(body, "/v1/chat/completions", CHAT_FIELDS)
+        prompt = self._chat_prompt(body.get("messages"), body.get("chat_template_kwargs"))
+        want_lp, top = bool(body.get("logprobs")), body.get("top_logprobs")
+        if top is not None and not want_lp:
+            raise RequestError("top_logprobs needs logprobs=true")
+        limit = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
+                     self.chat_max_tokens)
+        params = _sampling(limit, body, "stop", top or None)
+        stop = tuple(int(t) for t in body.get("stop_token_ids") or ())
+        requests = [EngineRequest(prompt, params, stop) for _ in range(_sample_count(body))]
+        outputs = self._generate(requests, [body.get("seed")])
+        skip, keep = bool(body.get("skip_special_tokens", True)), bool(body.get("include_stop_str_in_output", False))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        choices = []
+        for i, out in enumerate(outputs):
+            choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": self._text(out, skip, keep)},
+                                      "logprobs": self._chat_logprobs(out, as_ids) if want_lp else None,
+                                      "finish_reason": out.stop_reason, "stop_reason": out.matched_stop}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = out.response_ids
+            choices.append(choice)
+        completion_tokens = sum(len(o.response_ids) for o in outputs)
+        answer = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                  "model": self.served_model_name, "choices": choices,
+                  "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
+                            "total_tokens": len(prompt) + completion_tokens}}
+        if body.get("return_token_ids"):
+            answer["prompt_token_ids"] = prompt  # vLLM's field: with `token_ids`, the exact tokens sampled from
+        return answer
+
+    def _chat_prompt(self, messages: Any, template_kwargs: Any) -> list[int]:
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise RequestError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+        if template_kwargs is not None and not isinstance(template_kwargs, dict):
+            raise RequestError(f"chat_template_kwargs must be an object, got {template_kwargs!r}")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **(template_kwargs or {}))
+        except (TemplateError, ValueError, TypeError) as e:
+            raise RequestError(f"the chat template cannot render these messages: {e}") from e
+        # the rendered text holds the template's special tokens: no second bos
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _chat_logprobs(self, out: EngineOutput, as_ids: bool) -> dict[str, Any]:
+        """OpenAI's `logprobs.content`: per sampled token its text, logprob, UTF-8 bytes and the top
+        `top_logprobs` alternatives."""
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = self._token_key(token, as_ids)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        tops = out.top_logprobs or [[] for _ in out.response_ids]
+        return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top]}
+                            for t, lp, top in zip(out.response_ids, out.logprobs, tops)]}
 
     def _token_key(self, token: int, as_ids: bool) -> str:
         return f"token_id:{token}" if as_ids else self.tokenizer.decode([token])
@@ -337,12 +438,21 @@ class EngineService:
             self.engine.generate([EngineRequest([self.tokenizer.eos_token_id or 0], SamplingParams(1, 0.0))], seed=0)
         return {}
 
-    def routes(self) -> dict[tuple[str, str], Callable[[dict], Any]]:
+    def openai_routes(self) -> dict[tuple[str, str], Callable[[dict], Any]]:
+        """The OpenAI API and /health: all a training run's HTTP endpoint exposes (no weight, memory
+        or cache route: agents sample from the run's engine, they do not steer it)."""
         return {
-            ("GET", "/health"): lambda _: {}, ("GET", "/health_generate"): self.health_generate,
+            ("GET", "/health"): lambda _: {}, ("GET", "/v1/models"): self.models,
+            ("POST", "/v1/completions"): self.completions, ("POST", "/v1/chat/completions"): self.chat_completions,
+        }
+
+    def routes(self) -> dict[tuple[str, str], Callable[[dict], Any]]:
+        """Every route: `ridgeline serve`."""
+        return {
+            **self.openai_routes(),
+            ("GET", "/health_generate"): self.health_generate,
             ("GET", "/get_model_info"): self.model_info, ("GET", "/get_server_info"): self.server_info,
-            ("GET", "/v1/models"): self.models,
-            ("POST", "/generate"): self.generate, ("POST", "/v1/completions"): self.completions,
+            ("POST", "/generate"): self.generate,
             ("POST", "/flush_cache"): self.flush_cache,
             ("POST", "/init_weights_update_group"): self.init_weights_update_group,
             ("POST", "/destroy_weights_update_group"): self.destroy_weights_update_group,
@@ -351,6 +461,13 @@ class EngineService:
             ("POST", "/release_memory_occupation"): self.release_memory,
             ("POST", "/resume_memory_occupation"): self.resume_memory,
         }
+
+
+def _sample_count(body: dict) -> int:
+    n = body.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise RequestError(f"n must be a whole number >= 1, got {n!r}")
+    return n
 
 
 def _memory_tags(body: dict) -> list[str]:
@@ -372,10 +489,16 @@ def _finish(out: EngineOutput) -> dict[str, Any]:
     return {"type": "length", "length": len(out.response_ids)}
 
 
-def make_http_server(service: EngineService, host: str = "127.0.0.1", port: int = 0,
-                     api_key: str | None = None) -> ThreadingHTTPServer:
-    """An HTTP server over `service` (port 0 picks a free port: `server.server_address`)."""
-    routes = service.routes()
+def error_body(status: HTTPStatus, message: str) -> dict[str, Any]:
+    """OpenAI's error shape (vLLM's and SkyRL's endpoints answer the same)."""
+    return {"error": {"message": message, "type": status.phrase, "param": None, "code": int(status)}}
+
+
+def make_http_server(service: EngineService, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                     routes: Mapping[tuple[str, str], Callable[[dict], Any]] | None = None) -> ThreadingHTTPServer:
+    """An HTTP server over `service`'s `routes` (default: all of them), bound on return (port 0
+    picks a free port: `server.server_address`); OSError when host:port cannot be listened on."""
+    routes = dict(service.routes() if routes is None else routes)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -396,22 +519,24 @@ def make_http_server(service: EngineService, host: str = "127.0.0.1", port: int 
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             if api_key and path != "/health" and self.headers.get("Authorization") != f"Bearer {api_key}":
-                return self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+                return self._send(HTTPStatus.UNAUTHORIZED, error_body(HTTPStatus.UNAUTHORIZED,
+                                                                      "missing or wrong bearer token"))
             route = routes.get((method, path)) or (routes.get(("GET", path)) if method == "POST" else None)
             if route is None:
-                return self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {method} {path}"})
+                return self._send(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route {method} {path}"))
             try:
                 body = json.loads(raw) if raw else {}
                 if not isinstance(body, dict):
                     raise RequestError("the request body must be a JSON object")
                 result = route(body)
             except (RequestError, KeyError, TypeError, json.JSONDecodeError) as e:
-                return self._send(HTTPStatus.BAD_REQUEST, {"error": f"{type(e).__name__}: {e}"})
+                return self._send(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"{type(e).__name__}: {e}"))
             except WeightSyncError as e:
                 return self._send(HTTPStatus.BAD_REQUEST, {"success": False, "message": str(e)})
             except Exception as e:  # noqa: BLE001 - the client gets the error instead of a dropped connection
                 log.exception("%s %s failed", method, path)
-                return self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(e).__name__}: {e}"})
+                return self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                  error_body(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
             failed = isinstance(result, dict) and result.get("success") is False
             self._send(HTTPStatus.BAD_REQUEST if failed else HTTPStatus.OK, result)
 
@@ -421,6 +546,9 @@ def make_http_server(service: EngineService, host: str = "127.0.0.1", port: int 
         def do_POST(self) -> None:  # noqa: N802
             self._handle("POST")
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), Handler)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # agents open many connections at once; http.server's default backlog is 5

@@ -37,6 +37,7 @@ from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput
 from ridgeline.inference.build import build_engine
+from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_address
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.device import memory_metrics, resolve_device
@@ -82,13 +83,15 @@ class Trainer:
                  generator: Generator, train_data: PromptDataset, val_data: PromptDataset | None,
                  trackers: list[Tracker], run_dir: Path, run: RunState, checkpointer: Checkpointer,
                  weight_sync: WeightSync, device: torch.device, colocated: bool = False,
-                 shutdown: Callable[[], None] | None = None, env_override: str | None = None):
+                 shutdown: Callable[[], None] | None = None, env_override: str | None = None,
+                 endpoint: HttpEndpoint | None = None):
         """`workers` are the one-process workers, or with trainer.strategy=fsdp2 the Ray groups of
         ridgeline.distributed.ray_workers (the same protocols); `weight_sync.sync(step)` brings the
         engine(s) the policy's weights; `device` is where this process computes (its engine and
         workers when they are local; the host for a Ray driver); `colocated`: the engines share the
         training GPUs, so they sleep while the trainer trains; `shutdown()` (if any) stops the
-        workers and engines."""
+        workers and engines; `endpoint` (generator.enable_http_endpoint) serves `engine`, its
+        SharedEngine, over HTTP from the start of `train()` to its end."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.workers = workers
@@ -103,6 +106,7 @@ class Trainer:
         self.weight_sync = weight_sync
         self.device = device
         self._shutdown = shutdown
+        self.endpoint = endpoint
         self.env_override = env_override  # environment.reward_fn: one env for every row
         self.colocated = colocated
         self.history: list[dict[str, float]] = []
@@ -113,6 +117,8 @@ class Trainer:
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
         seed_everything(t.seed)
+        if cfg.generator.enable_http_endpoint:  # a taken port stops the run before any model loads
+            check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -170,7 +176,11 @@ class Trainer:
                 and bool(cfg.generator.run_engines_locally)
         compute = (str(training_autocast_dtype(t.mixed_precision, device) or torch.float32) if t.strategy == "single"
                    else f"mixed_precision={t.mixed_precision} on the ranks")
+        endpoint = None
         try:
+            if cfg.generator.enable_http_endpoint:
+                endpoint = HttpEndpoint(engine, tokenizer, EndpointSettings.from_config(cfg))
+                engine = endpoint.engine  # the generator and the loop share it with the endpoint's requests
             run = RunState(run_id=checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id(), algorithm=AlgorithmState(
                 kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
                                                    alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
@@ -187,7 +197,7 @@ class Trainer:
             checkpointer = Checkpointer(cfg, tokenizer, fingerprint, run_dir)
             trainer = cls(cfg, tokenizer, workers, engine, generator, train_data, val_data, trackers, run_dir, run,
                           checkpointer, weight_sync, device, colocated=colocated, shutdown=shutdown,
-                          env_override=env_override)
+                          env_override=env_override, endpoint=endpoint)
             if resume_from is not None:
                 checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
                 weight_sync.sync(run.global_step)   # the engines get the resumed policy
@@ -195,6 +205,8 @@ class Trainer:
             elif not isinstance(weight_sync, InProcessWeightSync):
                 weight_sync.sync(0)  # engines in other processes start from the trainer's weights, probed
         except BaseException:
+            if endpoint is not None:
+                endpoint.close()
             shutdown()
             raise
         return trainer
@@ -221,12 +233,17 @@ class Trainer:
             log.info("training %d steps (%d epochs x %d steps), run folder %s", self.total_steps, t.epochs,
                      self.steps_per_epoch, self.run_dir)
         try:
+            if self.endpoint is not None:
+                self.endpoint.start()
             return self._train()
         finally:
             self.close()
 
     def close(self) -> None:
-        """Stop the workers of other processes (Ray actors and their placement groups); idempotent."""
+        """Stop the HTTP endpoint (first: no request reaches an engine being shut down) and the
+        workers of other processes (Ray actors and their placement groups); idempotent."""
+        if self.endpoint is not None:
+            self.endpoint.close()
         if self._shutdown is not None:
             shutdown, self._shutdown = self._shutdown, None
             shutdown()
@@ -528,7 +545,7 @@ class Trainer:
                     f"step {self.run.global_step}: {err}. The run stops; resume from the latest checkpoint "
                     "(trainer.resume_mode=latest), or set trainer.nonfinite_loss=skip to drop such "
                     "optimizer steps") from err
-            with timer.phase("sync_weights"):
+            with timer.phase("sync_weights"), self._weights_changing():
                 if self.colocated:  # weights first, then the KV cache: never both next to the trainer's state
                     self.engine.wake_up(("weights",))
                 metrics.update(self.weight_sync.sync(self.run.global_step))
@@ -547,6 +564,11 @@ class Trainer:
         # This process only: Ray ranks and engine servers are not in it.
         metrics.update(memory_metrics(self.device))
         return metrics
+
+    def _weights_changing(self) -> contextlib.AbstractContextManager[None]:
+        """HTTP endpoint requests wait while the engine takes new weights, then see them (a colocated
+        engine also keeps them waiting from its sleep on: `SharedEngine`)."""
+        return self.endpoint.hold() if self.endpoint is not None else contextlib.nullcontext()
 
     def _apply_reward_kl_penalty(self, batch) -> dict[str, float]:
         """`use_kl_in_reward`: `batch.rewards` lowered by beta * KL(pi_old || ref) per token, then

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
+from urllib.parse import urlsplit
 
 from ridgeline.config.fields import Report, Section, one_of, setting, show
 
@@ -85,6 +86,9 @@ class GeneratorConfig(Section):
     # generator.engine_init_kwargs the embedded engine takes (vllm/sglang take any of theirs)
     HF_ENGINE_KWARGS: ClassVar[tuple[str, ...]] = ("attn_implementation",)
 
+    # SkyRL key: the model name the HTTP endpoint (enable_http_endpoint) and `ridgeline serve` serve;
+    # OpenAI requests must name it as `model` (another name is refused).
+    model_name: str = setting("${trainer.policy.model.path}")
     model_dtype: str = setting("bfloat16", choices=("bfloat16", "float16", "float32"))
     run_engines_locally: bool = setting(True)
     num_inference_engines: int = setting(1)
@@ -115,6 +119,12 @@ class GeneratorConfig(Section):
     # token, if the servers want one, comes from the RIDGELINE_ENGINE_API_KEY environment variable.
     remote_request_timeout_s: float = setting(600.0)
     remote_max_retries: int = setting(3)
+    # SkyRL keys: with enable_http_endpoint the run's engine also answers OpenAI-compatible requests
+    # (/v1/chat/completions, /v1/completions, /v1/models, /health) on http://host:port while it trains
+    # (and while `ridgeline eval` runs), for agent code to sample from the policy being trained.
+    enable_http_endpoint: bool = setting(False)
+    http_endpoint_host: str = setting("127.0.0.1")
+    http_endpoint_port: int = setting(8000)
     max_turns: int = setting(1)
     override_existing_update_group: str = setting("auto", choices=("auto", "enable", "disable"))
     engine_init_kwargs: Dict[str, Any] = setting({})
@@ -154,6 +164,30 @@ class GeneratorConfig(Section):
         self.eval_sampling_params.check(f"{at}.eval_sampling_params", report)
         self.chat_template.check(f"{at}.chat_template", report)
         self._engines(at, report)
+        if self.enable_http_endpoint:
+            self._http_endpoint(at, report)
+
+    def _http_endpoint(self, at: str, report: Report) -> None:
+        """Where the endpoint listens and the name it serves (a port taken by another process is
+        refused when the run starts, before any model loads)."""
+        key, port, host = f"{at}.http_endpoint_port", self.http_endpoint_port, self.http_endpoint_host
+        if not 1 <= port <= 65535:
+            report.add(f"{key}={show(port)} is not a TCP port the endpoint can listen on (1-65535; 0 would pick a "
+                       f"random one that agents cannot know). Fix: e.g. {key}=8000.")
+        if not host.strip():
+            report.add(f"{at}.http_endpoint_host is empty: the endpoint needs an address to listen on. Fix: "
+                       f"{at}.http_endpoint_host=127.0.0.1 (this machine only) or 0.0.0.0 (every interface).")
+        if not self.model_name.strip():
+            report.add(f"{at}.model_name is empty: requests to the endpoint name the model they ask for. Fix: leave "
+                       f"it at its default (trainer.policy.model.path) or give a name, e.g. {at}.model_name=policy.")
+        if not self.run_engines_locally:
+            local = {"127.0.0.1", "localhost", "0.0.0.0", host}
+            for url in self.remote_inference_engine_urls:
+                parsed = urlsplit(url if "://" in url else f"http://{url}")
+                if parsed.hostname in local and parsed.port == port:
+                    report.add(f"{key}={port} is the port of the remote engine {url} ({at}.remote_inference_engine_urls"
+                               f"): the endpoint cannot listen where that server does. Fix: another port, e.g. "
+                               f"{key}={port + 10}.")
 
     def _engines(self, at: str, report: Report) -> None:
         if not self.run_engines_locally:

@@ -1,0 +1,190 @@
+"""`generator.enable_http_endpoint` (SkyRL's keys): while a run trains, its engine answers
+OpenAI-compatible HTTP requests on `generator.http_endpoint_host:http_endpoint_port`, so agent code
+(an environment, a tool, another process) can sample from the policy being trained.
+
+The routes are `ridgeline serve`'s OpenAI ones (`EngineService.openai_routes`: /health, /v1/models,
+/v1/completions, /v1/chat/completions), served from a background thread of the training process
+over the run's own engine, which the trainer's generator keeps using. `SharedEngine` makes that
+safe: every engine call holds one lock, so the endpoint's requests and the generator's batches
+never interleave inside an engine (the embedded engine, vLLM's `LLM` and SGLang's `Engine` are not
+thread-safe), and a request never sees half-synced weights: it waits while the engine sleeps (a
+colocated engine while the trainer trains) and while the trainer holds it for a weight sync, and is
+answered by the new weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from ridgeline.inference.server import EngineService, make_http_server
+from ridgeline.inference.types import (WAKE_TAGS, EngineError, EngineOutput, EngineRequest, InferenceEngine,
+                                       MemoryTag, wake_order)
+
+log = logging.getLogger(__name__)
+
+
+class EndpointError(RuntimeError):
+    """The endpoint cannot listen where the config says."""
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    host: str
+    port: int
+    model_name: str       # generator.model_name: the `model` every request must name
+    model_path: str       # trainer.policy.model.path
+    chat_max_tokens: int  # a chat request's max_tokens when it sets none
+
+    @classmethod
+    def from_config(cls, cfg) -> "EndpointSettings":
+        g = cfg.generator
+        return cls(host=str(g.http_endpoint_host), port=int(g.http_endpoint_port), model_name=str(g.model_name),
+                   model_path=str(cfg.trainer.policy.model.path),
+                   chat_max_tokens=int(g.sampling_params.max_generate_length))
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def _address_error(host: str, port: int, err: OSError) -> EndpointError:
+    if err.errno == errno.EADDRINUSE:
+        return EndpointError(f"generator.http_endpoint_port={port}: {host}:{port} is already in use (another server, or "
+                             "another run's endpoint). Fix: stop that process or choose a free port, e.g. "
+                             f"generator.http_endpoint_port={port + 10}.")
+    if err.errno == errno.EACCES:
+        return EndpointError(f"generator.http_endpoint_port={port}: listening on a port below 1024 needs privileges. "
+                             "Fix: a port above 1023, e.g. generator.http_endpoint_port=8000.")
+    return EndpointError(f"generator.http_endpoint_host={host}: cannot listen on {host}:{port} ({err.strerror or err}). "
+                         "Fix: an IPv4 address of this machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 "
+                         "(every interface).")
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuse before any model loads when host:port cannot be listened on (the server binds it
+    only once the engine exists); the same options as the server's socket."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise _address_error(host, port, err) from err
+
+
+class SharedEngine:
+    """An `InferenceEngine` used by the training loop and by the endpoint's request threads.
+
+    Every call holds one re-entrant lock. `generate` and `score` from a thread other than the one
+    that put the engine to sleep wait until it is fully awake again (that thread gets the engine's
+    own refusal instead: a bug of the loop must fail, not hang). `hold()` keeps other threads out for
+    a whole phase, e.g. a weight sync. After `close`, waiting and new calls fail."""
+
+    def __init__(self, engine: InferenceEngine):
+        self.engine = engine
+        self.dtype: torch.dtype = engine.dtype
+        self._lock = threading.RLock()
+        self._awake = threading.Condition(self._lock)
+        self._asleep: set[MemoryTag] = set()
+        self._sleeper: int | None = None   # the thread that put it to sleep
+        self._closed = False
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def _wait_until_usable(self) -> None:
+        """Called with the lock held."""
+        while self._asleep and threading.get_ident() != self._sleeper and not self._closed:
+            self._awake.wait()
+        if self._closed:
+            raise EngineError("the run's engine is closed (the training run ended)")
+
+    def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
+        with self._lock:
+            self._wait_until_usable()
+            return self.engine.generate(requests, seed=seed)
+
+    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        with self._lock:
+            self._wait_until_usable()
+            return self.engine.score(prompt_ids, response_ids)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        with self._lock:
+            self.engine.update_weights(named_tensors)
+            self._asleep.discard("weights")  # the protocol: sleeping weights are woken first
+
+    def reset_prefix_cache(self) -> None:
+        with self._lock:
+            self.engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        with self._lock:
+            self.engine.sleep(level)
+            self._asleep, self._sleeper = set(WAKE_TAGS), threading.get_ident()
+
+    def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
+        with self._lock:
+            self.engine.wake_up(tags)
+            self._asleep -= set(wake_order(tags))
+            if not self._asleep:
+                self._awake.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._awake.notify_all()
+                self.engine.close()
+
+
+class HttpEndpoint:
+    """The OpenAI routes over `engine`, from a background thread of this process.
+
+    Built (and bound: a taken port fails here) before the run; `engine` is then the `SharedEngine`
+    the trainer and its generator must use. `start()` serves, `close()` stops serving, frees the
+    port and closes the engine; requests still waiting for it fail."""
+
+    def __init__(self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, settings: EndpointSettings):
+        self.settings = settings
+        self.engine = SharedEngine(engine)
+        service = EngineService(self.engine, tokenizer, settings.model_path, served_model_name=settings.model_name,
+                                chat_max_tokens=settings.chat_max_tokens)
+        try:
+            self.server = make_http_server(service, settings.host, settings.port, routes=service.openai_routes())
+        except OSError as err:
+            raise _address_error(settings.host, settings.port, err) from err
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="ridgeline-http-endpoint", daemon=True)
+        self._thread.start()
+        log.info("HTTP endpoint (generator.enable_http_endpoint): OpenAI API at %s/v1, model %r",
+                 self.settings.url, self.settings.model_name)
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Requests wait for the engine until this ends (a weight sync: they then see the new weights)."""
+        return self.engine.hold()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self.server.shutdown()   # returns once serve_forever has stopped
+            self._thread.join()
+        self.server.server_close()   # the port is free from here
+        self.engine.close()
+        log.info("HTTP endpoint on %s stopped", self.settings.url)
