@@ -43,10 +43,6 @@ _SP = ("sequence parallelism is not built: FSDP2 shards the parameters, every ra
 
 # dotted key (or prefix.*) -> what to use today / which issue brings it
 NOT_YET: dict[str, str] = {
-    "trainer.policy.optimizer_config.scheduler": "only constant_with_warmup is built (linear warmup to a "
-    "constant learning rate); decaying schedules are not",
-    "trainer.critic.optimizer_config.scheduler": "only constant_with_warmup is built (linear warmup to a "
-    "constant learning rate); decaying schedules are not",
     # strategies, engines, trackers: only some values built
     "trainer.strategy": "single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on "
     "CPU workers, NCCL on GPUs) are built; deepspeed and megatron are not planned",
@@ -60,13 +56,13 @@ NOT_YET: dict[str, str] = {
     "step)",
     # dumps
     # generator / engines
+    "generator.fully_sharded_loras": "engines get the policy's merged weights, never LoRA adapters (adapter-only "
+    "weight sync is not built, docs/lora.md), so there are no LoRA layers for vLLM to shard",
 }
 
 # keys where only some values are built (checked even at the base default)
 SUPPORTED_VALUES: dict[str, set[Any]] = {
     "trainer.strategy": {"single", "fsdp2", "fsdp"},
-    "trainer.policy.optimizer_config.scheduler": {"constant_with_warmup"},
-    "trainer.critic.optimizer_config.scheduler": {"constant_with_warmup"},
 }
 
 # accepted with any value; tuning hints the current build may not use
@@ -105,6 +101,11 @@ RENAMED_KEYS: dict[str, str] = {
     "generator.inference_engine.weight_sync_backend": "generator.weight_sync_backend",
     "generator.inference_engine.weight_transfer_threshold_cuda_ipc_GB": "generator.weight_transfer_threshold_cuda_ipc_GB",
     "generator.inference_engine.tensor_parallel_size": "generator.inference_engine_tensor_parallel_size",
+    "generator.inference_engine.pipeline_parallel_size": "generator.inference_engine_pipeline_parallel_size",
+    "generator.inference_engine.expert_parallel_size": "generator.inference_engine_expert_parallel_size",
+    "generator.inference_engine.data_parallel_size": "generator.inference_engine_data_parallel_size",
+    "generator.inference_engine.vllm_v1_disable_multiproc": "generator.vllm_v1_disable_multiproc",
+    "generator.inference_engine.fully_sharded_loras": "generator.fully_sharded_loras",
     "generator.inference_engine.enable_prefix_caching": "generator.enable_prefix_caching",
     "generator.inference_engine.enable_chunked_prefill": "generator.enable_chunked_prefill",
     "generator.inference_engine.max_num_batched_tokens": "generator.max_num_batched_tokens",

@@ -484,6 +484,8 @@ class _Checker:
             "generator.n_samples_per_prompt", "generator.eval_n_samples_per_prompt",
             "generator.max_input_length", "generator.max_turns",
             "generator.num_inference_engines", "generator.inference_engine_tensor_parallel_size",
+            "generator.inference_engine_pipeline_parallel_size", "generator.inference_engine_data_parallel_size",
+            "generator.inference_engine_expert_parallel_size",
             "generator.sampling_params.max_generate_length",
             "generator.eval_sampling_params.max_generate_length",
         ]
@@ -667,19 +669,54 @@ class _Checker:
                      "gradient accumulation needs whole micro-batches. Fix: choose a micro-batch "
                      f"size that divides {per_rank} ({_divisor_text(per_rank)}).")
 
+    # learning-rate schedules ---------------------------------------------------------
+    def schedules(self) -> None:
+        """`optimizer_config.scheduler`: a transformers schedule that needs only warmup and training
+        steps, with a warmup it acts on and (polynomial) an lr above its end."""
+        from ridgeline.training.optim import LR_SCHEDULES, POLYNOMIAL_LR_END, UNBUILT_LR_SCHEDULES
+        shared = self.num("trainer.num_warmup_steps")
+        for role in ("policy", "critic"):
+            key = f"trainer.{role}.optimizer_config.scheduler"
+            name = self.val(key)
+            if not isinstance(name, str):
+                continue  # a wrong type was reported by types()
+            if name in UNBUILT_LR_SCHEDULES:
+                self.add(key, f"{key}={name} needs {UNBUILT_LR_SCHEDULES[name]}, which SkyRL 0.3.1 does not pass to "
+                              f"transformers' get_scheduler either: the schedules built are {_one_of(LR_SCHEDULES)}. "
+                              f"Fix: e.g. {key}=cosine.")
+                continue
+            if name not in LR_SCHEDULES:
+                close = difflib.get_close_matches(name, LR_SCHEDULES, n=1, cutoff=0.6)
+                hint = f" Did you mean {close[0]}?" if close else ""
+                self.add(key, f"{key}={_show(name)} is not a learning-rate schedule: the schedules built are "
+                              f"transformers' {_one_of(LR_SCHEDULES)}.{hint} "
+                              f"Fix: e.g. {key}={close[0] if close else 'constant_with_warmup'}.")
+                continue
+            warmup = self.num(f"trainer.{role}.optimizer_config.num_warmup_steps") or shared
+            if name == "constant" and warmup:
+                self.add(key, f"{key}=constant has no warmup, so the {role}'s num_warmup_steps={_show(warmup)} would "
+                              f"be ignored. Fix: {key}=constant_with_warmup, or num_warmup_steps=0.")
+            lr = self.num(f"trainer.{role}.optimizer_config.lr")
+            if name == "polynomial" and lr is not None and lr <= POLYNOMIAL_LR_END:
+                self.add(key, f"{key}=polynomial decays to transformers' lr_end={POLYNOMIAL_LR_END:g}, which must be "
+                              f"below trainer.{role}.optimizer_config.lr={_show(lr)}. Fix: a larger lr, or "
+                              f"{key}=linear (decays to 0).")
+
     # placement of multi-process runs ---------------------------------------------------
     def placement(self) -> None:
         strategy = self.val("trainer.strategy")
         if strategy not in ("fsdp2", "fsdp"):
             return
         from ridgeline.distributed.placement import PlacementConfigError, plan_placement
+        from ridgeline.inference.parallelism import EngineParallelism
         critic = self.val("trainer.critic.model.path")
         a = "trainer.algorithm"
         use_ref = self.val(f"{a}.use_kl_loss") is True or self.val(f"{a}.use_kl_in_reward") is True
+        engine = EngineParallelism(*(self.num(f"generator.inference_engine_{kind}_parallel_size") or 1
+                                     for kind in ("tensor", "pipeline", "data", "expert")))
         try:
             plan = plan_placement(self.val("trainer.placement"), num_engines=self.num("generator.num_inference_engines"),
-                                  engine_tp=self.num("generator.inference_engine_tensor_parallel_size") or 1,
-                                  use_ref=use_ref,
+                                  engine=engine, use_ref=use_ref,
                                   use_critic=critic is not None and critic is not _MISSING, device="CPU",
                                   remote_engines=self.val("generator.run_engines_locally") is False)
         except PlacementConfigError as exc:
@@ -727,6 +764,16 @@ class _Checker:
     def engines(self) -> None:
         backend, local = self.val("generator.backend"), self.val("generator.run_engines_locally")
         kwargs = self.val("generator.engine_init_kwargs")
+        # pipeline / data / expert parallel sizes other than 1 (positive: numbers() checked)
+        sizes = {kind: self.num(f"generator.inference_engine_{kind}_parallel_size")
+                 for kind in ("pipeline", "data", "expert")}
+        changed = {f"generator.inference_engine_{kind}_parallel_size": v for kind, v in sizes.items()
+                   if isinstance(v, int) and v > 1}
+        key = "generator.vllm_v1_disable_multiproc"
+        if self.val(key) is False and not (backend == "vllm" and local is not False):
+            where = "on remote servers" if local is False else f"generator.backend={_show(backend)}"
+            self.add(key, f"{key}=false runs a vLLM engine core in a child process, but the engines here are {where}, "
+                          f"which have no vLLM engine core. Fix: {key}=true (the default).")
         if local is False:
             urls = self.val("generator.remote_inference_engine_urls")
             if not isinstance(urls, list) or not urls or not all(isinstance(u, str) and u.strip() for u in urls):
@@ -734,9 +781,17 @@ class _Checker:
                          f"generator.remote_inference_engine_urls={_show(urls)} must list the servers when "
                          "generator.run_engines_locally=false. Fix: e.g. "
                          "generator.remote_inference_engine_urls=['127.0.0.1:8001','10.0.0.2:8001'].")
+            for key, v in changed.items():
+                self.add(key, f"{key}={v} sizes engines Ridgeline starts, but generator.run_engines_locally=false uses "
+                              f"servers started elsewhere, with their own parallelism. Fix: {key}=1, and start the "
+                              "servers with the parallelism they need.")
             return
         if backend != "hf":
+            self._library_engine_parallelism(sizes)
             return
+        for key, v in changed.items():
+            self.add(key, f"{key}={v}: the embedded hf engine runs on one device. Fix: {key}=1, or a "
+                          "vllm / sglang engine (generator.backend=vllm or sglang).")
         tp = self.num("generator.inference_engine_tensor_parallel_size")
         if isinstance(tp, int) and tp not in (1, _base_default("generator.inference_engine_tensor_parallel_size")):
             self.add("generator.inference_engine_tensor_parallel_size",
@@ -751,6 +806,29 @@ class _Checker:
                          f"does not take (it takes {_one_of(HF_ENGINE_KWARGS)}). Fix: remove the "
                          f"+generator.engine_init_kwargs.* overrides, or use generator.backend=vllm or sglang, "
                          "whose engines receive them as is.")
+
+    def _library_engine_parallelism(self, sizes: dict[str, int | None]) -> None:
+        """vllm / sglang engines: expert parallelism is over the tensor-parallel ranks (each
+        data-parallel rank is an engine of its own, ridgeline.inference.parallelism); data-parallel
+        replicas need engine processes of their own."""
+        g = "generator.inference_engine"
+        tp, dp, ep = self.num(f"{g}_tensor_parallel_size"), sizes["data"], sizes["expert"]
+        if isinstance(ep, int) and ep > 1 and isinstance(dp, int) and dp > 1:
+            self.add(f"{g}_expert_parallel_size",
+                     f"{g}_expert_parallel_size={ep} with {g}_data_parallel_size={dp}: expert parallelism over "
+                     "data-parallel ranks needs vLLM's data-parallel group, which Ridgeline's engines (one engine "
+                     f"process per data-parallel rank) do not form. Fix: {g}_data_parallel_size=1 and "
+                     f"{g}_expert_parallel_size={g}_tensor_parallel_size.")
+        elif isinstance(ep, int) and ep > 1 and isinstance(tp, int) and ep != tp:
+            self.add(f"{g}_expert_parallel_size",
+                     f"{g}_expert_parallel_size={ep} must equal {g}_tensor_parallel_size={tp} (SkyRL's rule: expert = "
+                     "data x tensor, and data is 1): the experts are sharded over the tensor-parallel ranks. Fix: "
+                     f"{g}_expert_parallel_size={tp}, or 1 to turn expert parallelism off.")
+        if isinstance(dp, int) and dp > 1 and self.val("trainer.strategy") == "single":
+            self.add(f"{g}_data_parallel_size",
+                     f"{g}_data_parallel_size={dp} runs {dp} engine processes per engine, but trainer.strategy=single "
+                     f"runs one engine inside the trainer's process. Fix: trainer.strategy=fsdp2 (engines as Ray "
+                     f"actors), or {g}_data_parallel_size=1.")
 
     # 6. exclusive switches --------------------------------------------------------------
     def kl(self) -> None:
@@ -1003,6 +1081,7 @@ class _Checker:
         self.not_yet()  # features this build does not have come first: they explain what follows
         self.choices()
         self.numbers()
+        self.schedules()
         self.batches()
         self.kl()
         self.tis()
