@@ -28,7 +28,7 @@ from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.training.batch import TrainingBatch, build_training_batch
 from ridgeline.training.forward_path import ForwardOptions, choose_forward_path
 from ridgeline.training.logprobs import response_logprobs
-from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
 from ridgeline.training.packing import packed_response_logprobs, packing_stats
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker
 
@@ -111,7 +111,7 @@ def bench_worker(model, batch: TrainingBatch, name: str, args) -> None:
                                    micro_forward_batch_size=args.micro, temperature=0.7, algorithm=algorithm,
                                    forward_options=options)
         optimizer = build_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0)
-        worker = PolicyWorker(model, config, optimizer, build_scheduler(optimizer, 0))
+        worker = PolicyWorker(model, config, optimizer, build_scheduler(optimizer, LRSchedule("constant", 0, 0)))
         model.train()
         paths = Counter(choose_forward_path(model, m.sequences, m.attention_mask, m.response_width, options).value
                         for m in batch.chunks(args.micro))

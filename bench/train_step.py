@@ -140,7 +140,7 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         overrides = ["+experiment=quickstart", f"trainer.mixed_precision={dtype}",
                      f"trainer.use_sample_packing={str(args.packing).lower()}"]
-        worker = build_policy_worker(load_config(overrides), tokenizer)
+        worker = build_policy_worker(load_config(overrides), tokenizer, training_batches=1)
         shape = model_shape(worker.model)
         micro = worker.config.micro_batch_size
         options = worker.config.forward_options

@@ -142,6 +142,11 @@ REFERENCE_DEFAULTS: list[tuple[str, object]] = [
     ("generator.weight_sync_backend", "nccl"),
     ("generator.weight_sync_timeout", 60),
     ("generator.inference_engine_tensor_parallel_size", 4),
+    ("generator.inference_engine_pipeline_parallel_size", 1),   # SkyRL 0.3.1
+    ("generator.inference_engine_expert_parallel_size", 1),     # SkyRL 0.3.1
+    ("generator.inference_engine_data_parallel_size", 1),       # SkyRL 0.3.1
+    ("generator.vllm_v1_disable_multiproc", True),              # SkyRL 0.3.1
+    ("generator.fully_sharded_loras", False),                   # SkyRL 0.3.1
     ("generator.n_samples_per_prompt", 5),
     ("generator.async_engine", True),
     ("generator.batched", True),
@@ -295,10 +300,33 @@ def test_warmup_per_model_as_skyrl_0_3_1_sets_it():
     assert warmup_steps(cfg, cfg.trainer.policy.optimizer_config) == 5
     cfg = load_config(RUNNABLE + ["trainer.num_warmup_steps=3"])  # the seed documents' key
     assert warmup_steps(cfg, cfg.trainer.policy.optimizer_config) == 3
-    err = _error(RUNNABLE + ["trainer.policy.optimizer_config.num_warmup_steps=5", "trainer.num_warmup_steps=3",
-                             "trainer.critic.optimizer_config.scheduler=cosine"])
+    err = _error(RUNNABLE + ["trainer.policy.optimizer_config.num_warmup_steps=5", "trainer.num_warmup_steps=3"])
     assert "trainer.policy.optimizer_config.num_warmup_steps=5 and trainer.num_warmup_steps=3 both set" in str(err)
-    assert "trainer.critic.optimizer_config.scheduler=cosine is not supported yet: only constant_with_warmup" in str(err)
+
+
+def test_every_schedule_transformers_builds_from_warmup_and_length_is_accepted_the_others_refused():
+    from ridgeline.training.optim import LR_SCHEDULES
+    for name in LR_SCHEDULES:
+        load_config(RUNNABLE + [f"trainer.policy.optimizer_config.scheduler={name}",
+                                f"trainer.critic.optimizer_config.scheduler={name}"])
+    built = ("constant_with_warmup, constant, linear, cosine, cosine_with_restarts, polynomial or inverse_sqrt")
+    key = "trainer.critic.optimizer_config.scheduler"
+    err = _error(RUNNABLE + [f"{key}=reduce_lr_on_plateau"])
+    assert err.problems == [f"{key}=reduce_lr_on_plateau needs a metric to step on, which SkyRL 0.3.1 does not pass "
+                            f"to transformers' get_scheduler either: the schedules built are {built}. "
+                            f"Fix: e.g. {key}=cosine."]
+    assert "needs num_decay_steps" in str(_error(RUNNABLE + [f"{key}=warmup_stable_decay"]))
+    assert "needs min_lr or min_lr_rate" in str(_error(RUNNABLE + [f"{key}=cosine_with_min_lr"]))
+    err = _error(RUNNABLE + [f"{key}=cosin"])
+    assert err.problems == [f"{key}=cosin is not a learning-rate schedule: the schedules built are transformers' "
+                            f"{built}. Did you mean cosine? Fix: e.g. {key}=cosine."]
+    key = "trainer.policy.optimizer_config.scheduler"
+    err = _error(RUNNABLE + [f"{key}=constant", "trainer.num_warmup_steps=10"])
+    assert err.problems == [f"{key}=constant has no warmup, so the policy's num_warmup_steps=10 would be ignored. "
+                            f"Fix: {key}=constant_with_warmup, or num_warmup_steps=0."]
+    err = _error(RUNNABLE + [f"{key}=polynomial", "trainer.policy.optimizer_config.lr=1e-7"])
+    assert err.problems == [f"{key}=polynomial decays to transformers' lr_end=1e-07, which must be below "
+                            f"trainer.policy.optimizer_config.lr=1e-07. Fix: a larger lr, or {key}=linear (decays to 0)."]
 
 
 def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
@@ -313,8 +341,11 @@ def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
     assert cfg.generator.engine_init_kwargs.attn_implementation == "eager"
     assert ("generator.inference_engine.num_engines is a later SkyRL release's name for "
             "generator.num_inference_engines") in caplog.text
+    cfg = load_config(RUNNABLE + ["generator.backend=vllm", "generator.inference_engine.data_parallel_size=2",
+                                  "trainer.strategy=fsdp2", "trainer.placement.colocate_all=false"])
+    assert cfg.generator.inference_engine_data_parallel_size == 2
     # a later key with no counterpart here stays unknown, without a misleading suggestion
-    err = _error(RUNNABLE + ["generator.inference_engine.pipeline_parallel_size=2"])
+    err = _error(RUNNABLE + ["generator.inference_engine.enable_return_routed_experts=true"])
     assert "did you mean" not in str(err)
     err = _error(RUNNABLE + ["generator.inference_engine.num_engines=2", "generator.num_inference_engines=4"])
     assert "generator.inference_engine.num_engines and generator.num_inference_engines are the same setting" in str(err)
@@ -679,6 +710,48 @@ def test_changed_not_yet_key_is_refused_and_default_accepted():
     assert "trainer.policy.use_torch_compile=true is not supported yet" in msg
     load_config(RUNNABLE + ["trainer.placement.colocate_all=true",
                             "generator.inference_engine_tensor_parallel_size=1"])
+
+
+def test_engine_parallelism_is_checked_per_backend():
+    g = "generator.inference_engine"
+    err = _error(RUNNABLE + [f"{g}_pipeline_parallel_size=2", f"{g}_data_parallel_size=2",
+                             f"{g}_expert_parallel_size=2", "generator.vllm_v1_disable_multiproc=false"])
+    assert err.problems == [
+        "generator.vllm_v1_disable_multiproc=false runs a vLLM engine core in a child process, but the engines here "
+        "are generator.backend=hf, which have no vLLM engine core. Fix: generator.vllm_v1_disable_multiproc=true "
+        "(the default)."] + [
+        f"{g}_{kind}_parallel_size=2: the embedded hf engine runs on one device. Fix: {g}_{kind}_parallel_size=1, "
+        "or a vllm / sglang engine (generator.backend=vllm or sglang)." for kind in ("pipeline", "data", "expert")]
+    remote = RUNNABLE + ["generator.run_engines_locally=false", "generator.backend=vllm"]
+    err = _error(remote + [f"{g}_pipeline_parallel_size=2"])
+    assert err.problems == [f"{g}_pipeline_parallel_size=2 sizes engines Ridgeline starts, but "
+                            "generator.run_engines_locally=false uses servers started elsewhere, with their own "
+                            f"parallelism. Fix: {g}_pipeline_parallel_size=1, and start the servers with the "
+                            "parallelism they need."]
+    assert "generator.vllm_v1_disable_multiproc=false runs a vLLM engine core in a child process, but the engines " \
+        "here are on remote servers" in str(_error(remote + ["generator.vllm_v1_disable_multiproc=false"]))
+    err = _error(RUNNABLE + ["generator.fully_sharded_loras=true"])
+    assert err.problems[0].startswith("generator.fully_sharded_loras=true is not supported yet: engines get the "
+                                      "policy's merged weights, never LoRA adapters")
+    fsdp2 = ["trainer.strategy=fsdp2", "trainer.logger=console", "trainer.placement.colocate_all=false"]
+    load_config(fsdp2 + ["generator.backend=vllm", "generator.vllm_v1_disable_multiproc=false"])
+    for backend in ("vllm", "sglang"):
+        load_config(fsdp2 + [f"generator.backend={backend}", f"{g}_pipeline_parallel_size=2", f"{g}_data_parallel_size=2",
+                             f"{g}_expert_parallel_size=1"])
+        load_config(fsdp2 + [f"generator.backend={backend}", f"{g}_tensor_parallel_size=4", f"{g}_expert_parallel_size=4"])
+        err = _error(fsdp2 + [f"generator.backend={backend}", f"{g}_tensor_parallel_size=4", f"{g}_expert_parallel_size=2"])
+        assert err.problems == [f"{g}_expert_parallel_size=2 must equal {g}_tensor_parallel_size=4 (SkyRL's rule: "
+                                "expert = data x tensor, and data is 1): the experts are sharded over the "
+                                f"tensor-parallel ranks. Fix: {g}_expert_parallel_size=4, or 1 to turn expert "
+                                "parallelism off."]
+        err = _error(fsdp2 + [f"generator.backend={backend}", f"{g}_tensor_parallel_size=2",
+                              f"{g}_expert_parallel_size=4", f"{g}_data_parallel_size=2"])
+        assert err.problems[0].startswith(f"{g}_expert_parallel_size=4 with {g}_data_parallel_size=2: expert "
+                                          "parallelism over data-parallel ranks needs vLLM's data-parallel group")
+        err = _error(RUNNABLE + [f"generator.backend={backend}", f"{g}_data_parallel_size=2"])
+        assert err.problems == [f"{g}_data_parallel_size=2 runs 2 engine processes per engine, but "
+                                "trainer.strategy=single runs one engine inside the trainer's process. Fix: "
+                                f"trainer.strategy=fsdp2 (engines as Ray actors), or {g}_data_parallel_size=1."]
 
 
 def test_engine_settings_are_checked_per_backend():

@@ -11,7 +11,7 @@ from ridgeline.models.value_model import ValueModel, load_value_model, response_
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.logprobs import response_logprobs
-from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
 
 # ----------------------------------------------------------------------------- GAE
 
@@ -204,7 +204,8 @@ def _worker(tokenizer, lr=1e-3, **config):
     model = load_value_model(SPEC, tokenizer=tokenizer)
     optimizer = build_optimizer(model, lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
     defaults = dict(mini_batch_size=4, micro_batch_size=2, micro_forward_batch_size=3)
-    return CriticWorker(model, CriticTrainConfig(**{**defaults, **config}), optimizer, build_scheduler(optimizer, 0))
+    return CriticWorker(model, CriticTrainConfig(**{**defaults, **config}), optimizer,
+                        build_scheduler(optimizer, LRSchedule("constant", 0, 0)))
 
 
 def test_compute_values_is_masked_and_chunk_independent(tiny_tokenizer):

@@ -61,9 +61,9 @@ def _on(module: torch.nn.Module) -> set[str]:
                          ids=["shared-prompt", "plain", "packed"])
 def test_a_step_of_every_worker_runs_on_the_accelerator(tmp_path, tiny_tokenizer, grouped, packing):
     cfg = _cfg(tmp_path, f"trainer.use_sample_packing={str(packing).lower()}")
-    policy = build_policy_worker(cfg, tiny_tokenizer, ON_META)
+    policy = build_policy_worker(cfg, tiny_tokenizer, ON_META, training_batches=1)
     ref = build_ref_worker(cfg, tiny_tokenizer, parallel=ON_META)
-    critic = build_critic(cfg, tiny_tokenizer, parallel=ON_META)
+    critic = build_critic(cfg, tiny_tokenizer, training_batches=1, parallel=ON_META)
     assert _on(policy.model) == _on(ref.model) == _on(critic.model) == {"meta"}
     batch = _batch(tiny_tokenizer, grouped)
     with StrictDevices():
@@ -87,7 +87,7 @@ def test_a_step_of_every_worker_runs_on_the_accelerator(tmp_path, tiny_tokenizer
 
 def test_the_engine_prefills_decodes_and_takes_synced_weights_on_the_accelerator(tmp_path, tiny_tokenizer):
     cfg = _cfg(tmp_path)
-    policy = build_policy_worker(cfg, tiny_tokenizer, ON_META)
+    policy = build_policy_worker(cfg, tiny_tokenizer, ON_META, training_batches=1)
     engine = HFEngine(policy.model, tiny_tokenizer, dtype=torch.bfloat16, device=META)
     assert _on(engine.model) == {"meta"} and engine.device == META
     params = SamplingParams(max_generate_length=4, temperature=0.0)
@@ -136,7 +136,7 @@ def test_offload_after_step_parks_the_optimizer_state_on_the_host_between_steps(
     remote = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "generator.run_engines_locally=false"])
     assert not offloads_optimizer(remote, remote.trainer.policy.optimizer_config, torch.device("cuda", 0))
 
-    policy = build_policy_worker(cfg, tiny_tokenizer, ON_META)
+    policy = build_policy_worker(cfg, tiny_tokenizer, ON_META, training_batches=1)
     policy.offload_optimizer = True
     seen: list[set[str]] = []
     step = policy.optimizer.step

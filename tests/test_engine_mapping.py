@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -37,6 +38,7 @@ from ridgeline.inference.vllm_engine import (
     VLLMEngine,
     matched_stop_string as vllm_matched_stop,
     top_logprobs as vllm_top_logprobs,
+    vllm_engine_env,
     vllm_engine_kwargs,
     vllm_logprobs_mode,
     vllm_sampling_params,
@@ -67,7 +69,8 @@ def default_cfg():
 
 def test_vllm_kwargs_of_the_default_config(default_cfg):
     assert vllm_engine_kwargs(default_cfg) == {
-        "model": MODEL, "dtype": "bfloat16", "tensor_parallel_size": 4, "gpu_memory_utilization": 0.8,
+        "model": MODEL, "dtype": "bfloat16", "tensor_parallel_size": 4, "pipeline_parallel_size": 1,
+        "enable_expert_parallel": False, "gpu_memory_utilization": 0.8,
         "enable_prefix_caching": True, "enable_chunked_prefill": True, "max_num_batched_tokens": 8192,
         "max_num_seqs": 1024, "enforce_eager": False, "seed": 42, "max_model_len": 512 + 1024,
         "enable_sleep_mode": True, "logprobs_mode": "processed_logprobs", "skip_tokenizer_init": True,
@@ -85,12 +88,53 @@ def test_vllm_kwargs_follow_the_config_and_engine_init_kwargs_win():
                  "+generator.engine_init_kwargs.max_num_seqs=32",
                  "+generator.engine_init_kwargs.kv_cache_dtype=fp8")
     assert vllm_engine_kwargs(cfg) == {
-        "model": MODEL, "dtype": "float32", "tensor_parallel_size": 2, "gpu_memory_utilization": 0.5,
-        "enable_prefix_caching": False, "enable_chunked_prefill": False, "max_num_batched_tokens": 4096,
+        "model": MODEL, "dtype": "float32", "tensor_parallel_size": 2, "pipeline_parallel_size": 1,
+        "enable_expert_parallel": False, "gpu_memory_utilization": 0.5, "enable_prefix_caching": False, "enable_chunked_prefill": False, "max_num_batched_tokens": 4096,
         "max_num_seqs": 32, "enforce_eager": True, "seed": 7,
         "max_model_len": 150, "enable_sleep_mode": False, "logprobs_mode": "processed_logprobs",
         "skip_tokenizer_init": True, "worker_extension_cls": EXTENSION, "kv_cache_dtype": "fp8",
     }
+
+
+def test_vllm_parallel_sizes_and_the_engine_process_environment():
+    """SkyRL's keys: pipeline size as is, expert parallelism as vLLM's switch (ep = tp), no data-parallel
+    size (each data-parallel rank is an engine of its own); vllm_v1_disable_multiproc (default true)
+    keeps vLLM's engine core in the engine's process."""
+    cfg = config("generator.inference_engine_tensor_parallel_size=2", "generator.inference_engine_pipeline_parallel_size=2",
+                 "generator.inference_engine_expert_parallel_size=2", "generator.inference_engine_data_parallel_size=1",
+                 "trainer.strategy=fsdp2", "trainer.placement.colocate_all=false")
+    kwargs = vllm_engine_kwargs(cfg)
+    assert (kwargs["tensor_parallel_size"], kwargs["pipeline_parallel_size"], kwargs["enable_expert_parallel"]) == (2, 2, True)
+    assert "data_parallel_size" not in vllm_engine_kwargs(config("generator.inference_engine_data_parallel_size=2",
+                                                                 "trainer.strategy=fsdp2",
+                                                                 "trainer.placement.colocate_all=false"))
+    assert vllm_engine_env(cfg) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert vllm_engine_env(config("generator.vllm_v1_disable_multiproc=false")) == {}
+
+
+def test_vllm_engine_sets_its_environment_in_its_own_process_before_vllm_starts(monkeypatch):
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def from_config(cls, cfg, tokenizer=None):  # LibraryEngine.from_config: where vLLM would start
+        seen["env"] = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        raise Stop
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setattr(LibraryEngine, "from_config", classmethod(from_config))
+    with pytest.raises(Stop):
+        VLLMEngine.from_config(config())
+    assert seen["env"] == "0"
+
+
+def test_sglang_parallel_sizes():
+    cfg = config("generator.inference_engine_tensor_parallel_size=4", "generator.inference_engine_pipeline_parallel_size=2",
+                 "generator.inference_engine_expert_parallel_size=4", "generator.backend=sglang",
+                 "trainer.placement.colocate_all=false")
+    kwargs = sglang_engine_kwargs(cfg)
+    assert (kwargs["tp_size"], kwargs["pp_size"], kwargs["ep_size"]) == (4, 2, 4) and "dp_size" not in kwargs
 
 
 def test_max_model_len_fits_every_call_whatever_the_turns():
@@ -309,7 +353,7 @@ def test_worker_receive_before_init_is_an_error():
 
 def test_sglang_kwargs_of_the_default_config(default_cfg):
     assert sglang_engine_kwargs(default_cfg) == {
-        "model_path": MODEL, "dtype": "bfloat16", "tp_size": 4, "mem_fraction_static": 0.8,
+        "model_path": MODEL, "dtype": "bfloat16", "tp_size": 4, "pp_size": 1, "ep_size": 1, "mem_fraction_static": 0.8,
         "disable_radix_cache": False, "max_running_requests": 1024, "chunked_prefill_size": 8192,
         "disable_cuda_graph": False, "random_seed": 42, "context_length": 1536, "enable_memory_saver": True,
         "skip_tokenizer_init": True,
@@ -324,7 +368,7 @@ def test_sglang_kwargs_follow_the_config_and_engine_init_kwargs_win():
                  "+generator.engine_init_kwargs.context_length=4096",
                  "+generator.engine_init_kwargs.attention_backend=flashinfer")
     assert sglang_engine_kwargs(cfg) == {
-        "model_path": MODEL, "dtype": "float16", "tp_size": 2, "mem_fraction_static": 0.6,
+        "model_path": MODEL, "dtype": "float16", "tp_size": 2, "pp_size": 1, "ep_size": 1, "mem_fraction_static": 0.6,
         "disable_radix_cache": True, "max_running_requests": 128, "chunked_prefill_size": -1,
         "disable_cuda_graph": True, "random_seed": 3, "context_length": 4096, "enable_memory_saver": False,
         "skip_tokenizer_init": True, "attention_backend": "flashinfer",

@@ -13,7 +13,7 @@ from ridgeline.config import base_config
 from ridgeline.distributed.launch import RankError, run_ranks
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.training.batch import TrainingBatch, build_training_batch
-from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker
 
 ROWS, MICRO, STEPS, WORLD = 8, 2, 3, 2
@@ -52,7 +52,7 @@ def _worker(model, mini: int, parallel=None):
                             loss_reduction="token_mean", algorithm=algorithm, max_grad_norm=0.5,
                             use_kl_loss=True, kl_loss_coef=0.1, use_entropy_loss=True, entropy_loss_coef=0.01)
     opt = build_optimizer(model, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)
-    return PolicyWorker(model, cfg, opt, build_scheduler(opt, 2), parallel)
+    return PolicyWorker(model, cfg, opt, build_scheduler(opt, LRSchedule("constant_with_warmup", 2, 0)), parallel)
 
 
 def _full_params(model) -> dict[str, torch.Tensor]:

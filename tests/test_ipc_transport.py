@@ -195,7 +195,7 @@ def test_ray_engine_actors_pull_buckets_from_their_own_policy_rank():
                        "trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=2",
                        "generator.num_inference_engines=2", "generator.model_dtype=bfloat16",
                        "trainer.algorithm.use_kl_loss=false"])
-    workers = build_ray_workers(cfg, build_char_tokenizer())
+    workers = build_ray_workers(cfg, build_char_tokenizer(), training_batches=1)
     try:
         with pytest.raises(ValueError, match="2 policy ranks and 1 engines. Fix: generator.num_inference_engines=2"):
             RayIPCWeightSync(ray, workers.policy, RayEngineGroup(ray, workers.engine.actors[:1]), 1024)

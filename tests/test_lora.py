@@ -146,7 +146,7 @@ def test_activation_checkpointing_gives_the_adapters_the_same_gradients(tmp_path
     for checkpointing in (False, True):
         cfg = tiny(tmp_path, f"trainer.gradient_checkpointing={str(checkpointing).lower()}")
         tokenizer = tiny_tokenizer
-        worker = build_policy_worker(cfg, tokenizer)
+        worker = build_policy_worker(cfg, tokenizer, training_batches=1)
         model = worker.model
         assert activation_checkpointing_on(model) is checkpointing
         with torch.no_grad():  # a trained-looking adapter, so A gets gradient too (B = 0 blocks it)

@@ -15,7 +15,7 @@ from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import (PLAIN, ForwardOptions, ForwardPath, choose_forward_path,
                                              decoder_forward_count, micro_logprobs)
 from ridgeline.training.logprobs import response_logprobs
-from ridgeline.training.optim import build_scheduler
+from ridgeline.training.optim import LRSchedule, build_scheduler
 from ridgeline.training.packing import (PAD_SEGMENT, block_causal_mask, pack_inputs, packed_response_logprobs,
                                         packing_stats, plan_packs)
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
@@ -189,7 +189,7 @@ def _sgd(model, lr: float = 0.5):
     """SGD, not AdamW: Adam's first step is lr * sign(grad), so a weight whose gradient is ~1e-9
     moves by +-lr on float noise alone; SGD moves weights by lr * grad, which the test bounds."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    return optimizer, build_scheduler(optimizer, 0)
+    return optimizer, build_scheduler(optimizer, LRSchedule("constant", 0, 0))
 
 
 def _policy_worker(model, packing: bool, loss: str = "regular"):

@@ -15,14 +15,20 @@ from omegaconf import OmegaConf
 from ridgeline.config import load_config
 from ridgeline.config import ConfigError, base_config, config_problems
 from ridgeline.distributed.placement import PlacementConfigError, bundle_index, plan_placement
+from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.models.tiny import build_char_tokenizer
 from ridgeline.training.batch import data_parallel_rows, rank_rows
 
 
-TINY = ["+experiment=tiny", "data.prepare.num_train=48", "trainer.logger=jsonl"]
+# a decaying schedule: the ranks must get the run's length (its rates are compared with one process')
+TINY = ["+experiment=tiny", "data.prepare.num_train=48", "trainer.logger=jsonl",
+        "trainer.policy.optimizer_config.scheduler=linear"]
 # two policy ranks (+ two reference ranks beside them) and one engine of its own
 FSDP2 = ["trainer.strategy=fsdp2", "trainer.placement.colocate_all=false",
          "trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=2"]
+
+
+ONE = EngineParallelism()  # one device per engine
 
 
 def _placement(**kw):
@@ -33,7 +39,7 @@ def _placement(**kw):
 # ------------------------------------------------------------------------------------ pure parts
 def test_colocate_all_puts_every_role_and_the_engines_in_one_pool():
     plan = plan_placement(_placement(policy_num_gpus_per_node=2, ref_num_gpus_per_node=2), num_engines=2,
-                          engine_tp=1, use_ref=True, use_critic=False, device="CPU")
+                          engine=ONE, use_ref=True, use_critic=False, device="CPU")
     assert [(p.name, p.roles, p.bundles) for p in plan.pools] == [("colocated", ("policy", "ref", "engine"), 2)]
     assert plan.actor_share("policy") == plan.actor_share("engine") == 0.2
     assert [bundle_index(plan, "engine", i) for i in range(2)] == [0, 1]
@@ -41,36 +47,66 @@ def test_colocate_all_puts_every_role_and_the_engines_in_one_pool():
 
 def test_separate_pools_and_policy_ref_sharing():
     plan = plan_placement(_placement(colocate_all=False, policy_num_gpus_per_node=2, ref_num_gpus_per_node=2),
-                          num_engines=3, engine_tp=1, use_ref=True, use_critic=False, device="CPU")
+                          num_engines=3, engine=ONE, use_ref=True, use_critic=False, device="CPU")
     assert [(p.name, p.bundles) for p in plan.pools] == [("policy_ref", 2), ("engines", 3)]
     assert plan.actor_share("engine") == 1.0 and plan.total_bundles == 5
     plan = plan_placement(_placement(colocate_all=False, colocate_policy_ref=False, policy_num_nodes=2,
                                      policy_num_gpus_per_node=2, ref_num_gpus_per_node=1),
-                          num_engines=1, engine_tp=1, use_ref=True, use_critic=False, device="GPU")
+                          num_engines=1, engine=ONE, use_ref=True, use_critic=False, device="GPU")
     assert [(p.name, p.bundles, p.num_nodes) for p in plan.pools] == [("policy", 4, 2), ("ref", 1, 1), ("engines", 1, 1)]
 
 
 def test_colocation_counts_engines_times_tensor_parallelism():
     """SkyRL's rule: num_inference_engines x inference_engine_tensor_parallel_size devices, here 2 x 4
     on 8 policy GPUs; each engine takes the first bundle of its block."""
-    plan = plan_placement(_placement(policy_num_gpus_per_node=8), num_engines=2, engine_tp=4, use_ref=False,
+    plan = plan_placement(_placement(policy_num_gpus_per_node=8), num_engines=2, engine=EngineParallelism(tensor=4), use_ref=False,
                           use_critic=False, device="GPU")
     assert [(p.name, p.bundles) for p in plan.pools] == [("colocated", 8)]
     assert [bundle_index(plan, "engine", i) for i in range(2)] == [0, 4]
     # on GPUs an actor asks for its share of its bundle's GPU (Ray then shows it that one GPU)
     assert plan.actor_resources("policy") == {"num_gpus": 0.2, "num_cpus": 0.2}
-    cpu = plan_placement(_placement(colocate_all=False), num_engines=1, engine_tp=1, use_ref=False,
+    cpu = plan_placement(_placement(colocate_all=False), num_engines=1, engine=ONE, use_ref=False,
                          use_critic=False, device="CPU")
     assert cpu.actor_resources("policy") == {"num_cpus": 1.0}
     assert load_config(["trainer.placement.policy_num_gpus_per_node=8", "trainer.placement.ref_num_gpus_per_node=8",
                         "generator.num_inference_engines=2"]).generator.inference_engine_tensor_parallel_size == 4
 
 
+def test_an_engine_takes_tensor_x_pipeline_x_data_devices_one_process_per_data_parallel_rank():
+    """SkyRL's count: 2 engines x (tensor 2 x pipeline 1 x data 2) = 8 devices; each of the 2 x 2
+    engine processes (one per data-parallel rank) takes a block of tensor x pipeline = 2 bundles."""
+    engine = EngineParallelism(tensor=2, pipeline=1, data=2)
+    plan = plan_placement(_placement(policy_num_gpus_per_node=8), num_engines=2, engine=engine, use_ref=False,
+                          use_critic=False, device="GPU")
+    assert [(p.name, p.bundles) for p in plan.pools] == [("colocated", 8)]
+    assert (plan.num_engines, plan.engine_devices) == (4, 2)
+    assert [bundle_index(plan, "engine", i) for i in range(4)] == [0, 2, 4, 6]
+    plan = plan_placement(_placement(colocate_all=False), num_engines=3, engine=EngineParallelism(tensor=1, pipeline=2),
+                          use_ref=False, use_critic=False, device="GPU")
+    assert plan.pool_of("engine").bundles == 6 and (plan.num_engines, plan.engine_devices) == (3, 2)
+    with pytest.raises(PlacementConfigError, match=r"num_inference_engines=1 x 8 device\(s\) per engine "
+                       r"\(inference_engine_tensor_parallel_size=2 x inference_engine_pipeline_parallel_size=2 x "
+                       r"inference_engine_data_parallel_size=2\) = 8. Fix: generator.num_inference_engines=2"):
+        plan_placement(_placement(policy_num_gpus_per_node=16), num_engines=1,
+                       engine=EngineParallelism(tensor=2, pipeline=2, data=2), use_ref=False, use_critic=False,
+                       device="GPU")
+
+
+def test_the_config_check_counts_pipeline_and_data_parallel_devices():
+    """2 engines x tensor 2 x data 2 on 8 colocated policy GPUs passes; pipeline 2 more does not."""
+    eight = ["trainer.strategy=fsdp2", "generator.backend=vllm", "trainer.placement.policy_num_gpus_per_node=8",
+             "trainer.placement.ref_num_gpus_per_node=8", "generator.num_inference_engines=2",
+             "generator.inference_engine_tensor_parallel_size=2", "generator.inference_engine_data_parallel_size=2"]
+    load_config(eight)
+    with pytest.raises(ConfigError, match=r"generator.num_inference_engines=2 x 8 device\(s\) per engine"):
+        load_config([*eight, "generator.inference_engine_pipeline_parallel_size=2"])
+
+
 def test_colocation_with_unequal_counts_names_the_keys():
     with pytest.raises(PlacementConfigError, match=r"num_inference_engines=1 x 1 .* Fix: generator.num_inference_engines=4"):
-        plan_placement(_placement(), num_engines=1, engine_tp=1, use_ref=False, use_critic=False, device="CPU")
+        plan_placement(_placement(), num_engines=1, engine=ONE, use_ref=False, use_critic=False, device="CPU")
     with pytest.raises(PlacementConfigError, match="colocate_policy_ref=true .* ref has 4 ranks and policy 2"):
-        plan_placement(_placement(colocate_all=False, policy_num_gpus_per_node=2), num_engines=1, engine_tp=1,
+        plan_placement(_placement(colocate_all=False, policy_num_gpus_per_node=2), num_engines=1, engine=ONE,
                        use_ref=True, use_critic=False, device="CPU")
 
 
@@ -119,7 +155,8 @@ def _training_rows(rows: list[dict]) -> list[dict]:
 
 
 COMPARED = ("reward/avg_raw_reward", "policy/policy_loss", "policy/policy_kl", "policy/raw_grad_norm",
-            "policy/policy_entropy", "policy/rollout_train_prob_diff_mean", "generate/avg_num_tokens")
+            "policy/policy_entropy", "policy/rollout_train_prob_diff_mean", "generate/avg_num_tokens",
+            "policy/policy_lr")
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +175,7 @@ def test_ray_run_with_two_policy_ranks_reproduces_the_single_process_run(runs):
     assert summary["steps"] == 3
     a, b = _training_rows(single), _training_rows(multi)
     assert len(a) == len(b) == 3
+    assert [r["policy/policy_lr"] for r in b] == pytest.approx([1e-2 * 2 / 3, 1e-2 / 3, 0.0], abs=1e-15)
     for x, y in zip(a, b):
         for key in COMPARED:
             assert y[key] == pytest.approx(x[key], abs=1e-5), key
@@ -210,7 +248,7 @@ def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
                               "generator.num_inference_engines=2", "generator.model_dtype=bfloat16",
                               "trainer.placement.ref_num_gpus_per_node=2"])
     assert config_problems(cfg) == []
-    workers = build_ray_workers(cfg, build_char_tokenizer())  # tiny:// models use the char tokenizer
+    workers = build_ray_workers(cfg, build_char_tokenizer(), training_batches=1)  # tiny:// models use the char tokenizer
     try:
         assert [p.name for p in workers.plan.pools] == ["colocated"]
         state = workers.policy.full_state_dict()

@@ -356,10 +356,11 @@ def test_fsdp2_ranks_push_to_a_remote_server(server, tmp_path):
     from ridgeline.config import load_config
     from ridgeline.distributed.placement import PlacementConfigError, plan_placement
     from ridgeline.entrypoints.run import run_training
+    from ridgeline.inference.parallelism import EngineParallelism
 
     placement = load_config(["+experiment=tiny"]).trainer.placement
     with pytest.raises(PlacementConfigError, match="colocate_all=true .* remote servers"):
-        plan_placement(placement, num_engines=1, engine_tp=1, use_ref=False, use_critic=False, device="CPU",
+        plan_placement(placement, num_engines=1, engine=EngineParallelism(), use_ref=False, use_critic=False, device="CPU",
                        remote_engines=True)
 
     common = ["+experiment=tiny", "data.prepare.num_train=48", "trainer.logger=jsonl", "trainer.epochs=1",

@@ -11,7 +11,7 @@ from ridgeline.config import base_config
 from ridgeline.models.forward import EAGER_ATTENTION_MAX_TOKENS, enable_activation_checkpointing, prefer_eager_attention
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.logprobs import response_logprobs
-from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker
 
 CPU = torch.device("cpu")
@@ -65,7 +65,7 @@ def _worker(model, micro: int, mini: int, reduction: str, loss: str = "regular")
                             policy_loss=loss, loss_reduction=reduction, algorithm=algorithm, max_grad_norm=1e9,
                             use_entropy_loss=True, entropy_loss_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1)
     opt = build_optimizer(model, lr=0.0, betas=(0.9, 0.999), weight_decay=0.0)
-    return PolicyWorker(model, cfg, opt, build_scheduler(opt, 0))
+    return PolicyWorker(model, cfg, opt, build_scheduler(opt, LRSchedule("constant", 0, 0)))
 
 
 # clip_cov / kl_cov pick tokens by a covariance over the micro-batch they see: not split-invariant
@@ -127,15 +127,18 @@ def test_final_loss_and_prob_ratio_are_skyrls(tiny_model, tiny_tokenizer):
         assert m["policy/rollout_train_prob_diff_std"] == pytest.approx(q.std().item(), abs=1e-9)
 
 
-def test_warmup_schedule_is_linear_then_constant(tiny_model):
+def test_warmup_schedule_is_linear_then_constant_from_lr_0_as_skyrl(tiny_model):
+    """SkyRL's constant_with_warmup (transformers' own): the first optimizer step trains at lr 0,
+    the full lr is reached at step `warmup` (Ridgeline's own schedule, before issue 18, started
+    at lr / warmup)."""
     opt = build_optimizer(tiny_model, lr=1.0, betas=(0.9, 0.999), weight_decay=0.0)
-    sched = build_scheduler(opt, num_warmup_steps=4)
+    sched = build_scheduler(opt, LRSchedule("constant_with_warmup", num_warmup_steps=4, num_training_steps=6))
     lrs = []
     for _ in range(6):
         lrs.append(sched.get_last_lr()[0])
         opt.step()
         sched.step()
-    assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lrs == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
 
 
 def test_matrices_decay_and_vectors_do_not_with_the_fused_kernel(tiny_model):

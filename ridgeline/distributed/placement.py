@@ -6,12 +6,14 @@ The keys are SkyRL's and mean the same thing:
 - `<role>_num_nodes x <role>_num_gpus_per_node` ranks for role policy, ref and critic (the
   data-parallel FSDP ranks of that model). On a machine with no GPU the same keys count CPU
   worker processes, one bundle of one CPU each.
-- `generator.num_inference_engines` engines of `inference_engine_tensor_parallel_size` devices
-  each (the embedded hf engine always uses one device: its tensor-parallel size is 1).
+- `generator.num_inference_engines` engines of tensor x pipeline x data parallel devices each
+  (`generator.inference_engine_{tensor,pipeline,data}_parallel_size`, SkyRL's count;
+  `ridgeline.inference.parallelism`): each data-parallel rank is an engine process of tensor x
+  pipeline devices. The embedded hf engine computes on the first device of its block.
 - `colocate_all`: policy, ref, critic and the engines share ONE pool of bundles (each bundle =
   one device holds a policy rank, a ref rank, a critic rank and an engine's shard, which take
   turns: engines sleep while the trainer trains). It needs every role to have the policy's
-  number of ranks and `num_inference_engines x tensor_parallel_size` = the policy's ranks.
+  number of ranks and `num_inference_engines x devices per engine` = the policy's ranks.
 - `colocate_policy_ref` (without colocate_all): policy and ref share a pool; ref must have the
   policy's number of ranks. Engines get their own pool.
 - Otherwise every role gets its own pool.
@@ -24,6 +26,8 @@ four roles fit on one device, as in SkyRL.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from ridgeline.inference.parallelism import EngineParallelism
 
 COLOCATED_SHARE = 0.2
 ROLES = ("policy", "ref", "critic")
@@ -51,8 +55,8 @@ class Pool:
 class PlacementPlan:
     device: str                          # "GPU" or "CPU": what one bundle holds
     ranks: dict[str, int]                # role -> data-parallel ranks (policy, and ref/critic when used)
-    num_engines: int
-    engine_devices: int                  # devices per engine (tensor-parallel size)
+    num_engines: int                     # engine processes: num_inference_engines x data-parallel replicas
+    engine_devices: int                  # devices per engine process (tensor x pipeline parallel)
     pools: tuple[Pool, ...] = field(default_factory=tuple)
 
     def pool_of(self, role: str) -> Pool:
@@ -82,13 +86,13 @@ class PlacementPlan:
         return "; ".join(parts)
 
 
-def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool, use_critic: bool,
+def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, use_ref: bool, use_critic: bool,
                    device: str, remote_engines: bool = False) -> PlacementPlan:
-    """The pools of a run. `placement` is the `trainer.placement` section; `engine_tp` the devices
-    per engine (`generator.inference_engine_tensor_parallel_size`; the hf engine computes on the
-    first device of its block); `device` "GPU" or "CPU"; `remote_engines`: the engines are
-    servers elsewhere (`generator.run_engines_locally=false`), so none is placed. Raises
-    PlacementConfigError naming the keys when colocation asks for counts that do not match."""
+    """The pools of a run. `placement` is the `trainer.placement` section; `num_engines` and
+    `engine` the `generator.num_inference_engines` engines and how each spreads over devices;
+    `device` "GPU" or "CPU"; `remote_engines`: the engines are servers elsewhere
+    (`generator.run_engines_locally=false`), so none is placed. Raises PlacementConfigError naming
+    the keys when colocation asks for counts that do not match."""
     p = placement
     wanted = {"policy": True, "ref": use_ref, "critic": use_critic}
     nodes = {r: int(p[f"{r}_num_nodes"]) for r in ROLES if wanted[r]}
@@ -109,7 +113,7 @@ def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool
         num_engines = 0
     elif num_engines < 1:
         raise PlacementConfigError(f"generator.num_inference_engines={num_engines} must be at least 1")
-    engine_devices = num_engines * engine_tp
+    engine_devices = num_engines * engine.devices
     pools: list[Pool] = []
     if p["colocate_all"]:
         for role in ranks:
@@ -120,11 +124,14 @@ def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool
                     f"policy {ranks['policy']}. Fix: give trainer.placement.{role}_* the policy's values, "
                     "or trainer.placement.colocate_all=false")
         if engine_devices != ranks["policy"]:
+            fix = (f"generator.num_inference_engines={ranks['policy'] // engine.devices}"
+                   if ranks["policy"] % engine.devices == 0 else
+                   f"engines whose devices (the product above) divide {ranks['policy']}")
             raise PlacementConfigError(
                 f"trainer.placement.colocate_all=true shares the policy's {ranks['policy']} devices with the "
-                f"engines, but generator.num_inference_engines={num_engines} x {engine_tp} device(s) per "
-                f"engine = {engine_devices}. Fix: generator.num_inference_engines="
-                f"{max(1, ranks['policy'] // engine_tp)}, or trainer.placement.colocate_all=false")
+                f"engines, but generator.num_inference_engines={num_engines} x {engine.devices} device(s) per "
+                f"engine ({_per_engine(engine)}) = {engine_devices}. Fix: {fix}, or "
+                "trainer.placement.colocate_all=false")
         pools.append(Pool("colocated", tuple(ranks) + ("engine",), ranks["policy"], nodes["policy"]))
     else:
         if p["colocate_policy_ref"] and "ref" in ranks:
@@ -143,13 +150,20 @@ def plan_placement(placement, *, num_engines: int, engine_tp: int, use_ref: bool
             pools.append(Pool("critic", ("critic",), ranks["critic"], nodes["critic"]))
         if num_engines:
             pools.append(Pool("engines", ("engine",), engine_devices, 1))
-    return PlacementPlan(device=device, ranks=ranks, num_engines=num_engines, engine_devices=engine_tp,
-                         pools=tuple(pools))
+    return PlacementPlan(device=device, ranks=ranks, num_engines=num_engines * engine.data,
+                         engine_devices=engine.replica_devices, pools=tuple(pools))
+
+
+def _per_engine(engine: EngineParallelism) -> str:
+    """The keys one engine's device count comes from, with their values (the sizes above 1)."""
+    sizes = (("tensor", engine.tensor), ("pipeline", engine.pipeline), ("data", engine.data))
+    return " x ".join(f"inference_engine_{name}_parallel_size={size}" for name, size in sizes
+                      if size != 1 or name == "tensor")
 
 
 def bundle_index(plan: PlacementPlan, role: str, index: int) -> int:
     """The bundle of the `index`-th actor of `role` in its pool: ranks take bundles in order; an
-    engine takes the first bundle of its tensor-parallel block."""
+    engine process takes the first bundle of its block of tensor x pipeline devices."""
     pool = plan.pool_of(role)
     slot = index * plan.engine_devices if role == "engine" else index
     if slot >= pool.bundles:

@@ -123,7 +123,8 @@ def _placement_message(plan: PlacementPlan, pool: Pool, timeout_s: float, ray) -
         have = f"the cluster has {free:g} of {total:g} {resource} free"
     except Exception:  # noqa: BLE001
         have = "the cluster's free resources could not be read"
-    keys = ("generator.num_inference_engines x inference_engine_tensor_parallel_size" if pool.roles == ("engine",)
+    keys = ("generator.num_inference_engines x inference_engine_{tensor,pipeline,data}_parallel_size"
+            if pool.roles == ("engine",)
             else " / ".join(f"trainer.placement.{r}_num_nodes x {r}_num_gpus_per_node" for r in pool.roles
                             if r != "engine"))
     return (f"could not place pool '{pool.name}' ({'+'.join(pool.roles)}): {pool.bundles} bundle(s) of 1 "

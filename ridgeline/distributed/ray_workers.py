@@ -37,6 +37,7 @@ from ridgeline.distributed.weight_sync import (GroupSpec, ProbeTolerance, SyncSt
                                                probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
                                                sync_report)
 from ridgeline.inference.ipc_transport import GIB, IPCBucket, IPCReceiver, IPCSender, IPCTransfer
+from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.inference.types import WAKE_TAGS, EngineOutput, EngineRequest, MemoryTag
 from ridgeline.inference.weight_transport import usable_backend
 from ridgeline.models.device import resolve_device
@@ -63,9 +64,10 @@ class TrainingRank:
     worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
     called on every rank of the group at once."""
 
-    def __init__(self, cfg: dict, role: str, rank: int, world_size: int):
+    def __init__(self, cfg: dict, role: str, rank: int, world_size: int, training_batches: int):
         self.cfg: DictConfig = OmegaConf.create(cfg)
         self.role, self.rank, self.world_size = role, rank, world_size
+        self.training_batches = training_batches  # the run's trainer steps: the schedule's length
         self.worker: PolicyWorker | RefWorker | CriticWorker | None = None
         self.sender: WeightSender | None = None
         self.ipc_sender: IPCSender | None = None
@@ -92,10 +94,11 @@ class TrainingRank:
         group = FSDPGroup(device, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
                           cpu_offload=fsdp.cpu_offload, param_dtype=compute if device.type == "cuda" else None)
         if self.role == "policy":
-            self.worker = build_policy_worker(self.cfg, self.tokenizer, group)
+            self.worker = build_policy_worker(self.cfg, self.tokenizer, group, training_batches=self.training_batches)
         elif self.role == "critic":
             # the padded forward: the packed one calls the backbone around the FSDP root's hooks
-            self.worker = build_critic(self.cfg, self.tokenizer, parallel=group, options=PLAIN)
+            self.worker = build_critic(self.cfg, self.tokenizer, training_batches=self.training_batches, parallel=group,
+                                       options=PLAIN)
         else:
             self.worker = build_ref_worker(self.cfg, self.tokenizer, parallel=group)
         return {"parameters": float(sum(p.numel() for p in self.worker.model.parameters()))}
@@ -509,17 +512,18 @@ class RayWorkers:
 def placement_plan(cfg: DictConfig) -> PlacementPlan:
     g = cfg.generator
     device = "GPU" if resolve_device(cfg.trainer.device).type == "cuda" else "CPU"
-    # an engine takes `inference_engine_tensor_parallel_size` devices of the plan (SkyRL's rule: engines x TP =
-    # the GPUs they need); the embedded hf engine computes on the first of its block
+    # an engine takes tensor x pipeline x data parallel devices of the plan (SkyRL's count), one engine
+    # process per data-parallel rank; the embedded hf engine computes on the first device of its block
     return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines),
-                          engine_tp=int(g.inference_engine_tensor_parallel_size),
+                          engine=EngineParallelism.from_config(g),
                           use_ref=needs_ref(cfg), use_critic=cfg.trainer.critic.model.path is not None, device=device,
                           remote_engines=not g.run_engines_locally)
 
 
-def build_ray_workers(cfg: DictConfig, tokenizer) -> RayWorkers:
+def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayWorkers:
     """Start or join Ray, reserve the plan's pools, start every actor, build the sharded models and
-    connect the weight-sync group. The trainer pushes the first weights (`weight_sync.sync(0)`, or
+    connect the weight-sync group; `training_batches` (the run's trainer steps) sizes the
+    learning-rate schedules. The trainer pushes the first weights (`weight_sync.sync(0)`, or
     the resumed checkpoint's)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -541,10 +545,11 @@ def build_ray_workers(cfg: DictConfig, tokenizer) -> RayWorkers:
 
     n = cfg.generator.n_samples_per_prompt
     policy_world = plan.ranks["policy"]
-    policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world) for r in range(policy_world)]
-    ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"]) for r in range(plan.ranks["ref"])]
-                  if needs_ref(cfg) else [])
-    critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"])
+    policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world, training_batches)
+                     for r in range(policy_world)]
+    ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
+                   for r in range(plan.ranks["ref"])] if needs_ref(cfg) else [])
+    critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"], training_batches)
                       for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
     engine_actors = [actor(EngineRank, "engine", i, plain) for i in range(plan.num_engines)]  # none if remote
     infos = []

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ridgeline.inference.types import WAKE_TAGS, EngineError, MemoryTag, wake_order
 
-# Weights cross from this process to vLLM's engine process in batches of at most this many bytes
+# Weights cross from this process to vLLM's engine core and workers in batches of at most this many bytes
 # (each batch is one collective_rpc message, held in memory twice while in flight).
 UPDATE_BATCH_BYTES = 512 * 1024 * 1024
 

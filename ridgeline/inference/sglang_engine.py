@@ -10,6 +10,8 @@ ServerArgs):
 | trainer.policy.model.path (+ gguf_file; tiny:// saved) | model_path                          |
 | generator.model_dtype                                  | dtype                               |
 | generator.inference_engine_tensor_parallel_size       | tp_size                             |
+| generator.inference_engine_pipeline_parallel_size     | pp_size                             |
+| generator.inference_engine_expert_parallel_size       | ep_size                             |
 | generator.gpu_memory_utilization                       | mem_fraction_static                 |
 | generator.enable_prefix_caching                        | disable_radix_cache (negated)       |
 | generator.max_num_seqs                                 | max_running_requests                |
@@ -20,6 +22,9 @@ ServerArgs):
 | trainer.placement.colocate_all                         | enable_memory_saver                 |
 | no generator.*sampling_params.stop (`uses_stop_strings`) | skip_tokenizer_init               |
 | generator.engine_init_kwargs                           | merged last: the user wins          |
+
+`generator.inference_engine_data_parallel_size` is no kwarg (SGLang's `dp_size` stays 1): each
+data-parallel rank is an engine of its own (`ridgeline.inference.parallelism`).
 
 `disable_cuda_graph` is SGLang's older switch: 0.5.23 prefers cuda_graph_backend_{decode,prefill}
 but still honours it (turning both phases off), and older 0.5 releases know only it.
@@ -68,6 +73,7 @@ from ridgeline.inference.types import (
     wake_order,
 )
 from ridgeline.seeding import request_seeds
+from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.inference.library_engine import (
     LibraryEngine,
     engine_init_kwargs,
@@ -97,10 +103,13 @@ def sglang_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
     warning = sglang_logprobs_warning(SamplingParams.from_config(g.sampling_params))
     if warning:
         log.warning(warning)
+    parallel = EngineParallelism.from_config(g)
     kwargs: dict[str, Any] = {
         "model_path": policy_model_folder(cfg),
         "dtype": model_dtype_name(g.model_dtype),
-        "tp_size": int(g.inference_engine_tensor_parallel_size),
+        "tp_size": parallel.tensor,
+        "pp_size": parallel.pipeline,
+        "ep_size": parallel.expert,
         "mem_fraction_static": float(g.gpu_memory_utilization),
         "disable_radix_cache": not bool(g.enable_prefix_caching),
         "max_running_requests": int(g.max_num_seqs),

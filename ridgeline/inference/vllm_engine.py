@@ -9,6 +9,8 @@ Config -> `vllm.LLM(**vllm_engine_kwargs(cfg))`:
 | trainer.policy.model.path (+ gguf_file; tiny:// saved) | model                    |
 | generator.model_dtype                                  | dtype                    |
 | generator.inference_engine_tensor_parallel_size       | tensor_parallel_size     |
+| generator.inference_engine_pipeline_parallel_size     | pipeline_parallel_size   |
+| generator.inference_engine_expert_parallel_size > 1   | enable_expert_parallel   |
 | generator.gpu_memory_utilization                       | gpu_memory_utilization   |
 | generator.enable_prefix_caching                        | enable_prefix_caching    |
 | generator.enable_chunked_prefill                       | enable_chunked_prefill   |
@@ -23,6 +25,13 @@ Config -> `vllm.LLM(**vllm_engine_kwargs(cfg))`:
 | no generator.*sampling_params.stop (`uses_stop_strings`) | skip_tokenizer_init    |
 | (fixed)                                                | worker_extension_cls     |
 | generator.engine_init_kwargs                           | merged last: the user wins |
+
+`generator.inference_engine_data_parallel_size` is no kwarg: each data-parallel rank is an engine
+of its own (`ridgeline.inference.parallelism`). `generator.vllm_v1_disable_multiproc` (SkyRL's
+default true) sets VLLM_ENABLE_V1_MULTIPROCESSING=0 in the engine's process before vLLM starts
+(`vllm_engine_env`), as SkyRL's engine actor does: the engine core then runs in that process
+(tensor-parallel workers stay processes of their own); false leaves vLLM's default, the engine core
+in a child process.
 
 Context length: every engine call's input is at most the longer of `trainer.max_prompt_length`
 (first turn: longer prompts are dropped) and `generator.max_input_length` (later turns: the
@@ -45,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
@@ -63,6 +73,7 @@ from ridgeline.inference.library_engine import (
     uses_stop_strings,
 )
 from ridgeline.inference.launch import WORKER_EXTENSION
+from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.inference.types import (
     EngineError,
     EngineOutput,
@@ -116,10 +127,14 @@ def vllm_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
     mode, warning = vllm_logprobs_mode(SamplingParams.from_config(g.sampling_params))
     if warning and "logprobs_mode" not in engine_init_kwargs(cfg):
         log.warning(warning)
+    parallel = EngineParallelism.from_config(g)
     kwargs: dict[str, Any] = {
         "model": policy_model_folder(cfg),
         "dtype": model_dtype_name(g.model_dtype),
-        "tensor_parallel_size": int(g.inference_engine_tensor_parallel_size),
+        "tensor_parallel_size": parallel.tensor,
+        "pipeline_parallel_size": parallel.pipeline,
+        # vLLM's expert-parallel group is tensor x data ranks; data is 1 in one engine, so ep = tp
+        "enable_expert_parallel": parallel.expert > 1,
         "gpu_memory_utilization": float(g.gpu_memory_utilization),
         "enable_prefix_caching": bool(g.enable_prefix_caching),
         "enable_chunked_prefill": bool(g.enable_chunked_prefill),
@@ -137,6 +152,11 @@ def vllm_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
     if most_logprobs > VLLM_MAX_LOGPROBS:
         kwargs["max_logprobs"] = most_logprobs
     return {**kwargs, **engine_init_kwargs(cfg)}
+
+
+def vllm_engine_env(cfg: DictConfig) -> dict[str, str]:
+    """Environment variables the engine's process sets before vLLM starts (module docstring)."""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if cfg.generator.vllm_v1_disable_multiproc else {}
 
 
 def vllm_sampling_params(params: SamplingParams, stop_token_ids: Sequence[int],
@@ -212,7 +232,8 @@ def _without_chat_template_warmup_warning() -> Iterator[None]:
 
 
 class VLLMEngine(LibraryEngine):
-    """`InferenceEngine` on an in-process `vllm.LLM` (its engine core runs in a child process).
+    """`InferenceEngine` on an in-process `vllm.LLM` (its engine core runs in this process with
+    `generator.vllm_v1_disable_multiproc`, the default, else in a child process).
 
     * generate: one `LLM.generate` over all requests (vLLM schedules and shares prefixes);
       per-request seeds from `seed`.
@@ -228,6 +249,13 @@ class VLLMEngine(LibraryEngine):
 
     engine_kwargs = staticmethod(vllm_engine_kwargs)
     model_key, length_key = "model", "max_model_len"
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, tokenizer=None) -> "VLLMEngine":
+        # this is the engine's process (an engine actor, or the one-process trainer): vLLM reads
+        # its environment when it starts
+        os.environ.update(vllm_engine_env(cfg))
+        return super().from_config(cfg, tokenizer)
 
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Sequence[int] = ()):
         try:

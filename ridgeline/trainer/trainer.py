@@ -146,10 +146,13 @@ class Trainer:
         if resume_from is not None:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
 
+        # the learning-rate schedules run over the whole run's optimizer steps (build.lr_schedule)
+        training_batches = train_data.num_batches(t.train_batch_size) * t.epochs
         if t.strategy == "single":
             device = resolve_device(t.device)
-            policy = build_policy_worker(cfg, tokenizer)
-            workers = Workers(policy, build_ref_worker(cfg, tokenizer, policy=policy), build_critic(cfg, tokenizer))
+            policy = build_policy_worker(cfg, tokenizer, training_batches=training_batches)
+            workers = Workers(policy, build_ref_worker(cfg, tokenizer, policy=policy),
+                              build_critic(cfg, tokenizer, training_batches=training_batches))
             engine = build_engine(cfg, tokenizer, policy.model)
             weight_sync: WeightSync = InProcessWeightSync(policy, engine)
             if isinstance(engine, RemoteEngine):
@@ -164,7 +167,7 @@ class Trainer:
                      else f"one process on {device}")
         else:
             from ridgeline.distributed.ray_workers import build_ray_workers
-            ray_workers = build_ray_workers(cfg, tokenizer)
+            ray_workers = build_ray_workers(cfg, tokenizer, training_batches)
             workers = Workers(ray_workers.policy, ray_workers.ref, ray_workers.critic)
             engine, weight_sync, shutdown = ray_workers.engine, ray_workers.weight_sync, ray_workers.shutdown
             parameters = ray_workers.parameters
@@ -214,7 +217,7 @@ class Trainer:
     # --------------------------------------------------------------------------------- loop
     @property
     def steps_per_epoch(self) -> int:
-        return len(self.train_data) // self.cfg.trainer.train_batch_size
+        return self.train_data.num_batches(self.cfg.trainer.train_batch_size)
 
     @property
     def total_steps(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+from typing import Literal
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from ridgeline.models.lora import lora_settings, wrap
 from ridgeline.models.value_model import load_value_model
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import ForwardOptions
-from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
 from ridgeline.training.parallel import DataParallel, SingleProcess
 from ridgeline.training.worker import BaseModelRefWorker, PolicyTrainConfig, PolicyWorker, RefWorker
 
@@ -96,9 +97,11 @@ def policy_train_config(cfg: DictConfig, data_parallel: int = 1, device: torch.d
     )
 
 
-def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | None = None) -> PolicyWorker:
+def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | None = None, *,
+                        training_batches: int) -> PolicyWorker:
     """The policy model (float32 master weights) with its optimizer and schedule, placed by
-    `parallel` (default: one process on `trainer.device`). With `trainer.policy.model.lora.rank > 0`
+    `parallel` (default: one process on `trainer.device`); `training_batches`: the trainer steps of
+    the whole run, which the schedule's length is counted from (`lr_schedule`). With `trainer.policy.model.lora.rank > 0`
     the model is wrapped with LoRA adapters (after activation checkpointing is set up, which peft
     needs to know) and the optimizer holds only the adapters. Placement (FSDP2 sharding on ranks)
     comes after that and before the optimizer, which must hold the placed parameters."""
@@ -115,9 +118,27 @@ def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | Non
     opt = t.policy.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
     worker = PolicyWorker(model, policy_train_config(cfg, parallel.world_size, parallel.device), optimizer,
-                          build_scheduler(optimizer, warmup_steps(cfg, opt)), parallel)
+                          build_scheduler(optimizer, lr_schedule(cfg, "policy", training_batches)), parallel)
     worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
     return worker
+
+
+def optimizer_steps_per_batch(cfg: DictConfig, role: Literal["policy", "critic"]) -> int:
+    """Optimizer steps `role` takes on one training batch: `update_epochs_per_batch` passes over
+    train_batch_size / `<role>_mini_batch_size` mini-batches (validation made the division exact)."""
+    t = cfg.trainer
+    return int(t.update_epochs_per_batch) * (int(t.train_batch_size) // int(t[f"{role}_mini_batch_size"]))
+
+
+def lr_schedule(cfg: DictConfig, role: Literal["policy", "critic"], training_batches: int) -> LRSchedule:
+    """`role`'s `optimizer_config.scheduler` over the run's optimizer steps: `training_batches`
+    (prompt batches per epoch x epochs, SkyRL's `total_training_steps`) x the optimizer steps
+    of one batch. SkyRL 0.3.1 passed the batch count alone while stepping the schedule per optimizer
+    step, so a decaying schedule ended early; SkyRL fixed that after 0.3.1 (NovaSky-AI/SkyRL#873)
+    and Ridgeline counts as the fix does."""
+    opt = cfg.trainer[role].optimizer_config
+    return LRSchedule(name=str(opt.scheduler), num_warmup_steps=warmup_steps(cfg, opt),
+                      num_training_steps=int(training_batches) * optimizer_steps_per_batch(cfg, role))
 
 
 def warmup_steps(cfg: DictConfig, optimizer_config: DictConfig) -> int:
@@ -160,10 +181,10 @@ def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None 
                      forward_options=forward_options(cfg), parallel=parallel)
 
 
-def build_critic(cfg: DictConfig, tokenizer, *, parallel: DataParallel | None = None,
+def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel: DataParallel | None = None,
                  options: ForwardOptions | None = None) -> CriticWorker | None:
-    """The value model and its worker, when `trainer.critic.model.path` names one. `parallel` as
-    for the policy; `options` defaults to the config's forward options."""
+    """The value model and its worker, when `trainer.critic.model.path` names one. `parallel` and
+    `training_batches` as for the policy; `options` defaults to the config's forward options."""
     t, alg = cfg.trainer, cfg.trainer.algorithm
     if t.critic.model.path is None:
         return None
@@ -184,6 +205,7 @@ def build_critic(cfg: DictConfig, tokenizer, *, parallel: DataParallel | None = 
         update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,
         loss_reduction=alg.loss_reduction, max_grad_norm=opt.max_grad_norm, autocast_dtype=autocast,
         nonfinite_loss=t.nonfinite_loss, forward_options=options or forward_options(cfg))
-    worker = CriticWorker(model, config, optimizer, build_scheduler(optimizer, warmup_steps(cfg, opt)), parallel)
+    worker = CriticWorker(model, config, optimizer, build_scheduler(optimizer, lr_schedule(cfg, "critic", training_batches)),
+                          parallel)
     worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
     return worker

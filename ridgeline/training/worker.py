@@ -189,7 +189,9 @@ class TrainedWorker(ModelWorker):
         return the grad norm. One bad batch must not poison the weights: with a `skip_reason` (a
         non-finite loss) or a non-finite norm the gradients are dropped, the step counted in
         `skipped_steps` and 0.0 returned; the schedule still advances (the step happened, its
-        update was dropped). The norm is the same on every rank, so ranks agree on skipping."""
+        update was dropped), so it stays on the optimizer-step count it was built for and a
+        decaying schedule ends with the run (SkyRL does not advance it on a skipped step). The norm
+        is the same on every rank, so ranks agree on skipping."""
         grad_norm = None
         if skip_reason is None:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm))

@@ -14,7 +14,7 @@ from ridgeline.config import base_config
 from ridgeline.distributed.launch import run_ranks
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.training.batch import TrainingBatch, build_training_batch
-from ridgeline.training.optim import build_optimizer, build_scheduler
+from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
 from ridgeline.training.parallel import SingleProcess
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker
 
@@ -51,7 +51,8 @@ def _train(parallel, model: torch.nn.Module, batch: TrainingBatch):
                             algorithm=algorithm, max_grad_norm=0.5, use_kl_loss=True, kl_loss_coef=0.1,
                             use_entropy_loss=True, entropy_loss_coef=0.01)
     optimizer = build_optimizer(model, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)
-    worker = PolicyWorker(model, cfg, optimizer, build_scheduler(optimizer, 2), parallel)
+    worker = PolicyWorker(model, cfg, optimizer, build_scheduler(optimizer, LRSchedule("constant_with_warmup", 2, 0)),
+                          parallel)
     metrics = [worker.train(batch) for _ in range(STEPS)]
     state = {k: v.detach().float().cpu() for k, v in worker.full_state_dict().items()}
     return metrics, state

@@ -90,13 +90,19 @@ class RidgelineConfig(Section):
 
     def _placement(self, report: Report) -> None:
         t, g = self.trainer, self.generator
+        dp = g.inference_engine_data_parallel_size
+        if dp > 1 and t.strategy == "single" and g.backend != "hf" and g.run_engines_locally:
+            key = "generator.inference_engine_data_parallel_size"
+            report.add(f"{key}={dp} runs {dp} engine processes per engine, but trainer.strategy=single runs one "
+                       f"engine inside the trainer's process. Fix: trainer.strategy=fsdp2 (engines as Ray actors), or "
+                       f"{key}=1.")
         if t.strategy not in ("fsdp2", "fsdp"):
             return
         from ridgeline.distributed.placement import PlacementConfigError, plan_placement
+        from ridgeline.inference.parallelism import EngineParallelism
         try:
             plan = plan_placement(dataclasses.asdict(t.placement), num_engines=g.num_inference_engines,
-                                  engine_tp=g.inference_engine_tensor_parallel_size,
-                                  use_ref=t.algorithm.uses_reference, use_critic=t.critic.model.path is not None,
+                                  engine=EngineParallelism.from_config(g), use_ref=t.algorithm.uses_reference, use_critic=t.critic.model.path is not None,
                                   device="CPU", remote_engines=not g.run_engines_locally)
         except PlacementConfigError as exc:
             report.add(str(exc))

@@ -103,6 +103,13 @@ class GeneratorConfig(Section):
     # one such buffer on its GPU at a time. > 0.
     weight_transfer_threshold_cuda_ipc_GB: float = setting(1.0)
     inference_engine_tensor_parallel_size: int = setting(4)
+    # SkyRL 0.3.1: an engine takes tensor x pipeline x data parallel devices; each data-parallel rank
+    # is an engine process of its own (requests are split over all of them). Expert parallelism
+    # (MoE) needs data 1 and expert = tensor: the experts are sharded over the tensor-parallel ranks.
+    # vllm and sglang engines only (the hf engine refuses other values than 1). docs/engines.md
+    inference_engine_pipeline_parallel_size: int = setting(1)
+    inference_engine_expert_parallel_size: int = setting(1)
+    inference_engine_data_parallel_size: int = setting(1)
     n_samples_per_prompt: int = setting(5)
     async_engine: bool = setting(True)            # vllm engine mode; the hf engine is always synchronous
     batched: bool = setting(True)                 # vllm/sglang request batching; the hf engine batches on its own
@@ -111,6 +118,13 @@ class GeneratorConfig(Section):
     enable_chunked_prefill: bool = setting(True)  # vllm option
     max_num_batched_tokens: int = setting(8192)   # vllm scheduler option
     enforce_eager: bool = setting(False)          # vllm option (CUDA graphs off)
+    # SkyRL 0.3.1: vLLM's engine core runs in the engine's own process
+    # (VLLM_ENABLE_V1_MULTIPROCESSING=0, set there), not in a child process; vllm engines only
+    vllm_v1_disable_multiproc: bool = setting(True)
+    # SkyRL 0.3.1: vLLM LoRA layers sharded over tensor-parallel ranks
+    fully_sharded_loras: bool = setting(False, not_built="engines get the policy's merged weights, never LoRA "
+                                        "adapters (adapter-only weight sync is not built, docs/lora.md), so there "
+                                        "are no LoRA layers for vLLM to shard")
     gpu_memory_utilization: float = setting(0.8)  # vllm/sglang KV-cache budget
     max_num_seqs: int = setting(1024)             # vllm/sglang scheduler option
     remote_inference_engine_urls: List[str] = setting(["127.0.0.1:8001"])
@@ -143,7 +157,9 @@ class GeneratorConfig(Section):
 
     def check(self, at: str, report: Report) -> None:
         for name in ("n_samples_per_prompt", "eval_n_samples_per_prompt", "max_input_length", "max_turns",
-                     "num_inference_engines", "inference_engine_tensor_parallel_size"):
+                     "num_inference_engines", "inference_engine_tensor_parallel_size",
+                     "inference_engine_pipeline_parallel_size", "inference_engine_data_parallel_size",
+                     "inference_engine_expert_parallel_size"):
             value = getattr(self, name)
             if value < 1:
                 report.add(f"{at}.{name}={show(value)} must be a positive whole number (at least 1). "
@@ -166,6 +182,22 @@ class GeneratorConfig(Section):
         self._engines(at, report)
         if self.enable_http_endpoint:
             self._http_endpoint(at, report)
+
+    def _library_engine_parallelism(self, at: str, report: Report) -> None:
+        """vllm / sglang engines: expert parallelism is over the tensor-parallel ranks (each
+        data-parallel rank is an engine of its own, ridgeline.inference.parallelism)."""
+        g = f"{at}.inference_engine"
+        tp, dp = self.inference_engine_tensor_parallel_size, self.inference_engine_data_parallel_size
+        ep = self.inference_engine_expert_parallel_size
+        if ep > 1 and dp > 1:
+            report.add(f"{g}_expert_parallel_size={ep} with {g}_data_parallel_size={dp}: expert parallelism over "
+                       "data-parallel ranks needs vLLM's data-parallel group, which Ridgeline's engines (one engine "
+                       f"process per data-parallel rank) do not form. Fix: {g}_data_parallel_size=1 and "
+                       f"{g}_expert_parallel_size={g}_tensor_parallel_size.")
+        elif ep > 1 and ep != tp:
+            report.add(f"{g}_expert_parallel_size={ep} must equal {g}_tensor_parallel_size={tp} (SkyRL's rule: expert = "
+                       "data x tensor, and data is 1): the experts are sharded over the tensor-parallel ranks. Fix: "
+                       f"{g}_expert_parallel_size={tp}, or 1 to turn expert parallelism off.")
 
     def _http_endpoint(self, at: str, report: Report) -> None:
         """Where the endpoint listens and the name it serves (a port taken by another process is
@@ -190,15 +222,31 @@ class GeneratorConfig(Section):
                                f"{key}={port + 10}.")
 
     def _engines(self, at: str, report: Report) -> None:
+        # pipeline / data / expert parallel sizes other than 1
+        changed = {f"{at}.inference_engine_{kind}_parallel_size": size for kind in ("pipeline", "data", "expert")
+                   if (size := getattr(self, f"inference_engine_{kind}_parallel_size")) > 1}
+        key = f"{at}.vllm_v1_disable_multiproc"
+        if not self.vllm_v1_disable_multiproc and not (self.backend == "vllm" and self.run_engines_locally):
+            where = "on remote servers" if not self.run_engines_locally else f"{at}.backend={show(self.backend)}"
+            report.add(f"{key}=false runs a vLLM engine core in a child process, but the engines here are {where}, "
+                       f"which have no vLLM engine core. Fix: {key}=true (the default).")
         if not self.run_engines_locally:
             urls = self.remote_inference_engine_urls
             if not urls or not all(u.strip() for u in urls):
                 report.add(f"{at}.remote_inference_engine_urls={show(urls)} must list the servers when "
                            f"{at}.run_engines_locally=false. Fix: e.g. "
                            f"{at}.remote_inference_engine_urls=['127.0.0.1:8001','10.0.0.2:8001'].")
+            for key, size in changed.items():
+                report.add(f"{key}={size} sizes engines Ridgeline starts, but {at}.run_engines_locally=false uses "
+                           f"servers started elsewhere, with their own parallelism. Fix: {key}=1, and start the "
+                           "servers with the parallelism they need.")
             return
         if self.backend != "hf":
+            self._library_engine_parallelism(at, report)
             return
+        for key, size in changed.items():
+            report.add(f"{key}={size}: the embedded hf engine runs on one device. Fix: {key}=1, or a vllm / sglang "
+                       f"engine ({at}.backend=vllm or sglang).")
         tp, default_tp = self.inference_engine_tensor_parallel_size, GeneratorConfig().inference_engine_tensor_parallel_size
         if tp not in (1, default_tp):
             report.add(f"{at}.inference_engine_tensor_parallel_size={tp}: the embedded hf engine runs on one device. "

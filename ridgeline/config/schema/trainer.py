@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -9,7 +10,6 @@ from ridgeline.config.fields import Report, Section, one_of, setting, show
 from ridgeline.config.schema.algorithm import AlgorithmConfig
 
 LOGGERS: tuple[str, ...] = ("wandb", "console", "tensorboard", "mlflow", "jsonl")
-SCHEDULE_NOTE = "only constant_with_warmup is built (linear warmup to a constant learning rate); decaying schedules are not"
 SP_NOTE = "sequence parallelism is not built: FSDP2 shards the parameters, every rank holds whole sequences"
 
 
@@ -70,9 +70,11 @@ class OptimizerConfig(Section):
     max_grad_norm: float = setting(1.0)
     offload_after_step: bool = setting(True)
     # SkyRL 0.3.1: optimizer steps of linear warmup for this model (0: trainer.num_warmup_steps
-    # applies; both set and different is refused) and the schedule after it
+    # applies; both set and different is refused) and the learning-rate schedule, a name of
+    # transformers' get_scheduler (constant_with_warmup, constant, linear, cosine,
+    # cosine_with_restarts, polynomial, inverse_sqrt) over the run's optimizer steps
     num_warmup_steps: int = setting(0)
-    scheduler: str = setting("constant_with_warmup", built=("constant_with_warmup",), not_built=SCHEDULE_NOTE)
+    scheduler: str = setting("constant_with_warmup")
 
     def check(self, at: str, report: Report) -> None:
         if self.lr <= 0:
@@ -242,6 +244,8 @@ class TrainerConfig(Section):
             if own and shared and own != shared:
                 report.add(f"{at}.{role}.optimizer_config.num_warmup_steps={show(own)} and {at}.num_warmup_steps="
                            f"{show(shared)} both set the {role}'s warmup. Fix: set one of them (the other 0).")
+        for role in ("policy", "critic"):
+            self._schedule(at, role, report)
         if self.eval_interval != -1 and self.eval_interval < 1:
             report.add(f"{at}.eval_interval={show(self.eval_interval)} must be a positive number of steps, or -1 to "
                        f"turn periodic evaluation off. Fix: {at}.eval_interval=-1 or e.g. 5.")
@@ -253,6 +257,33 @@ class TrainerConfig(Section):
         self.algorithm.check(f"{at}.algorithm", report)
         self._critic_and_reference(at, report)
         self._lora(at, report)
+
+    def _schedule(self, at: str, role: str, report: Report) -> None:
+        """A transformers schedule that needs only warmup and training steps, with a warmup it acts on
+        and (polynomial) an lr above its end."""
+        from ridgeline.training.optim import LR_SCHEDULES, POLYNOMIAL_LR_END, UNBUILT_LR_SCHEDULES
+
+        optimizer = getattr(self, role).optimizer_config
+        key, name = f"{at}.{role}.optimizer_config.scheduler", optimizer.scheduler
+        if name in UNBUILT_LR_SCHEDULES:
+            report.add(f"{key}={name} needs {UNBUILT_LR_SCHEDULES[name]}, which SkyRL 0.3.1 does not pass to "
+                       f"transformers' get_scheduler either: the schedules built are {one_of(LR_SCHEDULES)}. "
+                       f"Fix: e.g. {key}=cosine.")
+            return
+        if name not in LR_SCHEDULES:
+            close = difflib.get_close_matches(name, LR_SCHEDULES, n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            report.add(f"{key}={show(name)} is not a learning-rate schedule: the schedules built are transformers' "
+                       f"{one_of(LR_SCHEDULES)}.{hint} Fix: e.g. {key}={close[0] if close else 'constant_with_warmup'}.")
+            return
+        warmup = optimizer.num_warmup_steps or self.num_warmup_steps
+        if name == "constant" and warmup:
+            report.add(f"{key}=constant has no warmup, so the {role}'s num_warmup_steps={show(warmup)} would be "
+                       f"ignored. Fix: {key}=constant_with_warmup, or num_warmup_steps=0.")
+        if name == "polynomial" and optimizer.lr <= POLYNOMIAL_LR_END:
+            report.add(f"{key}=polynomial decays to transformers' lr_end={POLYNOMIAL_LR_END:g}, which must be below "
+                       f"{at}.{role}.optimizer_config.lr={show(optimizer.lr)}. Fix: a larger lr, or {key}=linear "
+                       "(decays to 0).")
 
     def _checkpoints(self, at: str, report: Report) -> None:
         meaning = {"ckpt_interval": ("off", "a checkpoint every N steps", 10),
