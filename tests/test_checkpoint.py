@@ -196,6 +196,14 @@ def test_resuming_another_run_is_refused_unless_told(critic_run, tmp_path, caplo
     with pytest.raises(CheckpointError, match="trainer.policy.model.path: 'tiny://llama' -> 'tiny://llama-small'"):
         Trainer.from_config(tiny(out, *CRITIC, "trainer.resume_mode=latest",
                                  "trainer.policy.model.path=tiny://llama-small"))
+    # another reference model, or model config overrides, make another run too (SkyRL 0.3.1's model keys)
+    with pytest.raises(CheckpointError) as info:
+        Trainer.from_config(tiny(out, *CRITIC, "trainer.resume_mode=latest", "trainer.ref.model.path=tiny://llama-small",
+                                 "trainer.critic.model_config_kwargs.rms_norm_eps=0.001", "trainer.rope_theta=5000"))
+    changes = str(info.value).split("wrote it:\n")[1].split("\nFix:")[0].splitlines()
+    assert changes == ["  - trainer.ref.model.path: None -> 'tiny://llama-small'",
+                       "  - trainer.rope_theta: None -> 5000.0",
+                       "  - trainer.critic.model_config_kwargs.rms_norm_eps: None -> 0.001"]
     # told to go on: warned; other changes (lr) are allowed, logged, and take effect
     caplog.set_level("INFO")
     trainer = Trainer.from_config(tiny(out, *CRITIC, "trainer.resume_mode=latest", "trainer.seed=7",

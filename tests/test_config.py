@@ -240,6 +240,21 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("generator.enable_http_endpoint", False),
     ("generator.http_endpoint_host", "127.0.0.1"),
     ("generator.http_endpoint_port", 8000),
+    # SkyRL 0.3.1 model keys (docs/config.md)
+    ("trainer.policy.model_config_kwargs", {}),
+    ("trainer.ref.model_config_kwargs", {}),
+    ("trainer.critic.model_config_kwargs", {}),
+    ("trainer.ref.model.path", "Qwen/Qwen2.5-1.5B-Instruct"),   # follows trainer.policy.model.path
+    ("trainer.rope_scaling", None),
+    ("trainer.rope_theta", None),
+    ("generator.rope_scaling", None),                           # follow trainer.rope_*
+    ("generator.rope_theta", None),
+    ("trainer.bf16", True),
+    ("trainer.disable_fast_tokenizer", False),
+    ("trainer.gradient_checkpointing_use_reentrant", False),
+    ("trainer.policy.model.lora.exclude_modules", None),
+    ("trainer.policy.model.lora.init_method", "kaiming"),
+    ("trainer.policy.model.lora.lora_sync_path", "/tmp/skyrl_lora_sync"),
 ]
 
 
@@ -349,6 +364,56 @@ def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
     assert "did you mean" not in str(err)
     err = _error(RUNNABLE + ["generator.inference_engine.num_engines=2", "generator.num_inference_engines=4"])
     assert "generator.inference_engine.num_engines and generator.num_inference_engines are the same setting" in str(err)
+
+
+def test_skyrl_0_3_1_deprecated_lora_keys_are_read_as_the_policys_with_a_notice(caplog):
+    """trainer.target_modules / exclude_modules: 0.3.1 keeps them, deprecated in favour of
+    trainer.policy.model.lora.*; read as those, null (their default) sets nothing, both set is refused."""
+    lora = "trainer.policy.model.lora"
+    with caplog.at_level("INFO", logger="ridgeline.config.loader"):
+        cfg = load_config(RUNNABLE + ["trainer.target_modules=[q_proj,v_proj]", "trainer.exclude_modules=null"])
+    assert list(cfg.trainer.policy.model.lora.target_modules) == ["q_proj", "v_proj"]
+    assert cfg.trainer.policy.model.lora.exclude_modules is None and "target_modules" not in cfg.trainer
+    assert f"trainer.target_modules is SkyRL 0.3.1's deprecated spelling for {lora}.target_modules" in caplog.text
+    assert "trainer.exclude_modules=null is SkyRL 0.3.1's deprecated key at its default" in caplog.text
+    err = _error(RUNNABLE + ["trainer.exclude_modules=[k_proj]", f"{lora}.exclude_modules=[q_proj]"])
+    assert err.problems == [f"trainer.exclude_modules and {lora}.exclude_modules are the same setting (SkyRL 0.3.1's "
+                            "deprecated spelling and the key that replaced it) and both are set. Fix: keep one of them."]
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    (["trainer.bf16=false", "trainer.mixed_precision=bf16"], "trainer.bf16", "say the same thing and disagree"),
+    (["trainer.rope_scaling={factor: 2.0}"], "trainer.rope_scaling", "a map naming its rope_type"),
+    (["generator.rope_theta=0"], "generator.rope_theta", "the positive RoPE base frequency"),
+    (["trainer.policy.model.lora.init_method=pissa"], "trainer.policy.model.lora.init_method", "rewrites the base"),
+    (["trainer.policy.model.lora.init_method=eva"], "trainer.policy.model.lora.init_method", "a pass over training"),
+    (["trainer.policy.model.lora.init_method=xavier"], "trainer.policy.model.lora.init_method", "Megatron"),
+    (["trainer.policy.model.lora.init_method=orthogonal", "trainer.policy.model.lora.rank=5"],
+     "trainer.policy.model.lora.init_method", "needs an even"),
+    (["trainer.policy.model.lora.exclude_modules=[]"], "trainer.policy.model.lora.exclude_modules", "must be null"),
+    (["trainer.policy.model.lora.lora_sync_path=/data/lora"], "trainer.policy.model.lora.lora_sync_path",
+     "merged weights"),
+    (["trainer.ref.model.path=''"], "trainer.ref.model.path", "is empty"),
+])
+def test_bad_model_keys_are_refused_naming_the_key(overrides, key, words):
+    err = _error(RUNNABLE + overrides)
+    assert len(err.problems) == 1 and err.problems[0].startswith(key) and words in err.problems[0], err.problems
+    assert "Fix: " in err.problems[0]
+
+
+def test_model_keys_take_skyrl_values():
+    cfg = load_config(RUNNABLE + [
+        "trainer.policy.model_config_kwargs.attention_dropout=0.1", "+trainer.critic.model_config_kwargs.rms_norm_eps=1e-5",
+        "trainer.rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768}",
+        "trainer.rope_theta=1000000", "trainer.ref.model.path=Qwen/Qwen2.5-7B-Instruct", "trainer.bf16=false",
+        "trainer.policy.model.lora.exclude_modules=.*lm_head", "trainer.policy.model.lora.init_method=gaussian"])
+    assert cfg.generator.rope_scaling.factor == 4.0 and cfg.generator.rope_theta == 1000000  # follow the trainer's
+    assert cfg.trainer.critic.model_config_kwargs.rms_norm_eps == 1e-5
+    from ridgeline.config import unbuilt_defaults
+    assert not any("lora_sync_path" in line for line in unbuilt_defaults(cfg))  # no LoRA: nothing to say
+    lora = load_config(RUNNABLE + ["trainer.policy.model.lora.rank=8"])
+    assert any(line.startswith("trainer.policy.model.lora.lora_sync_path=/tmp/skyrl_lora_sync (default)")
+               for line in unbuilt_defaults(lora))
 
 
 def test_features_not_built_are_named_before_other_problems():

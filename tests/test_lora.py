@@ -106,7 +106,9 @@ def test_bad_lora_settings_are_config_errors_naming_the_key_and_the_fix(override
 def test_lora_defaults_and_a_list_of_targets_are_accepted():
     cfg = load_config(["+experiment=tiny", f"{LORA}.rank=4", f"{LORA}.target_modules=[q_proj,v_proj]"])
     assert dict(cfg.trainer.policy.model.lora) == {"rank": 4, "alpha": 16.0, "dropout": 0.0,
-                                                   "target_modules": ["q_proj", "v_proj"]}
+                                                   "target_modules": ["q_proj", "v_proj"], "exclude_modules": None,
+                                                   "init_method": "kaiming",
+                                                   "lora_sync_path": "/tmp/skyrl_lora_sync"}
     assert load_config(["+experiment=tiny"]).trainer.policy.model.lora.rank == 0  # off by default
 
 
@@ -245,8 +247,11 @@ def test_resuming_a_lora_checkpoint_without_lora_is_refused(run, tmp_path):
     cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=32",
                        "data.prepare.num_val=4", "trainer.resume_mode=from_path",
                        f"trainer.resume_path={run.checkpointer.last}"])
+    with pytest.raises(checkpoint.CheckpointError, match=r"trainer.policy.model.lora: \{.*'rank': 8.*\} -> None"):
+        Trainer.from_config(cfg)  # the run's identity says so before any model loads
+    cfg.trainer.resume_ignore_config_changes = True
     with pytest.raises(checkpoint.CheckpointError, match="holds LoRA adapters.*Fix: "):
-        Trainer.from_config(cfg)
+        Trainer.from_config(cfg)  # and the weights do when told to go on
 
 
 # ------------------------------------------------------------------------------------ exports

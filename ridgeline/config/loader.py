@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ridgeline.config.fields import show
 from ridgeline.config.schema import all_keys, base_config, free_form_keys
-from ridgeline.config.support import renamed_key
+from ridgeline.config.support import DEPRECATED_KEYS, rename_origin, renamed_key
 from ridgeline.config.validate import (
     UNBUILT_STRATEGY_SECTIONS,
     ConfigError,
@@ -143,11 +143,16 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
         key = ov.key_or_group
         renamed = renamed_key(key)
         if renamed is not None and renamed in given:
-            problems.append(f"{key} and {renamed} are the same setting (a later SkyRL release's name and "
-                            f"0.3.1's) and both are set. Fix: keep one of them.")
+            pair = ("SkyRL 0.3.1's deprecated spelling and the key that replaced it" if key in DEPRECATED_KEYS
+                    else "a later SkyRL release's name and 0.3.1's")
+            problems.append(f"{key} and {renamed} are the same setting ({pair}) and both are set. "
+                            "Fix: keep one of them.")
+            continue
+        if renamed is not None and key in DEPRECATED_KEYS and ov.value() is None:
+            log.info("%s=null is SkyRL 0.3.1's deprecated key at its default (unset): %s keeps its value", key, renamed)
             continue
         if renamed is not None:
-            log.info("%s is a later SkyRL release's name for %s: read as %s", key, renamed, renamed)
+            log.info("%s is %s for %s: read as %s", key, rename_origin(key), renamed, renamed)
             text = text.replace(key, renamed, 1)
             ov = parser.parse_override(text)
             key = renamed

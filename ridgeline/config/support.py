@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from ridgeline.config.fields import show
 from ridgeline.config.schema import base_config
 
-__all__ = ["RENAMED_KEYS", "renamed_key", "DEFAULTS_NOT_ACTED_ON", "unbuilt_defaults"]
+__all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "renamed_key", "rename_origin", "DEFAULTS_NOT_ACTED_ON", "unbuilt_defaults"]
 
 # Later SkyRL-Train releases' names (their typed config, `generator.inference_engine.*`, ...) -> the
 # 0.3.1 key here: accepted with a one-line notice. A prefix entry (ending in ".") maps the keys below it.
@@ -40,8 +40,18 @@ RENAMED_KEYS: dict[str, str] = {
 }
 
 
+# SkyRL 0.3.1's own deprecated spellings (its base config keeps them, marked "use ... instead") -> the
+# key that replaced them: accepted with the same one-line notice; null (their default: unset) sets nothing.
+DEPRECATED_KEYS: dict[str, str] = {
+    "trainer.target_modules": "trainer.policy.model.lora.target_modules",
+    "trainer.exclude_modules": "trainer.policy.model.lora.exclude_modules",
+}
+
+
 def renamed_key(key: str) -> str | None:
-    """The 0.3.1 key a later SkyRL release's `key` names, or None."""
+    """The 0.3.1 key a later SkyRL release's `key`, or 0.3.1's deprecated spelling, names; or None."""
+    if key in DEPRECATED_KEYS:
+        return DEPRECATED_KEYS[key]
     if key in RENAMED_KEYS:
         return RENAMED_KEYS[key]
     for old, new in RENAMED_KEYS.items():
@@ -50,10 +60,17 @@ def renamed_key(key: str) -> str | None:
     return None
 
 
+def rename_origin(key: str) -> str:
+    """What kind of other name `key` is, for the notice and the both-set refusal."""
+    return "SkyRL 0.3.1's deprecated spelling" if key in DEPRECATED_KEYS else "a later SkyRL release's name"
+
+
 # defaults that ask for something this build does not do (a changed value is acted on or refused)
 DEFAULTS_NOT_ACTED_ON: dict[str, str] = {
     "generator.inference_engine_tensor_parallel_size": "the hf engine runs on one device; tensor "
     "parallelism is for vllm / sglang engines",
+    "trainer.policy.model.lora.lora_sync_path": "engines receive the merged weights at every sync, not "
+    "adapter files",
 }
 
 
@@ -71,5 +88,7 @@ def unbuilt_defaults(cfg: DictConfig) -> list[str]:
         if key == "generator.inference_engine_tensor_parallel_size" and (
                 cfg.generator.backend != "hf" or not cfg.generator.run_engines_locally):
             continue  # vllm / sglang / remote engines do act on it
+        if key == "trainer.policy.model.lora.lora_sync_path" and not cfg.trainer.policy.model.lora.rank:
+            continue  # without LoRA SkyRL does not use it either
         lines.append(f"{key}={show(value)} (default): {why}")
     return lines

@@ -45,7 +45,8 @@ from ridgeline.models.loading import DTYPES, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import TrainingBatch, rank_rows
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
-                                     policy_train_config, seed_everything, training_autocast_dtype)
+                                     policy_train_config, seed_everything, training_autocast_dtype,
+                                     training_precision)
 from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
@@ -90,7 +91,7 @@ class TrainingRank:
         seed_everything(t.seed)
         self.tokenizer = load_tokenizer(policy_spec(self.cfg))
         fsdp = t[self.role].fsdp_config
-        compute = training_autocast_dtype(t.mixed_precision, device)
+        compute = training_autocast_dtype(training_precision(t), device)
         group = FSDPGroup(device, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
                           cpu_offload=fsdp.cpu_offload, param_dtype=compute if device.type == "cuda" else None)
         if self.role == "policy":

@@ -224,15 +224,24 @@ def _use_hf_checkpoint(cfg: DictConfig, folder: Path):
     model's when it saved none). Otherwise None."""
     from omegaconf import open_dict
 
-    from ridgeline.models.loading import ModelSpec, load_tokenizer, policy_spec
+    from ridgeline.models.loading import load_tokenizer, policy_spec
 
     if not ((folder / "config.json").exists() and any((folder / f).exists() for f in HF_WEIGHT_FILES)):
         return None
     has_tokenizer = any((folder / f).exists() for f in TOKENIZER_FILES)
-    tokenizer = load_tokenizer(ModelSpec(path=str(folder), seed=cfg.trainer.seed) if has_tokenizer else policy_spec(cfg))
+    tokenizer = load_tokenizer(_folder_spec(cfg, folder) if has_tokenizer else policy_spec(cfg))
     with open_dict(cfg):
         cfg.trainer.policy.model.path, cfg.trainer.policy.model.gguf_file = str(folder), None
     return tokenizer
+
+
+def _folder_spec(cfg: DictConfig, folder: Path):
+    """A Hugging Face folder (an export, a checkpoint's policy) as it was saved: its config.json
+    already holds the run's model config overrides."""
+    from ridgeline.models.loading import ModelSpec
+
+    return ModelSpec(path=str(folder), seed=cfg.trainer.seed,
+                     use_fast_tokenizer=not cfg.trainer.get("disable_fast_tokenizer", False))
 
 
 def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
@@ -246,11 +255,11 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
     import torch
 
     from ridgeline.models import lora
-    from ridgeline.models.loading import ModelSpec, load_model, load_state_into, load_tokenizer, policy_spec, read_safetensors
+    from ridgeline.models.loading import engine_spec, load_model, load_state_into, load_tokenizer, read_safetensors
     from ridgeline.trainer.builders import engine_dtype
 
     dtype = engine_dtype(cfg.generator.model_dtype)
-    base = policy_spec(cfg)
+    base = engine_spec(cfg)  # the policy with the engines' model config (generator.rope_*)
     if checkpoint is None:
         tokenizer = load_tokenizer(base)
         return tokenizer, load_model(base, dtype, tokenizer)
@@ -258,17 +267,17 @@ def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
     tokenizer = _use_hf_checkpoint(cfg, checkpoint)
     if tokenizer is not None:
         log.info("scoring the Hugging Face model in %s", checkpoint)
-        return tokenizer, load_model(ModelSpec(path=str(checkpoint), seed=cfg.trainer.seed), dtype, tokenizer)
+        return tokenizer, load_model(_folder_spec(cfg, checkpoint), dtype, tokenizer)
     has_tokenizer = any((checkpoint / f).exists() for f in TOKENIZER_FILES)
     if lora.is_adapter_folder(checkpoint):  # a LoRA run's checkpoint: its adapters merged into the base
-        tokenizer = load_tokenizer(ModelSpec(path=str(checkpoint)) if has_tokenizer else base)
+        tokenizer = load_tokenizer(_folder_spec(cfg, checkpoint) if has_tokenizer else base)
         log.info("scoring %s with the LoRA adapters of %s merged in", base.path, checkpoint)
         return tokenizer, lora.load_merged(load_model(base, torch.float32, tokenizer), checkpoint).to(dtype)
     shards = sorted(checkpoint.glob("*.safetensors"))
     if not shards:
         raise CheckpointArgumentError(f"--checkpoint {checkpoint}: holds neither a Hugging Face model "
                               f"(config.json + {' or '.join(HF_WEIGHT_FILES[::2])}) nor *.safetensors files")
-    tokenizer = load_tokenizer(ModelSpec(path=str(checkpoint)) if has_tokenizer else base)
+    tokenizer = load_tokenizer(_folder_spec(cfg, checkpoint) if has_tokenizer else base)
     model = load_model(base, dtype, tokenizer)
     try:
         load_state_into(model, read_safetensors(shards))

@@ -19,7 +19,12 @@ def build_engine(cfg, tokenizer, model=None) -> InferenceEngine:
     g = cfg.generator
     if not g.run_engines_locally:
         from ridgeline.inference.remote import RemoteEngine, RemoteSettings
+        from ridgeline.models.loading import engine_spec
 
+        overrides = engine_spec(cfg).config_overrides
+        if overrides:  # the servers loaded their model themselves: nothing here reaches their config
+            log.warning("remote engines run the model config their servers started with: %s must be given to them "
+                        "there", ", ".join(f"{o.key}={o.value}" for o in overrides))
         return RemoteEngine(RemoteSettings.from_config(cfg))
     if g.backend == "vllm":
         from ridgeline.inference.vllm_engine import VLLMEngine
@@ -33,18 +38,26 @@ def build_engine(cfg, tokenizer, model=None) -> InferenceEngine:
 
 
 def build_hf_engine(cfg, tokenizer, model=None):
+    """The embedded engine on the policy `model` (a copy) or, without one, on the model the config
+    names. Its model config is `engine_spec`'s (`generator.rope_*`); when that differs from the
+    policy's (`trainer.rope_*`), the engine's model is built from its own config and takes the
+    policy's weights (RoPE has no weights, so they fit)."""
     import torch
 
     from ridgeline.inference.hf_engine import HFEngine
     from ridgeline.models.device import resolve_device
-    from ridgeline.models.loading import engine_dtype, load_model, policy_spec
+    from ridgeline.models.loading import engine_dtype, engine_spec, load_model, load_state_into, policy_spec
     from ridgeline.models.lora import is_lora, merged_copy
 
     g = cfg.generator
-    if model is None:
-        model = load_model(policy_spec(cfg), torch.float32, tokenizer)
-    elif is_lora(model):
+    spec = engine_spec(cfg)
+    if model is not None and is_lora(model):
         model = merged_copy(model)
+    if model is None or not spec.builds_same_model(policy_spec(cfg)):
+        own = load_model(spec, torch.float32, tokenizer)
+        if model is not None:
+            load_state_into(own, model.state_dict())
+        model = own
     if g.inference_engine_tensor_parallel_size != 1:
         log.info("generator.inference_engine_tensor_parallel_size=%s is not used: the embedded hf engine "
                  "runs on one device", g.inference_engine_tensor_parallel_size)

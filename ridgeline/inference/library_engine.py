@@ -1,12 +1,19 @@
 """What the engines built on another library (vLLM, SGLang) share: config helpers, the context
-length rule, weight batches, and a base class for `from_config` and the asleep check. The
-context-length rule is explained in `ridgeline.inference.vllm_engine`'s docstring."""
+length rule, the model config overrides, weight batches, and a base class for `from_config` and the
+asleep check. The context-length rule is explained in `ridgeline.inference.vllm_engine`'s docstring.
+
+Model config overrides (`trainer.policy.model_config_kwargs` with `generator.rope_scaling` /
+`rope_theta`): the engine loads the model folder as it is (tiny:// and random:// models are written
+without overrides) and receives the config attributes the overrides change, as
+`config_overrides.changed_attributes` computes them on the folder's config (on transformers 5 the RoPE
+ones arrive as one `rope_parameters` dict): vLLM's `hf_overrides`, SGLang's
+`json_model_override_args`. Both patch the config with `config.update(...)`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -69,9 +76,36 @@ def uses_stop_strings(cfg: DictConfig) -> bool:
 
 
 def policy_model_folder(cfg: DictConfig) -> str:
-    from ridgeline.models.loading import engine_model_folder, policy_spec
+    from ridgeline.models.loading import engine_model_folder, engine_spec
 
-    return engine_model_folder(policy_spec(cfg))
+    return engine_model_folder(engine_spec(cfg))
+
+
+def engine_config_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """The config attributes the engine's overrides change (module docstring); {} without any."""
+    from transformers import AutoConfig
+
+    from ridgeline.models.config_overrides import changed_attributes
+    from ridgeline.models.loading import engine_spec
+
+    spec = engine_spec(cfg)
+    if not spec.config_overrides:
+        return {}
+    return changed_attributes(AutoConfig.from_pretrained(policy_model_folder(cfg)), spec.config_overrides)
+
+
+def with_config_overrides(kwargs: dict[str, Any], cfg: DictConfig, kwarg: str,
+                          encode: Callable[[dict[str, Any]], Any] = lambda d: d) -> dict[str, Any]:
+    """`kwargs` plus the engine's config overrides under `kwarg` (hf_overrides, json_model_override_args);
+    refused when generator.engine_init_kwargs sets that kwarg too, as one would silently replace the other."""
+    overrides = engine_config_overrides(cfg)
+    if not overrides:
+        return kwargs
+    if kwarg in engine_init_kwargs(cfg):
+        raise EngineError(f"generator.engine_init_kwargs.{kwarg} and the model config overrides "
+                          f"(trainer.policy.model_config_kwargs, generator.rope_scaling / rope_theta: {overrides}) "
+                          f"both set the engine's {kwarg}. Fix: keep one of them")
+    return {**kwargs, kwarg: encode(overrides)}
 
 
 def eos_token_ids(folder: str, tokenizer=None) -> tuple[int, ...]:
@@ -92,15 +126,26 @@ def eos_token_ids(folder: str, tokenizer=None) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids))
 
 
-def model_context_length(folder: str) -> int | None:
+def model_context_length(folder: str, overrides: dict[str, Any] | None = None) -> int | None:
     """`max_position_embeddings` from the folder's config.json (text_config for multimodal
-    configs); None for a hub id or a config without it (the engine then judges alone)."""
+    configs) with `overrides` (engine_config_overrides) applied; None for a hub id or a config
+    without it (the engine then judges alone). RoPE scaling lengthens it as vLLM counts it: YaRN to
+    factor x original_max_position_embeddings, linear and dynamic to factor x the length."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         return None
-    config = json.loads(path.read_text())
+    config = {**json.loads(path.read_text()), **(overrides or {})}
     value = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
-    return int(value) if value else None
+    if not value:
+        return None
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    factor = rope.get("factor")
+    kind = rope.get("rope_type", rope.get("type"))
+    if factor and kind == "yarn":
+        return int(factor * (rope.get("original_max_position_embeddings") or value))
+    if factor and kind in ("linear", "dynamic"):
+        return int(factor * value)
+    return int(value)
 
 
 def check_context_fits(cfg: DictConfig, length_key: str, folder: str) -> None:
@@ -108,7 +153,7 @@ def check_context_fits(cfg: DictConfig, length_key: str, folder: str) -> None:
     user set the engine's length kwarg themselves (then the engine decides)."""
     if length_key in engine_init_kwargs(cfg):
         return
-    model_len, wanted = model_context_length(folder), max_model_len(cfg)
+    model_len, wanted = model_context_length(folder, engine_config_overrides(cfg)), max_model_len(cfg)
     if model_len is None or wanted <= model_len:
         return
     raise EngineError(

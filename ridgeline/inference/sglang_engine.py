@@ -21,6 +21,7 @@ ServerArgs):
 | prompt + generation lengths (as vLLM's max_model_len)  | context_length                      |
 | trainer.placement.colocate_all                         | enable_memory_saver                 |
 | no generator.*sampling_params.stop (`uses_stop_strings`) | skip_tokenizer_init               |
+| trainer.policy.model_config_kwargs, generator.rope_*   | json_model_override_args (when set) |
 | generator.engine_init_kwargs                           | merged last: the user wins          |
 
 `generator.inference_engine_data_parallel_size` is no kwarg (SGLang's `dp_size` stays 1): each
@@ -57,6 +58,7 @@ calls follow SGLang 0.5.23's `Engine` (entrypoints/engine.py) and `io_struct.py`
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Iterable, Sequence
 
@@ -84,6 +86,7 @@ from ridgeline.inference.library_engine import (
     policy_model_folder,
     tensor_batches,
     uses_stop_strings,
+    with_config_overrides,
 )
 
 log = logging.getLogger(__name__)
@@ -120,7 +123,7 @@ def sglang_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "enable_memory_saver": bool(cfg.trainer.placement.colocate_all),
         "skip_tokenizer_init": not uses_stop_strings(cfg),
     }
-    return {**kwargs, **engine_init_kwargs(cfg)}
+    return {**with_config_overrides(kwargs, cfg, "json_model_override_args", json.dumps), **engine_init_kwargs(cfg)}
 
 
 def sglang_logprobs_warning(params: SamplingParams) -> str | None:

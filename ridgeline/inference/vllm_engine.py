@@ -23,6 +23,7 @@ Config -> `vllm.LLM(**vllm_engine_kwargs(cfg))`:
 | generator.sampling_params (`vllm_logprobs_mode`)       | logprobs_mode            |
 | generator.*sampling_params.logprobs above 20           | max_logprobs             |
 | no generator.*sampling_params.stop (`uses_stop_strings`) | skip_tokenizer_init    |
+| trainer.policy.model_config_kwargs, generator.rope_*   | hf_overrides (when set)  |
 | (fixed)                                                | worker_extension_cls     |
 | generator.engine_init_kwargs                           | merged last: the user wins |
 
@@ -71,6 +72,7 @@ from ridgeline.inference.library_engine import (
     policy_model_folder,
     tensor_batches,
     uses_stop_strings,
+    with_config_overrides,
 )
 from ridgeline.inference.launch import WORKER_EXTENSION
 from ridgeline.inference.parallelism import EngineParallelism
@@ -151,7 +153,7 @@ def vllm_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
     most_logprobs = max(int(block.logprobs or 0) for block in (g.sampling_params, g.eval_sampling_params))
     if most_logprobs > VLLM_MAX_LOGPROBS:
         kwargs["max_logprobs"] = most_logprobs
-    return {**kwargs, **engine_init_kwargs(cfg)}
+    return {**with_config_overrides(kwargs, cfg, "hf_overrides"), **engine_init_kwargs(cfg)}
 
 
 def vllm_engine_env(cfg: DictConfig) -> dict[str, str]:

@@ -98,8 +98,12 @@ def random_config(path: str, tokenizer: PreTrainedTokenizerBase) -> PretrainedCo
 def build_random_model(path: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> PreTrainedModel:
     """The model of `path` with weights drawn from `seed` (float32, on the CPU: the same seed gives
     the same weights on every machine; the caller casts and moves it)."""
-    config = random_config(path, tokenizer)
-    # Seed locally so building a model never disturbs the caller's RNG stream.
+    return seeded_model(random_config(path, tokenizer), seed)
+
+
+def seeded_model(config: PretrainedConfig, seed: int) -> PreTrainedModel:
+    """A causal LM of `config` with float32 weights drawn from `seed` on the CPU. Seeded locally,
+    so building a model never disturbs the caller's RNG stream."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -43,10 +43,12 @@ def forward_last_logits(model: PreTrainedModel, keep: int, **inputs: Any) -> For
     return ForwardOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
 
 
-def enable_activation_checkpointing(model: PreTrainedModel) -> None:
-    """transformers 5 renamed gradient checkpointing to activation checkpointing; 4.x has only
-    the old name."""
-    kwargs = {"use_reentrant": False}
+def enable_activation_checkpointing(model: PreTrainedModel, use_reentrant: bool = False) -> None:
+    """Recompute each decoder layer's activations in backward; `use_reentrant` is passed to
+    torch.utils.checkpoint (`trainer.gradient_checkpointing_use_reentrant`, SkyRL's key; the
+    non-reentrant variant is PyTorch's recommendation). transformers 5 renamed gradient
+    checkpointing to activation checkpointing; 4.x has only the old name."""
+    kwargs = {"use_reentrant": use_reentrant}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -10,6 +10,10 @@ Accepted paths:
 - `tiny://NAME`: a tiny random model with a locally built character tokenizer (smoke runs, tests);
 - `random://NAME[?key=value&...]`: a real architecture (SmolLM2-135M, Qwen2.5-0.5B) with random
   weights and the same character tokenizer (GPU checks without a model hub; architectures.py).
+
+Whatever the source, `load_model` reads the config first, applies the spec's config overrides
+(`model_config_kwargs`, `rope_scaling`, `rope_theta`: config_overrides.py) and builds the model
+from that config: one place for every path.
 """
 
 from __future__ import annotations
@@ -20,15 +24,18 @@ import importlib.util
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from omegaconf import OmegaConf
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
-from ridgeline.models.architectures import build_random_model, is_random_path
-from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
+from ridgeline.models.architectures import is_random_path, random_config, seeded_model
+from ridgeline.models.config_overrides import ConfigOverride, apply_overrides, overrides_of
+from ridgeline.models.tiny import build_char_tokenizer, tiny_config
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +48,75 @@ class ModelSpec:
     path: str
     gguf_file: str | None = None
     seed: int = 0  # only used by tiny:// and random:// models
+    # applied to the Hugging Face config before the model is built, in order (config_overrides.py)
+    config_overrides: tuple[ConfigOverride, ...] = ()
+    # AutoTokenizer's use_fast (`trainer.disable_fast_tokenizer` negated)
+    use_fast_tokenizer: bool = True
+
+    def base(self) -> "ModelSpec":
+        """The same model without config overrides: what its folder on disk holds."""
+        return replace(self, config_overrides=())
+
+    def builds_same_model(self, other: "ModelSpec") -> bool:
+        """Whether both specs give the same model: same weights, same effective config."""
+        return ((self.path, self.gguf_file, self.seed) == (other.path, other.gguf_file, other.seed)
+                and _effective(self.config_overrides) == _effective(other.config_overrides))
+
+
+def _effective(overrides: tuple[ConfigOverride, ...]) -> list[tuple[str, object]]:
+    return [(o.attribute, o.value) for o in overrides]
+
+
+def _select(cfg, key: str, default=None):
+    """`key` of a run config, or `default` for a config written before the key existed (the
+    config.yaml of an older checkpoint)."""
+    value = OmegaConf.select(cfg, key, default=default)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _overrides(cfg, role: str, rope_section: str) -> tuple[ConfigOverride, ...]:
+    """`trainer.<role>.model_config_kwargs`, then `<rope_section>.rope_scaling` / `rope_theta`."""
+    kwargs_key = f"trainer.{role}.model_config_kwargs"
+    return overrides_of(_select(cfg, kwargs_key, {}), kwargs_key, _select(cfg, f"{rope_section}.rope_scaling"),
+                        _select(cfg, f"{rope_section}.rope_theta"), rope_section)
+
+
+def _use_fast(cfg) -> bool:
+    return not _select(cfg, "trainer.disable_fast_tokenizer", False)
 
 
 def policy_spec(cfg) -> ModelSpec:
-    """The policy model a run config names (`trainer.policy.model.*`; `trainer.seed` seeds the
-    weights of tiny:// and random:// models)."""
+    """The policy model a run config names (`trainer.policy.model.*`, its model_config_kwargs and
+    `trainer.rope_*`; `trainer.seed` seeds the weights of tiny:// and random:// models)."""
     t = cfg.trainer
-    return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed)
+    return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed,
+                     config_overrides=_overrides(cfg, "policy", "trainer"), use_fast_tokenizer=_use_fast(cfg))
+
+
+def ref_spec(cfg) -> ModelSpec:
+    """The reference model: `trainer.ref.model.path` (the policy's path by default; the policy's
+    gguf_file goes with it only then) with `trainer.ref.model_config_kwargs` and `trainer.rope_*`."""
+    t = cfg.trainer
+    path = _select(cfg, "trainer.ref.model.path", t.policy.model.path)
+    gguf = t.policy.model.get("gguf_file") if path == t.policy.model.path else None
+    return ModelSpec(path=path, gguf_file=gguf, seed=t.seed, config_overrides=_overrides(cfg, "ref", "trainer"),
+                     use_fast_tokenizer=_use_fast(cfg))
+
+
+def critic_spec(cfg) -> ModelSpec | None:
+    """The critic's backbone (`trainer.critic.model.*`, its model_config_kwargs and `trainer.rope_*`),
+    or None without a critic."""
+    t = cfg.trainer
+    if t.critic.model.path is None:
+        return None
+    return ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed,
+                     config_overrides=_overrides(cfg, "critic", "trainer"), use_fast_tokenizer=_use_fast(cfg))
+
+
+def engine_spec(cfg) -> ModelSpec:
+    """The policy as the inference engines run it: its model_config_kwargs, with `generator.rope_*`
+    (the trainer's by default) in place of `trainer.rope_*`."""
+    return replace(policy_spec(cfg), config_overrides=_overrides(cfg, "policy", "generator"))
 
 
 def cache_root() -> Path:
@@ -122,6 +191,7 @@ def engine_model_folder(spec: ModelSpec) -> str:
     weights."""
     if not is_built_locally(spec):
         return model_folder(spec)
+    spec = spec.base()  # the folder holds the model itself; engines apply the overrides to its config
     if spec.path.startswith("tiny://"):
         target = cache_root() / "tiny" / f"{spec.path[len('tiny://'):]}-seed{spec.seed}"
     else:  # the overrides after '?' are hashed: they hold characters a folder name should not
@@ -160,9 +230,20 @@ def engine_dtype(model_dtype: str, device: torch.device | None = None) -> torch.
 
 
 def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    """The model's tokenizer (pad = eos when it has no pad token). `use_fast_tokenizer=False`
+    (`trainer.disable_fast_tokenizer`) asks AutoTokenizer for the slow one, and is refused when a
+    fast one comes back all the same: the model has no slow tokenizer, or transformers 5, which
+    ignores use_fast."""
+    tokenizer = (build_char_tokenizer() if is_built_locally(spec)
+                 else AutoTokenizer.from_pretrained(model_folder(spec), use_fast=spec.use_fast_tokenizer))
+    if not spec.use_fast_tokenizer and tokenizer.is_fast:
+        import transformers
+        raise ValueError(f"trainer.disable_fast_tokenizer=true, but no slow (Python) tokenizer of {spec.path!r} "
+                         f"can be loaded: transformers {transformers.__version__} returned the fast "
+                         f"{type(tokenizer).__name__} (transformers 5 ignores use_fast; the character tokenizer of "
+                         "tiny:// and random:// models is fast only). Fix: trainer.disable_fast_tokenizer=false")
     if is_built_locally(spec):
-        return build_char_tokenizer()
-    tokenizer = AutoTokenizer.from_pretrained(model_folder(spec))
+        return tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
@@ -196,14 +277,27 @@ def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -
         log.info("chat template variables fixed for the run (generator.chat_template_kwargs): %s", kwargs)
 
 
+def model_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase | None = None) -> PretrainedConfig:
+    """The Hugging Face config of `spec`'s model with its config overrides applied
+    (ConfigOverrideError, naming the config key, for one that cannot act)."""
+    if spec.path.startswith("tiny://"):
+        config = tiny_config(spec.path[len("tiny://"):], tokenizer or build_char_tokenizer())
+    elif is_random_path(spec.path):
+        config = random_config(spec.path, tokenizer or build_char_tokenizer())
+    else:
+        config = AutoConfig.from_pretrained(model_folder(spec))
+    apply_overrides(config, spec.config_overrides)
+    return config
+
+
 def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
                tokenizer: PreTrainedTokenizerBase | None = None) -> PreTrainedModel:
-    if spec.path.startswith("tiny://"):
-        model = build_tiny_model(spec.path[len("tiny://"):], tokenizer or build_char_tokenizer(), seed=spec.seed)
-        return model.to(dtype)
-    if is_random_path(spec.path):
-        return build_random_model(spec.path, tokenizer or build_char_tokenizer(), seed=spec.seed).to(dtype)
-    return AutoModelForCausalLM.from_pretrained(model_folder(spec), dtype=dtype)
+    """The causal LM of `spec` in `dtype`, built from `model_config(spec)`: weights from the folder,
+    or drawn from `spec.seed` for tiny:// and random:// models."""
+    config = model_config(spec, tokenizer)
+    if is_built_locally(spec):
+        return seeded_model(config, spec.seed).to(dtype)
+    return AutoModelForCausalLM.from_pretrained(model_folder(spec), config=config, dtype=dtype)
 
 
 def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:

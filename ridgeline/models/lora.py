@@ -45,21 +45,37 @@ log = logging.getLogger(__name__)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"   # peft's file names (peft.utils.constants)
 ADAPTER_CONFIG = "adapter_config.json"
 
+# `lora.init_method` -> peft's `init_lora_weights`. SkyRL's "kaiming" is peft's default (True: A
+# kaiming-uniform, B = 0); "gaussian" draws A from N(0, 1/rank), B = 0; "orthogonal" makes B @ A = 0
+# from two orthogonal halves (even ranks). All three leave the base weights untouched and start as
+# the base model; peft's initialisations that rewrite the base (pissa, olora, ...) or need a data
+# pass (eva, ...) are refused by validation (ridgeline.config.schema.trainer.LORA_INIT_REFUSED).
+PEFT_INIT: dict[str, bool | str] = {"kaiming": True, "gaussian": "gaussian", "orthogonal": "orthogonal"}
+
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """`trainer.policy.model.lora` (validated by ridgeline.config.validate)."""
+    """`trainer.policy.model.lora` (validated by ridgeline.config.schema.trainer.LoraConfig)."""
     rank: int
     alpha: float = 16.0
     dropout: float = 0.0
     # "all-linear" (every linear layer but the output head, peft's shorthand) or module names
     target_modules: str | tuple[str, ...] = "all-linear"
+    # modules left without adapters: names (exact or suffix), or one regex (a string); None = none
+    exclude_modules: str | tuple[str, ...] | None = None
+    init_method: str = "kaiming"   # a key of PEFT_INIT
 
     def peft_config(self) -> LoraConfig:
         from peft import LoraConfig
-        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
-                          bias="none", task_type="CAUSAL_LM")
+        # passed only when set: peft before 0.14 has no exclude_modules
+        exclude = {} if self.exclude_modules is None else {"exclude_modules": _plain(self.exclude_modules)}
+        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
+                          target_modules=_plain(self.target_modules), init_lora_weights=PEFT_INIT[self.init_method],
+                          bias="none", task_type="CAUSAL_LM", **exclude)
+
+
+def _plain(modules: str | tuple[str, ...]) -> str | list[str]:
+    return modules if isinstance(modules, str) else list(modules)
 
 
 def lora_settings(cfg: Any) -> LoraSettings | None:
@@ -67,9 +83,11 @@ def lora_settings(cfg: Any) -> LoraSettings | None:
     lora = cfg.trainer.policy.model.lora
     if int(lora.rank) == 0:
         return None
-    targets = lora.target_modules
+    targets, exclude = lora.target_modules, lora.get("exclude_modules")
     return LoraSettings(rank=int(lora.rank), alpha=float(lora.alpha), dropout=float(lora.dropout),
-                        target_modules=targets if isinstance(targets, str) else tuple(targets))
+                        target_modules=targets if isinstance(targets, str) else tuple(targets),
+                        exclude_modules=exclude if exclude is None or isinstance(exclude, str) else tuple(exclude),
+                        init_method=str(lora.get("init_method", "kaiming")))
 
 
 def is_lora(model: torch.nn.Module) -> bool:
@@ -80,8 +98,9 @@ def is_lora(model: torch.nn.Module) -> bool:
 def wrap(model: PreTrainedModel, settings: LoraSettings, *, seed: int) -> PeftModel:
     """`model` with LoRA adapters: base weights frozen, adapters trainable in float32 (created in the
     float32 base's dtype; peft's `autocast_adapter_dtype` would lift them to float32 over a bf16
-    base). B = 0, so the wrapped model starts as the base model exactly. A is drawn from `seed` on
-    a forked RNG: the adapters do not depend on, or move, the caller's random stream. Call after
+    base). B @ A = 0 for every `init_method` (PEFT_INIT), so the wrapped model starts as the base
+    model. The adapters are drawn from `seed` on a forked RNG: they do not depend on, or move, the
+    caller's random stream. Adapted modules named in `exclude_modules` stay plain. Call after
     activation checkpointing is set up: peft then makes the embeddings' output require grad, so
     checkpointed blocks see an input that requires grad even though every base weight is frozen."""
     from peft import get_peft_model
@@ -91,8 +110,9 @@ def wrap(model: PreTrainedModel, settings: LoraSettings, *, seed: int) -> PeftMo
     _refuse_tied_targets(peft_model)
     trainable = [p for p in peft_model.parameters() if p.requires_grad]
     total = sum(p.numel() for p in peft_model.parameters())
-    log.info("LoRA rank %d, alpha %g on %s: %.2fM of %.1fM parameters train (%.2f%%)", settings.rank, settings.alpha,
-             settings.target_modules, sum(p.numel() for p in trainable) / 1e6, total / 1e6,
+    log.info("LoRA rank %d, alpha %g, %s init on %s (excluding %s): %.2fM of %.1fM parameters train (%.2f%%)",
+             settings.rank, settings.alpha, settings.init_method, settings.target_modules, settings.exclude_modules,
+             sum(p.numel() for p in trainable) / 1e6, total / 1e6,
              100 * sum(p.numel() for p in trainable) / total)
     return peft_model
 

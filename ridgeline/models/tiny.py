@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import string
 
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from ridgeline.models.architectures import seeded_model
 
 SPECIAL_TOKENS = ["<unk>", "<|im_start|>", "<|im_end|>"]
 # Every printable ASCII character is one token; a prompt never hits <unk> for English/arithmetic.
@@ -54,10 +55,11 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     return hf
 
 
-def build_tiny_model(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
+def tiny_config(name: str, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    """The config of `tiny://NAME`, speaking `tokenizer`'s ids."""
     if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; available: {sorted(TINY_CONFIGS)}")
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -65,8 +67,7 @@ def build_tiny_model(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 
         tie_word_embeddings=True,
         **TINY_CONFIGS[name],
     )
-    # Seed locally so building a tiny model never disturbs the caller's RNG stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    return model
+
+
+def build_tiny_model(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
+    return seeded_model(tiny_config(name, tokenizer), seed)

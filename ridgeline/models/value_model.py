@@ -67,8 +67,8 @@ class ValueModel(torch.nn.Module):
         with _autocast_off(hidden.device.type):
             return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
 
-    def enable_activation_checkpointing(self) -> None:
-        enable_activation_checkpointing(self.backbone)
+    def enable_activation_checkpointing(self, use_reentrant: bool = False) -> None:
+        enable_activation_checkpointing(self.backbone, use_reentrant)
 
     def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The backbone in Hugging Face format plus `value_head.safetensors`; `load_value_model`

@@ -24,12 +24,13 @@ from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.loading import cpu_has_fast_bf16, engine_dtype
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, forward_options, needs_ref,
                                      policy_spec,
-                                     policy_train_config, seed_everything, training_autocast_dtype)
+                                     policy_train_config, seed_everything, training_autocast_dtype,
+                                     training_precision)
 
 __all__ = ["PREPARERS", "EnvironmentCheckError", "build_critic", "check_environments", "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
            "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
            "policy_spec", "policy_train_config", "prepare_data_if_missing", "seed_everything",
-           "training_autocast_dtype", "truncation_policy"]
+           "training_autocast_dtype", "training_precision", "truncation_policy"]
 
 log = logging.getLogger(__name__)
 

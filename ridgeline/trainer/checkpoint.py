@@ -47,8 +47,9 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from ridgeline.models import lora
-from ridgeline.models.loading import load_model, policy_spec, save_hf_model
+from ridgeline.models.loading import critic_spec, load_model, policy_spec, ref_spec, save_hf_model
 from ridgeline.trainer.state import RunState
+from ridgeline.training.build import needs_ref
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import WeightsMismatchError
 
@@ -220,6 +221,14 @@ def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, A
     if settings is not None:  # only with LoRA on, so checkpoints written before LoRA existed still resume
         fingerprint["trainer.policy.model.lora"] = {"rank": settings.rank, "alpha": settings.alpha,
                                                     "target_modules": _plain(settings.target_modules)}
+        if settings.exclude_modules is not None:
+            fingerprint["trainer.policy.model.lora"]["exclude_modules"] = _plain(settings.exclude_modules)
+    # the same rule for what came later: present only when it makes the run differ from the default
+    if t.ref.model.path != t.policy.model.path and needs_ref(cfg):
+        fingerprint["trainer.ref.model.path"] = t.ref.model.path
+    for spec in (policy_spec(cfg), ref_spec(cfg) if needs_ref(cfg) else None, critic_spec(cfg)):
+        for override in spec.config_overrides if spec is not None else ():
+            fingerprint[override.key] = override.value
     return fingerprint
 
 
@@ -228,10 +237,11 @@ def _plain(targets: str | tuple[str, ...]) -> str | list[str]:
 
 
 def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """One line per identity item that differs between a checkpoint's run and this config."""
+    """One line per identity item that differs between a checkpoint's run and this config (an item
+    either one lacks counts as null)."""
     changes = []
-    for key, now in current.items():
-        before = saved.get(key)
+    for key in [*current, *(k for k in saved if k not in current)]:
+        before, now = saved.get(key), current.get(key)
         if key == "data.train_data":
             if [(d["size"], d["sha256"]) for d in before or []] != [(d["size"], d["sha256"]) for d in now]:
                 changes.append(f"data.train_data: the training files' contents differ "

@@ -53,7 +53,7 @@ from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
                                         check_environments, generator_input, load_environments, policy_spec,
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype,
-                                        truncation_policy)
+                                        training_precision, truncation_policy)
 from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, mask_signal_less_groups, num_groups,
                                                replace_rollout)
 from ridgeline.trainer.evaluation import run_eval
@@ -177,8 +177,8 @@ class Trainer:
             device = torch.device("cpu")
             colocated = bool(t.placement.colocate_all) and ray_workers.plan.device == "GPU" \
                 and bool(cfg.generator.run_engines_locally)
-        compute = (str(training_autocast_dtype(t.mixed_precision, device) or torch.float32) if t.strategy == "single"
-                   else f"mixed_precision={t.mixed_precision} on the ranks")
+        compute = (str(training_autocast_dtype(training_precision(t), device) or torch.float32)
+                   if t.strategy == "single" else f"mixed_precision={training_precision(t)} on the ranks")
         endpoint = None
         try:
             if cfg.generator.enable_http_endpoint:

@@ -15,7 +15,8 @@ from omegaconf import DictConfig
 from ridgeline.algorithms import resolve_kl_estimator
 from ridgeline.models.device import resolve_device
 from ridgeline.models.forward import enable_activation_checkpointing, select_attention
-from ridgeline.models.loading import ModelSpec, cpu_has_fast_bf16, load_model, policy_spec
+from ridgeline.models.loading import (ModelSpec, cpu_has_fast_bf16, critic_spec, load_model, load_tokenizer,
+                                      policy_spec, ref_spec)
 from ridgeline.models.lora import lora_settings, wrap
 from ridgeline.models.value_model import load_value_model
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
@@ -37,6 +38,14 @@ def seed_everything(seed: int) -> None:
 def single_process(cfg: DictConfig) -> SingleProcess:
     """The world of one the single-process trainer's workers share, on `trainer.device`."""
     return SingleProcess(resolve_device(cfg.trainer.device))
+
+
+def training_precision(trainer_cfg: DictConfig) -> str:
+    """The training precision two keys ask for: `trainer.mixed_precision`, with SkyRL's
+    `trainer.bf16=false` turning its `auto` into fp32 (bf16 with bf16=false is refused by validation)."""
+    if trainer_cfg.get("bf16", True) is False:
+        return "fp32"
+    return str(trainer_cfg.mixed_precision)
 
 
 def training_autocast_dtype(mixed_precision: str, device: torch.device | None = None) -> torch.dtype | None:
@@ -91,7 +100,7 @@ def policy_train_config(cfg: DictConfig, data_parallel: int = 1, device: torch.d
         kl_estimator=resolve_kl_estimator(alg.kl_estimator_type, alg.use_kl_estimator_k3, alg.use_abs_kl),
         use_entropy_loss=alg.use_entropy_loss, entropy_loss_coef=alg.entropy_loss_coef,
         max_grad_norm=t.policy.optimizer_config.max_grad_norm,
-        autocast_dtype=training_autocast_dtype(t.mixed_precision, device),
+        autocast_dtype=training_autocast_dtype(training_precision(t), device),
         nonfinite_loss=t.nonfinite_loss,
         forward_options=forward_options(cfg),
     )
@@ -109,7 +118,7 @@ def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | Non
     parallel = parallel or single_process(cfg)
     model = load_training_model(cfg, policy_spec(cfg), torch.float32, tokenizer, parallel.device)
     if t.gradient_checkpointing:
-        enable_activation_checkpointing(model)
+        enable_activation_checkpointing(model, use_reentrant=bool(t.gradient_checkpointing_use_reentrant))
     model.config.use_cache = False
     lora = lora_settings(cfg)
     if lora is not None:
@@ -161,24 +170,47 @@ def needs_ref(cfg: DictConfig) -> bool:
 
 def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None = None,
                      parallel: DataParallel | None = None) -> RefWorker | None:
-    """The reference model when a KL option needs one. It only runs forward passes, so it is
-    loaded in the training compute dtype. With LoRA the reference is the frozen base the policy
-    wraps: `policy`'s own model with its adapters switched off, no second copy loaded."""
+    """The reference model (`trainer.ref.model.path`, the policy's by default) when a KL option
+    needs one. It only runs forward passes, so it is loaded in the training compute dtype. With LoRA
+    and the policy's own model as reference, the reference is the frozen base the policy wraps:
+    `policy`'s model with its adapters switched off, no second copy loaded; another reference model
+    (or other config overrides) is loaded on its own."""
     if not needs_ref(cfg):
         return None
     t = cfg.trainer
     parallel = parallel or single_process(cfg)
-    autocast = training_autocast_dtype(t.mixed_precision, parallel.device)
+    autocast = training_autocast_dtype(training_precision(t), parallel.device)
     temperature = cfg.generator.sampling_params.temperature
-    if lora_settings(cfg) is not None:
+    spec = ref_spec(cfg)
+    if lora_settings(cfg) is not None and spec.builds_same_model(policy_spec(cfg)):
         if policy is None:
             raise ValueError("with trainer.policy.model.lora.rank > 0 the reference is the policy's base model: "
                              "build_ref_worker needs the policy worker (policy=...)")
         return BaseModelRefWorker(policy, t.micro_forward_batch_size_per_gpu, temperature, autocast,
                                   forward_options=forward_options(cfg))
-    model = load_training_model(cfg, policy_spec(cfg), autocast or torch.float32, tokenizer, parallel.device)
+    if spec.path != t.policy.model.path:
+        check_same_tokenizer(spec, tokenizer, "trainer.ref.model.path")
+    model = load_training_model(cfg, spec, autocast or torch.float32, tokenizer, parallel.device)
     return RefWorker(parallel.place(model), t.micro_forward_batch_size_per_gpu, temperature, autocast,
                      forward_options=forward_options(cfg), parallel=parallel)
+
+
+def check_same_tokenizer(spec: ModelSpec, tokenizer, key: str) -> None:
+    """Refuse the model at `key` (another one than the policy's) when its tokenizer maps tokens to
+    other ids than the policy's `tokenizer`: its logprobs of the policy's token ids would be of other
+    text. Only the vocabulary counts: chat templates and embedding rows past it may differ."""
+    try:
+        own = load_tokenizer(spec).get_vocab()
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{key}={spec.path}: its tokenizer, needed to check that it is the policy's, could not be "
+                         f"loaded ({err}). Fix: a model folder or hub id with its tokenizer") from None
+    policy = tokenizer.get_vocab()
+    if own != policy:
+        differ = sum(1 for token, i in own.items() if policy.get(token) != i)
+        raise ValueError(f"{key}={spec.path} has another tokenizer than the policy's ({len(own)} tokens against "
+                         f"{len(policy)}, {differ} with another or no id): its logprobs of the policy's token ids "
+                         "would be of other text. Fix: a model with the policy's tokenizer, or leave "
+                         f"{key} at its default (the policy's model)")
 
 
 def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel: DataParallel | None = None,
@@ -186,15 +218,15 @@ def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel:
     """The value model and its worker, when `trainer.critic.model.path` names one. `parallel` and
     `training_batches` as for the policy; `options` defaults to the config's forward options."""
     t, alg = cfg.trainer, cfg.trainer.algorithm
-    if t.critic.model.path is None:
+    spec = critic_spec(cfg)
+    if spec is None:
         return None
     parallel = parallel or single_process(cfg)
-    autocast = training_autocast_dtype(t.mixed_precision, parallel.device)
-    spec = ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed)
+    autocast = training_autocast_dtype(training_precision(t), parallel.device)
     model = load_value_model(spec, torch.float32, tokenizer, value_head_prefix=alg.value_head_prefix)
     select_attention(model.backbone, parallel.device, training_max_tokens(cfg), bool(t.flash_attn))
     if t.gradient_checkpointing:
-        model.enable_activation_checkpointing()
+        model.enable_activation_checkpointing(use_reentrant=bool(t.gradient_checkpointing_use_reentrant))
     model = parallel.place(model)
     opt = t.critic.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)

@@ -20,7 +20,7 @@ from ridgeline.config.fields import (
 from ridgeline.config.schema.algorithm import AlgorithmConfig
 from ridgeline.config.schema.environment import DataConfig, EnvironmentConfig
 from ridgeline.config.schema.generator import GeneratorConfig
-from ridgeline.config.schema.trainer import TrainerConfig
+from ridgeline.config.schema.trainer import TrainerConfig, check_rope
 
 __all__ = ["RidgelineConfig", "AlgorithmConfig", "DataConfig", "EnvironmentConfig", "GeneratorConfig",
            "TrainerConfig", "base_config", "leaf_fields", "all_keys", "free_form_keys"]
@@ -38,6 +38,9 @@ class RidgelineConfig(Section):
         self.trainer.check("trainer", report)
         self.generator.check("generator", report)
         self.environment.check("environment", report)
+        g, t = self.generator, self.trainer
+        if (g.rope_scaling, g.rope_theta) != (t.rope_scaling, t.rope_theta):  # else reported once, as the trainer's
+            check_rope("generator", g.rope_scaling, g.rope_theta, report)
         self._batches(report)
         self._placement(report)
         self._rollout_budget(report)

@@ -154,6 +154,10 @@ class GeneratorConfig(Section):
     eval_n_samples_per_prompt: int = setting(1)
     zero_reward_on_non_stop: bool = setting(False)
     apply_overlong_filtering: bool = setting(False)
+    # SkyRL keys: RoPE overrides of the engines' model config (vLLM hf_overrides, SGLang
+    # json_model_override_args, the embedded engine's model); the trainer's by default.
+    rope_scaling: Optional[Dict[str, Any]] = setting("${trainer.rope_scaling}")
+    rope_theta: Optional[float] = setting("${trainer.rope_theta}")
 
     def check(self, at: str, report: Report) -> None:
         for name in ("n_samples_per_prompt", "eval_n_samples_per_prompt", "max_input_length", "max_turns",

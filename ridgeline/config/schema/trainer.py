@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ridgeline.config.fields import Report, Section, one_of, setting, show
 from ridgeline.config.schema.algorithm import AlgorithmConfig
 
 LOGGERS: tuple[str, ...] = ("wandb", "console", "tensorboard", "mlflow", "jsonl")
 SP_NOTE = "sequence parallelism is not built: FSDP2 shards the parameters, every rank holds whole sequences"
+
+
+# lora.init_method values built (ridgeline.models.lora.PEFT_INIT maps them to peft's init_lora_weights),
+# and why peft's other initialisations are not
+LORA_INIT_METHODS: tuple[str, ...] = ("kaiming", "gaussian", "orthogonal")
+LORA_INIT_REFUSED: dict[str, str] = {
+    **dict.fromkeys(("pissa", "olora", "loftq", "corda"), "peft then rewrites the base weights (it subtracts the "
+                    "initial adapters from them), while Ridgeline's reference (the base with adapters off), adapter "
+                    "checkpoints and merged exports rely on an untouched base"),
+    **dict.fromkeys(("eva", "lora_ga"), "it needs a pass over training data before training, which is not built"),
+    **dict.fromkeys(("xavier", "normal", "zero"), "it is one of SkyRL's Megatron initialisations, which peft does "
+                    "not have"),
+}
 
 
 @dataclass
@@ -22,6 +35,15 @@ class LoraConfig(Section):
     alpha: float = setting(16.0)                  # the update is scaled by alpha / rank
     dropout: float = setting(0.0)
     target_modules: Any = setting("all-linear")   # or a list of module names, e.g. [q_proj, v_proj]
+    # SkyRL keys. exclude_modules: null, or module names (a list) / a regex (a string) left without
+    # adapters (peft's exclude_modules). init_method: the adapters' initialisation (peft's
+    # init_lora_weights): kaiming (peft's default, B = 0), gaussian or orthogonal.
+    exclude_modules: Any = setting(None)
+    init_method: str = setting("kaiming")
+    # SkyRL's folder for adapter files vLLM loads
+    lora_sync_path: str = setting("/tmp/skyrl_lora_sync", not_built="engines here receive the merged weights "
+                                  "(W + scaling * B @ A) at every weight sync, never adapter files, so there is no "
+                                  "adapter folder to place")
 
     def check(self, at: str, report: Report) -> None:
         if self.rank < 0:
@@ -41,6 +63,20 @@ class LoraConfig(Section):
         elif not names or not all(t.strip() for t in names):
             report.add(f"{key}={show(targets)} names no module to adapt. Fix: {key}=all-linear (every linear layer "
                        f"but the output head), or a list such as {key}=[q_proj,k_proj,v_proj,o_proj].")
+        key, exclude = f"{at}.exclude_modules", self.exclude_modules
+        if exclude is not None and not ((isinstance(exclude, str) and exclude.strip()) or (
+                isinstance(exclude, list) and exclude and all(isinstance(m, str) and m.strip() for m in exclude))):
+            report.add(f"{key}={show(exclude)} must be null, a list of module names or a regex (a string) of modules "
+                       f"left without adapters (peft's exclude_modules). Fix: e.g. {key}=[lm_head,k_proj].")
+        key, init = f"{at}.init_method", self.init_method
+        if init not in LORA_INIT_METHODS:
+            why = LORA_INIT_REFUSED.get(init.split("_niter_")[0], "it is not one of peft's initialisations Ridgeline "
+                                        "builds")
+            report.add(f"{key}={show(init)} is not supported: {why}. Fix: {key}=kaiming (SkyRL's default: peft's "
+                       f"init_lora_weights=True, B = 0), or {one_of(LORA_INIT_METHODS[1:])}.")
+        elif init == "orthogonal" and self.rank > 0 and self.rank % 2:
+            report.add(f"{key}=orthogonal needs an even {at}.rank (peft builds A and B from the two halves of an "
+                       f"orthogonal matrix), got {self.rank}. Fix: {at}.rank={self.rank + 1}, or {key}=kaiming.")
 
 
 @dataclass
@@ -54,6 +90,18 @@ class PolicyModelConfig(Section):
             report.add(f"{at}.path is empty. Fix: a hub id or a local folder, e.g. "
                        f"{at}.path=Qwen/Qwen2.5-0.5B-Instruct.")
         self.lora.check(f"{at}.lora", report)
+
+
+@dataclass
+class RefModelConfig(Section):
+    # SkyRL key: the reference model, the policy's by default; another model must share the
+    # policy's tokenizer
+    path: str = setting("${trainer.policy.model.path}")
+
+    def check(self, at: str, report: Report) -> None:
+        if not self.path.strip():
+            report.add(f"{at}.path is empty. Fix: leave it at its default (${{trainer.policy.model.path}}: the "
+                       "policy's model), or name another model that shares the policy's tokenizer.")
 
 
 @dataclass
@@ -111,6 +159,9 @@ class RefFSDPConfig(FSDPConfig):
 @dataclass
 class PolicyConfig(Section):
     model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
+    # SkyRL key: overrides of the model's Hugging Face config when it is loaded (free-form; each
+    # must name an attribute the config has), e.g. model_config_kwargs.attention_dropout=0.1
+    model_config_kwargs: Dict[str, Any] = setting({})
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
@@ -127,6 +178,7 @@ class PolicyConfig(Section):
 @dataclass
 class CriticConfig(Section):
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    model_config_kwargs: Dict[str, Any] = setting({})   # SkyRL key: as the policy's
     optimizer_config: CriticOptimizerConfig = field(default_factory=CriticOptimizerConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
@@ -137,8 +189,14 @@ class CriticConfig(Section):
 
 @dataclass
 class RefConfig(Section):
+    model: RefModelConfig = field(default_factory=RefModelConfig)
+    # SkyRL key: overrides of the reference's Hugging Face config (the policy's are not applied)
+    model_config_kwargs: Dict[str, Any] = setting({})
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
+
+    def check(self, at: str, report: Report) -> None:
+        self.model.check(f"{at}.model", report)
 
 
 @dataclass
@@ -179,6 +237,8 @@ class TrainerConfig(Section):
     use_sample_packing: bool = setting(True)
     max_prompt_length: int = setting(512)
     gradient_checkpointing: bool = setting(True)   # activation recomputation: a memory option
+    # SkyRL key: torch.utils.checkpoint's use_reentrant for activation checkpointing (policy, critic)
+    gradient_checkpointing_use_reentrant: bool = setting(False)
     seed: int = setting(42)
     eval_batch_size: int = setting(1024)
     eval_before_train: bool = setting(True)
@@ -221,6 +281,17 @@ class TrainerConfig(Section):
     # FlashAttention-2 for the training models on CUDA when the flash-attn package is installed;
     # PyTorch's SDPA otherwise (and on CPU, eager attention for rows of <= 256 tokens).
     flash_attn: bool = setting(True)
+    # SkyRL key: true lets trainer.mixed_precision decide (auto: bf16 where fast); false means fp32
+    # throughout: mixed_precision=auto then runs fp32, and mixed_precision=bf16 with it is refused.
+    bf16: bool = setting(True)
+    # SkyRL key: true loads the slow (Python) tokenizer (AutoTokenizer use_fast=false); refused at load
+    # when transformers returns a fast one all the same (transformers 5 ignores use_fast).
+    disable_fast_tokenizer: bool = setting(False)
+    # SkyRL keys: RoPE overrides of the training models' Hugging Face config (policy, reference,
+    # critic), e.g. rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768};
+    # null keeps the model's own. The engines take generator.rope_scaling / rope_theta.
+    rope_scaling: Optional[Dict[str, Any]] = setting(None)
+    rope_theta: Optional[float] = setting(None)
 
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -254,6 +325,12 @@ class TrainerConfig(Section):
         self._device(at, report)
         self.policy.check(f"{at}.policy", report)
         self.critic.check(f"{at}.critic", report)
+        self.ref.check(f"{at}.ref", report)
+        check_rope(at, self.rope_scaling, self.rope_theta, report)
+        if not self.bf16 and self.mixed_precision == "bf16":
+            report.add(f"{at}.bf16=false asks for fp32 training and {at}.mixed_precision=bf16 for bf16 autocast: the "
+                       f"two keys say the same thing and disagree. Fix: keep one of them ({at}.mixed_precision=auto "
+                       f"follows {at}.bf16).")
         self.algorithm.check(f"{at}.algorithm", report)
         self._critic_and_reference(at, report)
         self._lora(at, report)
@@ -349,3 +426,14 @@ class TrainerConfig(Section):
                        "the frozen base the adapters sit on (the policy with its adapters off, no second copy), so it "
                        f"cannot follow the policy. Fix: {at}.update_ref_every_epoch=false, or {lora}.rank=0 to train "
                        "(and refresh the reference from) the full model.")
+
+
+def check_rope(at: str, scaling: Optional[Dict[str, Any]], theta: Optional[float], report: Report) -> None:
+    """`<at>.rope_scaling` / `<at>.rope_theta` (the trainer's, or the engines' when they differ)."""
+    if scaling is not None and not isinstance(scaling.get("rope_type", scaling.get("type")), str):
+        report.add(f"{at}.rope_scaling={show(scaling)} must be null or a map naming its rope_type, as the rope_scaling "
+                   f"of a Hugging Face config. Fix: e.g. '{at}.rope_scaling={{rope_type: yarn, factor: 4.0, "
+                   "original_max_position_embeddings: 32768}'.")
+    if theta is not None and theta <= 0:
+        report.add(f"{at}.rope_theta={show(theta)} must be null (the model's own) or the positive RoPE base frequency. "
+                   f"Fix: e.g. {at}.rope_theta=1000000.")
