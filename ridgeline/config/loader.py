@@ -18,10 +18,10 @@ from ridgeline.config.fields import show
 from ridgeline.config.schema import all_keys, base_config, free_form_keys
 from ridgeline.config.support import DEPRECATED_KEYS, rename_origin, renamed_key
 from ridgeline.config.validate import (
-    UNBUILT_STRATEGY_SECTIONS,
     ConfigError,
     check_config,
     config_problems,
+    configures_unbuilt,
     suggest_key,
     under_free_form,
 )
@@ -144,7 +144,7 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
         renamed = renamed_key(key)
         if renamed is not None and renamed in given:
             pair = ("SkyRL 0.3.1's deprecated spelling and the key that replaced it" if key in DEPRECATED_KEYS
-                    else "a later SkyRL release's name and 0.3.1's")
+                    else f"{rename_origin(key)} and Ridgeline's")
             problems.append(f"{key} and {renamed} are the same setting ({pair}) and both are set. "
                             "Fix: keep one of them.")
             continue
@@ -153,7 +153,9 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
             continue
         if renamed is not None:
             log.info("%s is %s for %s: read as %s", key, rename_origin(key), renamed, renamed)
-            text = text.replace(key, renamed, 1)
+            # '+' (SkyRL's scripts add their example keys) would ask Hydra to add a key that exists here
+            bare = text.lstrip("+")
+            text = ("~" if bare.startswith("~") else "") + renamed + bare.lstrip("~")[len(key):]
             ov = parser.parse_override(text)
             key = renamed
         if key == EXPERIMENT_GROUP or key.startswith("hydra") or ov.package is not None:
@@ -178,10 +180,10 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
             # either way ('++': add or override)
             usable.append("++" + text)
             continue
-        if any(part in UNBUILT_STRATEGY_SECTIONS for part in key.split(".")):
-            # a setting of Megatron / DeepSpeed: added, so that validation names the backend once
-            # for all of its settings instead of one "unknown key" each
-            usable.append("+" + text)
+        if configures_unbuilt(key):
+            # a setting of Megatron / DeepSpeed or of an example's own harness: added, so that
+            # validation names the feature once for all of its settings instead of one "unknown key" each
+            usable.append("++" + text)
             continue
         # a CHANGE of a key the base config does not have: Hydra would refuse it
         value = show(ov.value()) if not isinstance(ov.value(), dict) else "..."

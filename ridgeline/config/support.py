@@ -11,7 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from ridgeline.config.fields import show
 from ridgeline.config.schema import base_config
 
-__all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "renamed_key", "rename_origin", "DEFAULTS_NOT_ACTED_ON", "unbuilt_defaults"]
+__all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "EXAMPLE_KEYS", "renamed_key", "rename_origin", "DEFAULTS_NOT_ACTED_ON",
+           "unbuilt_defaults"]
 
 # Later SkyRL-Train releases' names (their typed config, `generator.inference_engine.*`, ...) -> the
 # 0.3.1 key here: accepted with a one-line notice. A prefix entry (ending in ".") maps the keys below it.
@@ -48,12 +49,22 @@ DEPRECATED_KEYS: dict[str, str] = {
 }
 
 
+# Keys SkyRL 0.3.1's example entry points add to the base config for a feature Ridgeline has built in
+# (their scripts set them with '+') -> Ridgeline's key of the same meaning: read with the same notice.
+EXAMPLE_KEYS: dict[str, str] = {
+    # examples/algorithms/dapo/main_dapo.py's soft overlong punishment (also used by its flash_rl,
+    # tis_correction, sapo and megatron DAPO scripts)
+    "trainer.algorithm.overlong_buffer.len": "trainer.algorithm.overlong_buffer_len",
+    "trainer.algorithm.overlong_buffer.penalty_factor": "trainer.algorithm.overlong_buffer_penalty_factor",
+}
+
+
 def renamed_key(key: str) -> str | None:
-    """The 0.3.1 key a later SkyRL release's `key`, or 0.3.1's deprecated spelling, names; or None."""
-    if key in DEPRECATED_KEYS:
-        return DEPRECATED_KEYS[key]
-    if key in RENAMED_KEYS:
-        return RENAMED_KEYS[key]
+    """The key here that `key` names when it is a later SkyRL release's name, 0.3.1's deprecated
+    spelling or a 0.3.1 example's own key; or None."""
+    for table in (DEPRECATED_KEYS, EXAMPLE_KEYS, RENAMED_KEYS):
+        if key in table:
+            return table[key]
     for old, new in RENAMED_KEYS.items():
         if old.endswith(".") and key.startswith(old):
             return new + key[len(old):]
@@ -62,7 +73,11 @@ def renamed_key(key: str) -> str | None:
 
 def rename_origin(key: str) -> str:
     """What kind of other name `key` is, for the notice and the both-set refusal."""
-    return "SkyRL 0.3.1's deprecated spelling" if key in DEPRECATED_KEYS else "a later SkyRL release's name"
+    if key in DEPRECATED_KEYS:
+        return "SkyRL 0.3.1's deprecated spelling"
+    if key in EXAMPLE_KEYS:
+        return "the key of SkyRL 0.3.1's DAPO example entry point (examples/algorithms/dapo/main_dapo.py)"
+    return "a later SkyRL release's name"
 
 
 # defaults that ask for something this build does not do (a changed value is acted on or refused)

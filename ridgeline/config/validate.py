@@ -21,11 +21,29 @@ from ridgeline.config.fields import Report, field_type, one_of, section_fields, 
 from ridgeline.config.schema import RidgelineConfig, all_keys, default_of, free_form_keys, leaf_fields
 
 __all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "suggest_key", "under_free_form",
-           "UNBUILT_STRATEGY_SECTIONS"]
+           "configures_unbuilt"]
 
 # sections of SkyRL's training backends that are not built here: one sentence for the whole section
 # (trainer.strategy names the backend), never an "unknown key" per setting
 UNBUILT_STRATEGY_SECTIONS = {"megatron_config": "megatron", "deepspeed_config": "deepspeed"}
+
+# keys that SkyRL 0.3.1's example entry points add for an agent harness of their own (a generator
+# class in the example's folder) that is not built here: key prefix -> the sentence naming it, said
+# once for all of its keys instead of an "unknown key" each
+UNBUILT_EXAMPLE_KEYS = {
+    "generator.miniswe_": "SkyRL's mini-swe-agent example generator (examples/mini_swe_agent: the minisweagent "
+                          "package's agent in SWE-bench docker sandboxes), which is not built here",
+    "terminal_bench_config": "SkyRL's Terminal-Bench example generator (examples/terminal_bench: the harbor "
+                             "package's agents in docker sandboxes), which is not built here",
+}
+
+
+def configures_unbuilt(key: str) -> bool:
+    """Whether `key` is a setting of a backend or example harness not built here (named once by
+    validation for all of its keys)."""
+    return any(part in UNBUILT_STRATEGY_SECTIONS for part in key.split(".")) or key.startswith(
+        tuple(UNBUILT_EXAMPLE_KEYS))
+
 
 _MISSING = object()  # a value that could not be resolved (already reported)
 
@@ -93,8 +111,11 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
         value = node._value() if node._is_interpolation() or not OmegaConf.is_config(node) else \
             OmegaConf.to_container(node, resolve=False)
         if k not in names:
+            example = next((p for p in UNBUILT_EXAMPLE_KEYS if key.startswith(p)), None)
             if k in UNBUILT_STRATEGY_SECTIONS:
                 unbuilt.setdefault(UNBUILT_STRATEGY_SECTIONS[str(k)], []).append(key)
+            elif example is not None:
+                unbuilt.setdefault(example, []).append(key)
             else:
                 report.refuse(key, _unknown_key(key, value))
             continue
@@ -284,9 +305,16 @@ def _get(tree: Any, key: str) -> Any:
 
 
 def _unbuilt_sections(values: dict, unbuilt: dict[str, list[str]], report: Report) -> None:
+    """One sentence per backend (or example harness) not built whose keys the config sets."""
     strategy = _get(values, "trainer.strategy")
     for name, sections in unbuilt.items():
-        if str(strategy).lower() != name:  # else trainer.strategy's own "not supported" sentence covers them
+        if name in UNBUILT_EXAMPLE_KEYS:
+            one = len(sections) == 1
+            report.refuse(sections[0], f"{', '.join(sections)} {'is a setting' if one else 'are settings'} of "
+                                       f"{UNBUILT_EXAMPLE_KEYS[name]}. Fix: remove {'it' if one else 'them'}, and name "
+                                       "an environment for the run (environment.env_class).",
+                          first=True)
+        elif str(strategy).lower() != name:  # else trainer.strategy's own "not supported" sentence covers them
             report.refuse(sections[0], f"{', '.join(sections)} configure {name}, which is not built (trainer.strategy="
                                        f"{show(strategy)}). Fix: remove them.", first=True)
 

@@ -117,7 +117,8 @@ class RidgelineConfig(Section):
                            f"{size} ranks, replicated). Fix: {key}=-1 (shard over all ranks), or a divisor of {ranks} "
                            f"({divisor_text(ranks)}).")
         samples, ref_ranks = t.policy_mini_batch_size * g.n_samples_per_prompt, plan.ranks.get("ref")
-        if ref_ranks and samples % ref_ranks:
+        # (with the policy's own rank count the policy's rule has said it already)
+        if ref_ranks and samples % ref_ranks and ref_ranks != plan.ranks.get("policy"):
             report.add(f"the reference's {ref_ranks} ranks cannot split a mini-batch of trainer.policy_mini_batch_size="
                        f"{t.policy_mini_batch_size} x generator.n_samples_per_prompt={g.n_samples_per_prompt} = "
                        f"{samples} samples evenly. Fix: give the reference the policy's placement "
