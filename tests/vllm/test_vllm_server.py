@@ -74,6 +74,25 @@ def test_generation_and_logprobs_match_the_embedded_engine(client, local):
            [o.response_ids for o in engine.generate(greedy, seed=0)]
 
 
+def test_skyrl_sampling_keys_reach_the_server(client, local):
+    """stop strings (kept, stop reason "stop"), logprobs=N (the same top tokens) and the repetition
+    penalty (the same greedy tokens; logprobs before it: the server's default raw_logprobs mode equals
+    the contract for greedy requests) give what the embedded engine gives."""
+    engine, tok = local
+    prompts = [_prompt(tok, q) for q in ("What is 2 + 3?", "Say hi.")]
+    greedy = SamplingParams(max_generate_length=16, temperature=0.0)
+    free = engine.generate([EngineRequest(p, greedy) for p in prompts], seed=0)
+    stops = [tok.decode(o.response_ids, skip_special_tokens=True)[5:7] for o in free]
+    asks = [EngineRequest(p, SamplingParams(max_generate_length=16, temperature=0.0, stop=(s,), logprobs=2,
+                                            repetition_penalty=1.5)) for p, s in zip(prompts, stops)]
+    theirs, ours = client.generate(asks, seed=0), engine.generate(asks, seed=0)
+    for stop, a, b in zip(stops, theirs, ours):
+        assert a.response_ids == b.response_ids and (a.stop_reason, a.matched_stop) == ("stop", stop)
+        assert tok.decode(a.response_ids, skip_special_tokens=True).endswith(stop)
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= ATOL
+        assert [[i for i, _ in top] for top in a.top_logprobs] == [[i for i, _ in top] for top in b.top_logprobs]
+
+
 def test_weight_update_through_the_worker_extension(client, local):
     engine, tok = local
     prompt, response = _prompt(tok, "What is 2 + 3?"), tok("5<|im_end|>", add_special_tokens=False)["input_ids"]
