@@ -235,8 +235,8 @@ class AlgorithmConfig(Section):
                 hint = f" Did you mean {close[0]}?" if close else ""
                 where = (f"none of {at}.algorithm_modules={show(self.algorithm_modules)} registers it" if
                          self.algorithm_modules else f"{at}.algorithm_modules names no module of yours")
-                report.add(f"{key}={value} is not a registered {registry.kind} ({where}).{hint} Registered: "
-                           f"{one_of(built)}. Fix: register it in your own module with {decorator}(\"{value}\") from "
+                report.add(f"{key}={value} is not a registered {registry.kind}.{hint} Registered: {one_of(built)}; "
+                           f"{where}. Fix: register it in your own module with {decorator}(\"{value}\") from "
                            f"ridgeline.algorithms (SkyRL's custom main file) and add that module, e.g. "
                            f"{at}.algorithm_modules=[my_algorithms.py]; or name the function itself, "
                            f"{key}=my_pkg.my_module:my_function.")
