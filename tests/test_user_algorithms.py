@@ -4,6 +4,8 @@ file), written in Ridgeline's or SkyRL's calling convention."""
 
 import copy
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -232,3 +234,24 @@ def test_a_loss_with_an_unusable_signature_is_refused(fresh_registries):
     (problem,) = info.value.problems
     assert problem.startswith("trainer.algorithm.policy_loss_type=two_args_only: policy loss 'two_args_only' "
                               "cannot be called as") and "Fix:" in problem
+
+
+def test_a_fresh_process_building_the_policy_imports_the_modules(fresh_registries, tmp_path):
+    """What a Ray rank does: it gets the config, not the driver's registries, and builds its policy
+    worker, which imports trainer.algorithm.algorithm_modules before looking the loss up."""
+    module = EXAMPLES / "custom_policy_loss.py"
+    cfg = load_config(["+experiment=tiny", f"trainer.algorithm.algorithm_modules=[{module}]",
+                       "trainer.algorithm.policy_loss_type=reinforce"])
+    (tmp_path / "cfg.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    script = textwrap.dedent(f'''
+        from omegaconf import OmegaConf
+        from ridgeline.models.loading import load_tokenizer, policy_spec
+        from ridgeline.training.build import build_policy_worker
+        cfg = OmegaConf.load({str(tmp_path / "cfg.yaml")!r})
+        worker = build_policy_worker(cfg, load_tokenizer(policy_spec(cfg)), training_batches=1)
+        print(worker.policy_loss_fn.name, worker.policy_loss_fn.fn.__name__, worker.policy_loss_fn.by_keyword)
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["reinforce", "reinforce_loss", "True"]
