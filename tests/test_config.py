@@ -215,6 +215,9 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.algorithm.sapo.tau_neg", 1.05),
     ("trainer.algorithm.overlong_buffer_len", None),
     ("trainer.algorithm.overlong_buffer_penalty_factor", 1.0),
+    # user-registered algorithms and on-policy distillation (docs/algorithms.md)
+    ("trainer.algorithm.algorithm_modules", []),
+    ("trainer.algorithm.on_policy_distillation", False),
     # LoRA on the policy (SkyRL's names, beyond CONFIG_REFERENCE; docs/lora.md)
     ("trainer.policy.model.lora.rank", 0),
     ("trainer.policy.model.lora.alpha", 16.0),
@@ -531,8 +534,10 @@ def test_presets_and_free_form_maps():
 def test_every_preset_loads():
     names = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
     assert "example_gsm8k" in names
+    # on_policy_distillation holds the algorithm's keys only: it needs a teacher (tests/test_distillation.py)
+    needs = {"on_policy_distillation": ["trainer.ref.model.path=tiny://llama-small"]}
     for name in names:
-        load_config([f"+experiment={name}"])
+        load_config([f"+experiment={name}", *needs.get(name, [])])
 
 
 def test_unknown_preset_lists_presets():

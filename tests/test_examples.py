@@ -38,6 +38,7 @@ EXAMPLES: dict[str, list[str]] = {
              "generator.sampling_params.max_generate_length=64"],
     "custom_reward": ["data.prepare.num_train=16", "data.prepare.num_val=4"],
     "custom_tool_env": ["data.prepare.num_train=16", "data.prepare.num_val=4"],
+    "custom_algorithms": ["data.prepare.num_train=16", "data.prepare.num_val=4"],
 }
 
 
@@ -55,7 +56,7 @@ def steps(rows: list[dict]) -> list[dict]:
     return [r for r in rows if "policy/policy_loss" in r]
 
 
-@pytest.mark.parametrize("name", ["multiply", "code", "custom_reward", "custom_tool_env"])
+@pytest.mark.parametrize("name", ["multiply", "code", "custom_reward", "custom_tool_env", "custom_algorithms"])
 def test_example_runs(name: str, tmp_path: Path) -> None:
     rows = run_example(name, tmp_path)
     assert len(steps(rows)) == 2

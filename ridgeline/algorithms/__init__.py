@@ -15,10 +15,13 @@ from ridgeline.algorithms.registry import (
     register_kl_estimator,
     register_loss_reduction,
     register_policy_loss,
+    load_algorithm_modules,
 )
 
 # Importing the modules below runs their @register decorators.
 from ridgeline.algorithms.reductions import (
+    LossNormalizers,
+    current_normalizers,
     loss_normalizers,
     masked_mean,
     reduce_loss,
@@ -29,6 +32,7 @@ from ridgeline.algorithms.reductions import (
 from ridgeline.algorithms.advantages import (
     compute_gae_advantages,
     compute_grpo_advantages,
+    compute_no_op_advantages,
     compute_reinforce_plus_plus_advantages,
     compute_rloo_advantages,
     count_singleton_groups,
@@ -36,17 +40,22 @@ from ridgeline.algorithms.advantages import (
 )
 from ridgeline.algorithms.kl import kl_penalty, resolve_kl_estimator
 from ridgeline.algorithms.value_loss import value_loss
+from ridgeline.algorithms.calling import PolicyLoss
 from ridgeline.algorithms.policy_loss import (
     cispo_loss,
     clip_cov_loss,
     dual_clip_loss,
     gspo_loss,
+    importance_sampling_loss,
     kl_cov_loss,
     ppo_clip_loss,
     sapo_loss,
 )
 
 __all__ = [
+    "LossNormalizers",
+    "PolicyLoss",
+    "current_normalizers",
     "loss_normalizers",
     "reduce_loss",
     "ADVANTAGE_ESTIMATORS",
@@ -59,13 +68,16 @@ __all__ = [
     "clip_cov_loss",
     "compute_gae_advantages",
     "compute_grpo_advantages",
+    "compute_no_op_advantages",
     "compute_reinforce_plus_plus_advantages",
     "compute_rloo_advantages",
     "count_singleton_groups",
     "dual_clip_loss",
     "gspo_loss",
+    "importance_sampling_loss",
     "kl_cov_loss",
     "kl_penalty",
+    "load_algorithm_modules",
     "masked_mean",
     "ppo_clip_loss",
     "register_advantage_estimator",

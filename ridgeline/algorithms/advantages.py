@@ -227,3 +227,23 @@ def compute_gae_advantages(
         returns = (advantages + v) * mask
         advantages = whiten_advantages(advantages, mask, epsilon=epsilon)
     return advantages, returns
+
+
+@register_advantage_estimator("no_op")
+def compute_no_op_advantages(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    **_ignored: Any,
+) -> tuple[Tensor, Tensor]:
+    """The token rewards as they are (SkyRL's on-policy distillation example):
+
+        A_t = R_t * m_t,   returns = A
+
+    For dense per-token rewards that already are the advantage, such as on-policy distillation's
+    -(log pi_old(y_t) - log pi_teacher(y_t)) (`trainer.algorithm.on_policy_distillation`). No
+    baseline, no grouping, no whitening: `index` and `values` are ignored.
+    """
+    with torch.no_grad():
+        advantages = token_level_rewards.float() * response_mask.float()
+    return advantages, advantages.clone()

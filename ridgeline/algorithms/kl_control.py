@@ -2,7 +2,8 @@
 
 The alternative to a KL loss term (`use_kl_loss`): each response token's reward is lowered by
 beta times its KL estimate, so the penalty flows through the advantage estimator like any other
-reward. beta is held by a controller, either fixed or adapted towards a target KL (Ziegler et al.
+reward. With the task reward dropped and a teacher as the reference, the same path is on-policy
+distillation (`on_policy_distillation`). beta is held by a controller, either fixed or adapted towards a target KL (Ziegler et al.
 2019, "Fine-Tuning Language Models from Human Preferences", arXiv 1909.08593).
 """
 
@@ -66,24 +67,34 @@ def build_kl_controller(kind: str, init_coef: float, kl_target: float, horizon: 
 
 @dataclass(frozen=True)
 class KLPenalty:
-    rewards: Tensor       # [B, T] r_t - beta * KL_t
+    rewards: Tensor       # [B, T] r_t - beta * KL_t (or -beta * KL_t alone, keep_task_reward=False)
     kl_mean: float        # mean over rows of each row's masked mean KL_t: what the controller steers by
     kl_max_mean: float    # mean over rows of each row's max |KL_t| over its masked tokens
+    kl_token_mean: float  # mean of KL_t over every masked token of the batch
 
 
 def kl_penalized_rewards(token_level_rewards: Tensor, log_probs: Tensor, ref_log_probs: Tensor,
-                         response_mask: Tensor, beta: float, kind: str = "k1") -> KLPenalty:
-    """r'_t = r_t - beta * KL_t over the response tokens, with KL_t the `kind` estimate of
-    KL(pi_old || ref) at token t; all tensors [B, T].
+                         mask: Tensor, beta: float, kind: str = "k1", *,
+                         keep_task_reward: bool = True) -> KLPenalty:
+    """r'_t = r_t - beta * KL_t over the masked tokens, with KL_t the `kind` estimate of
+    KL(pi_old || ref) at token t; all tensors [B, T]. `mask` is the loss mask (SkyRL's: no penalty
+    on observation tokens, which the policy did not sample).
 
-    The two batch statistics are SkyRL's `loss/avg_kl` (kl_mean) and `loss/avg_kl_max`
-    (kl_max_mean); a row without response tokens counts 0 in both.
+    keep_task_reward=False drops r_t: r'_t = -beta * KL_t is then the whole reward. With k1, beta 1
+    and the teacher as `ref` that is on-policy distillation (Agarwal et al. 2024, arXiv 2306.13649;
+    Thinking Machines 2025): r'_t = -(log pi_old(y_t) - log pi_teacher(y_t)), whose policy gradient
+    on the student's own samples is that of the reverse KL(pi || pi_teacher).
+
+    kl_mean and kl_max_mean are SkyRL's `loss/avg_kl` and `loss/avg_kl_max` (a row without masked
+    tokens counts 0 in both); kl_token_mean weighs every masked token alike.
     """
     with torch.no_grad():
-        kl = kl_penalty(log_probs, ref_log_probs, kind) * response_mask
-        rewards = token_level_rewards.float() - beta * kl
+        kl = kl_penalty(log_probs, ref_log_probs, kind) * mask
+        task = token_level_rewards.float() if keep_task_reward else torch.zeros_like(kl)
+        rewards = task - beta * kl
         if not kl.numel():
-            return KLPenalty(rewards, 0.0, 0.0)
-        stats = torch.stack([masked_mean(kl, response_mask, dim=-1).mean(), kl.abs().amax(dim=-1).mean()])
-        kl_mean, kl_max_mean = stats.tolist()
-    return KLPenalty(rewards, kl_mean, kl_max_mean)
+            return KLPenalty(rewards, 0.0, 0.0, 0.0)
+        stats = torch.stack([masked_mean(kl, mask, dim=-1).mean(), kl.abs().amax(dim=-1).mean(),
+                             masked_mean(kl, mask)])
+        kl_mean, kl_max_mean, kl_token_mean = stats.tolist()
+    return KLPenalty(rewards, kl_mean, kl_max_mean, kl_token_mean)

@@ -311,3 +311,24 @@ def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss
     per_token = -gate * adv
     metrics = _common_metrics(ratio, log_ratio, loss_mask)
     return _reduce(per_token, loss_mask, config, old_log_probs, rollout_log_probs, metrics)
+
+
+@register_policy_loss("importance_sampling")
+def importance_sampling_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
+                             config: DictConfig, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
+    """Importance-sampled policy gradient, no clipping (Tinker's `importance_sampling` loss, the
+    one of SkyRL's on-policy distillation example):
+
+        l_t = -r_t A_t,      r_t = pi(y_t) / pi_old(y_t)
+
+    Its gradient is -A_t r_t grad log pi(y_t): the REINFORCE gradient, reweighted to the sampling
+    policy when the batch takes several optimizer steps (r_t = 1 on the first). SkyRL's example
+    reduces it with seq_mean_token_sum_norm whatever loss_reduction says; here the configured
+    reduction is used (the on_policy_distillation preset sets seq_mean_token_sum_norm) and any other
+    is warned about once. clip_frac is 0.
+    """
+    _warn_reduction_once("importance_sampling", config.loss_reduction, expected="seq_mean_token_sum_norm")
+    log_ratio, ratio, adv = _prepare(log_probs, old_log_probs, advantages, loss_mask)
+    per_token = -ratio * adv
+    metrics = _common_metrics(ratio, log_ratio, loss_mask)
+    return _reduce(per_token, loss_mask, config, old_log_probs, rollout_log_probs, metrics)

@@ -7,9 +7,9 @@ micro-batches unequally. Passing the mini-batch's counts makes the sum of the
 micro-batch losses equal the mini-batch loss exactly.
 
 Losses call `reduce_loss(values, mask, mode)` without normalisers (SkyRL's and the issue's
-signature); the worker wraps each optimizer step in `loss_normalizers(num_tokens, num_sequences)`
-and `reduce_loss` picks the mini-batch counts up from there. So a user's loss is exact under
-gradient accumulation without knowing it is being accumulated.
+signature); the worker wraps each optimizer step in `loss_normalizers(num_tokens, num_sequences,
+max_seq_len=...)` and `reduce_loss` picks the mini-batch counts up from there. So a user's loss is
+exact under gradient accumulation without knowing it is being accumulated.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -60,11 +61,12 @@ def token_mean(
     *,
     num_tokens: float | None = None,
     num_sequences: float | None = None,
+    max_seq_len: int | None = None,
 ) -> Tensor:
     """L = sum_{i,t} v_{i,t} m_{i,t} / N_tok,   N_tok = sum_{i,t} m_{i,t} by default.
 
     Every response token weighs the same, so long responses dominate (DAPO's choice).
-    `num_sequences` is accepted and ignored so all reductions share one call.
+    `num_sequences` and `max_seq_len` are accepted and ignored so all reductions share one call.
     """
     mask = mask.to(values.dtype)
     denom = _as_count(num_tokens, mask.sum(), values)
@@ -78,12 +80,13 @@ def sequence_mean(
     *,
     num_tokens: float | None = None,
     num_sequences: float | None = None,
+    max_seq_len: int | None = None,
 ) -> Tensor:
     """L = (1 / N_seq) sum_i [ sum_t v_{i,t} m_{i,t} / sum_t m_{i,t} ],   N_seq = B by default.
 
     Each response weighs the same regardless of length (the original GRPO objective).
     A row with no response tokens contributes 0 but still counts in the default B.
-    `num_tokens` is accepted and ignored.
+    `num_tokens` and `max_seq_len` are accepted and ignored.
     """
     mask = mask.to(values.dtype)
     per_row = masked_mean(values, mask, dim=-1)
@@ -98,46 +101,79 @@ def seq_mean_token_sum_norm(
     *,
     num_tokens: float | None = None,
     num_sequences: float | None = None,
+    max_seq_len: int | None = None,
 ) -> Tensor:
     """L = (1 / N_seq) sum_i [ sum_t v_{i,t} m_{i,t} / T ],   N_seq = B by default.
 
-    Dr. GRPO's length-unbiased normaliser: every row is divided by the same constant
-    T instead of its own length. Here T = values.shape[-1], the *padded* width of the
-    tensor passed in; to reproduce the paper (T = generation budget) pad responses to
-    the max generation length, and for exact micro-batch accumulation every
-    micro-batch must share that padded width. `num_tokens` is accepted and ignored.
+    Dr. GRPO's length-unbiased normaliser: every row is divided by the same constant T instead
+    of its own length. T = `max_seq_len`, which the policy worker sets to SkyRL's constant
+    `generator.max_input_length + generator.sampling_params.max_generate_length` (so the loss, and
+    its scale, are SkyRL's and the same at every step); without it (a direct call) T =
+    values.shape[-1], the padded width of the tensor passed in. `num_tokens` is accepted and
+    ignored.
     """
+    if max_seq_len is not None and max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be a positive number of tokens, got {max_seq_len}")
     mask = mask.to(values.dtype)
-    width = values.shape[-1]
-    per_row = (values * mask).sum(-1) / max(width, 1)
+    width = max_seq_len if max_seq_len is not None else max(values.shape[-1], 1)
+    per_row = (values * mask).sum(-1) / width
     default = torch.tensor(float(values.shape[0]), dtype=values.dtype, device=values.device)
     return per_row.sum() / _as_count(num_sequences, default, values)
 
 
-_NORMALIZERS: ContextVar[tuple[float | None, float | None]] = ContextVar("loss_normalizers",
-                                                                         default=(None, None))
+@dataclass
+class LossNormalizers:
+    """What the losses of one optimizer step divide by, set by the worker around the step.
+
+    num_tokens / num_sequences: the mini-batch's loss tokens and rows (summed over the ranks);
+    max_seq_len: seq_mean_token_sum_norm's constant; micro_batches: how many micro-batch losses
+    (over all ranks) add up to the step's loss. `reductions` counts the `reduce_loss` calls made
+    inside the block, so a caller can tell whether a loss normalised itself by these counts
+    (see `ridgeline.algorithms.calling`)."""
+
+    num_tokens: float | None = None
+    num_sequences: float | None = None
+    max_seq_len: int | None = None
+    micro_batches: int = 1
+    reductions: int = 0
+
+
+_NORMALIZERS: ContextVar[LossNormalizers | None] = ContextVar("loss_normalizers", default=None)
 
 
 @contextmanager
-def loss_normalizers(num_tokens: float | None, num_sequences: float | None) -> Iterator[None]:
+def loss_normalizers(num_tokens: float | None, num_sequences: float | None, *, max_seq_len: int | None = None,
+                     micro_batches: int = 1) -> Iterator[LossNormalizers]:
     """Within the block, `reduce_loss` divides by these mini-batch counts instead of the counts of
     the micro-batch it is given (explicit arguments to `reduce_loss` still win)."""
-    token = _NORMALIZERS.set((num_tokens, num_sequences))
+    norms = LossNormalizers(num_tokens, num_sequences, max_seq_len, micro_batches)
+    token = _NORMALIZERS.set(norms)
     try:
-        yield
+        yield norms
     finally:
         _NORMALIZERS.reset(token)
 
 
-def reduce_loss(values: Tensor, mask: Tensor, mode: str = "token_mean", *, num_tokens: float | None = None,
-                num_sequences: float | None = None) -> Tensor:
+def current_normalizers() -> LossNormalizers | None:
+    """The enclosing `loss_normalizers` block's settings, or None outside any."""
+    return _NORMALIZERS.get()
+
+
+def reduce_loss(values: Tensor, mask: Tensor, mode: str = "token_mean", max_seq_len: int | None = None, *,
+                num_tokens: float | None = None, num_sequences: float | None = None) -> Tensor:
     """Reduce a per-token loss [B, T] with the registered reduction `mode` (`token_mean`,
     `sequence_mean`, `seq_mean_token_sum_norm`, or one a user registered).
 
-    Normalisers not given here come from an enclosing `loss_normalizers(...)` block, else from
-    `values`/`mask` themselves."""
-    context_tokens, context_sequences = _NORMALIZERS.get()
+    The call is SkyRL's, `reduce_loss(loss, loss_mask, loss_reduction, max_seq_len)`, so a loss
+    written for SkyRL runs unchanged. Normalisers (and `max_seq_len`) not given here come from an
+    enclosing `loss_normalizers(...)` block, else from `values`/`mask` themselves."""
+    norms = _NORMALIZERS.get()
+    if norms is None:
+        norms = LossNormalizers()
+    else:
+        norms.reductions += 1
     return LOSS_REDUCTIONS.get(mode)(
         values, mask,
-        num_tokens=context_tokens if num_tokens is None else num_tokens,
-        num_sequences=context_sequences if num_sequences is None else num_sequences)
+        num_tokens=norms.num_tokens if num_tokens is None else num_tokens,
+        num_sequences=norms.num_sequences if num_sequences is None else num_sequences,
+        max_seq_len=norms.max_seq_len if max_seq_len is None else max_seq_len)

@@ -7,8 +7,10 @@ an estimator or a loss is one decorated function, with no trainer change.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar, overload
+
+from ridgeline.user_modules import load_user_module
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,8 +34,16 @@ class Registry(Generic[F]):
         self.kind = kind
         self._fns: dict[str, F] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator adding a function under `name`; the function is returned unchanged.
+    @overload
+    def register(self, name: str) -> Callable[[F], F]: ...
+
+    @overload
+    def register(self, name: str, fn: F) -> F: ...
+
+    def register(self, name: str, fn: F | None = None) -> Callable[[F], F] | F:
+        """Add a function under `name`: as a decorator (`@REGISTRY.register("name")`), or directly,
+        SkyRL's `AdvantageEstimatorRegistry.register(name, fn)` form (`REGISTRY.register("name", fn)`).
+        The function is returned unchanged.
 
         Taking a name twice raises ValueError: silently replacing a built-in would make
         a config mean different things depending on import order.
@@ -47,7 +57,11 @@ class Registry(Generic[F]):
             self._fns[name] = fn
             return fn
 
-        return decorator
+        return decorator if fn is None else decorator(fn)
+
+    def unregister(self, name: str) -> None:
+        """Remove `name` (a user's registration, e.g. between tests); KeyError if it is not there."""
+        del self._fns[name]
 
     def get(self, name: str) -> F:
         """The function registered as `name`, or, for `"my_pkg.my_module:my_function"`, that
@@ -106,3 +120,11 @@ def register_kl_estimator(name: str) -> Callable[[F], F]:
 
 def register_loss_reduction(name: str) -> Callable[[F], F]:
     return LOSS_REDUCTIONS.register(name)
+
+
+def load_algorithm_modules(modules: Iterable[str]) -> None:
+    """Import the user's modules of `trainer.algorithm.algorithm_modules` (dotted names or .py
+    files) so that their `register_*` calls run; each runs once per process. Every process that
+    looks a registered name up (the trainer, each policy rank) calls this first."""
+    for module in modules:
+        load_user_module(module, "algorithm module")

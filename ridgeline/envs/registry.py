@@ -12,13 +12,14 @@ import the same user modules (call ``load_env_module`` again there).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, TypeVar, overload
+
+from ridgeline.user_modules import load_user_module
 
 from .base import Env
 from .skyrl_gym_env import INSTALL_HINT, SkyRLGymEnv, skyrl_gym_source
@@ -157,43 +158,7 @@ def _import_factory(path: str) -> EnvFactory:
 
 
 def load_env_module(spec: str | Path) -> ModuleType:
-    """Import a user module so that its ``register`` calls run.
-
-    ``spec`` is either a dotted module name (``"my_pkg.envs"``) or a path to a
-    ``.py`` file. File modules get a stable synthetic name derived from the
-    resolved path, so loading the same file twice returns the cached module
-    instead of executing it again.
-    """
-    text = str(spec)
-    looks_like_path = isinstance(spec, Path) or text.endswith(".py") or "/" in text or "\\" in text
-    if not looks_like_path:
-        try:
-            return importlib.import_module(text)
-        except ImportError as exc:
-            raise ImportError(f"could not import env module {text!r}: {exc}") from exc
-
-    path = Path(text).expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"env module file not found: {text} (resolved to {path})")
-    digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:10]
-    module_name = f"ridgeline_user_env_{_safe_identifier(path.stem)}_{digest}"
-    cached = sys.modules.get(module_name)
-    if cached is not None:
-        return cached
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ImportError(f"could not load env module from {path}")
-    module = importlib.util.module_from_spec(module_spec)
-    # Registered before exec so dataclasses/pickling inside the module can find it.
-    sys.modules[module_name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(module_name, None)
-        raise
-    return module
-
-
-def _safe_identifier(stem: str) -> str:
-    cleaned = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in stem)
-    return cleaned or "module"
+    """Import a user module so that its ``register`` calls run: a dotted module name
+    (``"my_pkg.envs"``) or a path to a ``.py`` file, imported once per process
+    (``ridgeline.user_modules.load_user_module``)."""
+    return load_user_module(spec, "env module")

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from ridgeline.allocator import active_allocator
-from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, count_singleton_groups, whiten_advantages
+from ridgeline.algorithms import (ADVANTAGE_ESTIMATORS, count_singleton_groups, load_algorithm_modules,
+                                  whiten_advantages)
 from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
 from ridgeline.data import PromptDataset, PromptRow
@@ -117,6 +118,11 @@ class Trainer:
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
         seed_everything(t.seed)
+        load_algorithm_modules(alg.algorithm_modules)  # the user's estimators and losses, by name
+        if alg.advantage_estimator == "no_op" and alg.use_kl_in_reward and not alg.on_policy_distillation:
+            log.warning("advantage_estimator=no_op with use_kl_in_reward and on_policy_distillation=false: the "
+                        "environment's reward minus beta * KL to trainer.ref.model.path, not on-policy distillation "
+                        "(SkyRL's main_on_policy_distill.py); for that, add +experiment=on_policy_distillation")
         if cfg.generator.enable_http_endpoint:  # a taken port stops the run before any model loads
             check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
         run_dir = Path(t.run_dir)
@@ -522,10 +528,12 @@ class Trainer:
                     batch.rewards = self.run.algorithm.reward_std.scale(batch.rewards)
                     metrics["reward/running_std"] = self.run.algorithm.reward_std.std
                 estimator = ADVANTAGE_ESTIMATORS.get(alg.advantage_estimator)
+                # SkyRL's keyword arguments (config: the trainer.algorithm section), so an estimator
+                # written for SkyRL runs unchanged
                 batch.advantages, batch.returns = estimator(
                     token_level_rewards=batch.rewards, response_mask=batch.response_mask, index=batch.uids,
                     values=batch.values, grpo_norm_by_std=alg.grpo_norm_by_std, gamma=alg.gamma,
-                    lambd=alg.lambd)
+                    lambd=alg.lambd, config=alg)
                 metrics.update(advantage_metrics(batch.rewards, batch.advantages, batch.response_mask))
                 if alg.advantage_batch_normalize:
                     batch.advantages = whiten_advantages(batch.advantages, batch.response_mask)
@@ -574,16 +582,22 @@ class Trainer:
         return self.endpoint.hold() if self.endpoint is not None else contextlib.nullcontext()
 
     def _apply_reward_kl_penalty(self, batch) -> dict[str, float]:
-        """`use_kl_in_reward`: `batch.rewards` lowered by beta * KL(pi_old || ref) per token, then
+        """`use_kl_in_reward`: `batch.rewards` lowered by beta * KL(pi_old || ref) per loss token, then
         the controller steered by the batch KL; SkyRL's `loss/avg_kl`, `loss/avg_kl_max` and
-        `loss/kl_loss_coef` (the beta applied)."""
+        `loss/kl_loss_coef` (the beta applied). With `on_policy_distillation` the environment's reward
+        is dropped and -beta * KL to the teacher is the reward (SkyRL's OnPolicyDistillationTrainer);
+        `distill/teacher_kl` is then that KL's mean over the loss tokens."""
         controller = self.run.algorithm.kl_controller
         beta = controller.value
-        penalty = kl_penalized_rewards(batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
-                                       beta, self.workers.policy.config.kl_estimator)
+        distill = bool(self.cfg.trainer.algorithm.on_policy_distillation)
+        penalty = kl_penalized_rewards(batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask,
+                                       beta, self.workers.policy.config.kl_estimator, keep_task_reward=not distill)
         batch.rewards = penalty.rewards
         controller.update(penalty.kl_mean, n_steps=batch.batch_size)
-        return {"loss/avg_kl": penalty.kl_mean, "loss/avg_kl_max": penalty.kl_max_mean, "loss/kl_loss_coef": beta}
+        metrics = {"loss/avg_kl": penalty.kl_mean, "loss/avg_kl_max": penalty.kl_max_mean, "loss/kl_loss_coef": beta}
+        if distill:
+            metrics["distill/teacher_kl"] = penalty.kl_token_mean
+        return metrics
 
     # --------------------------------------------------------------------------------- eval
     def evaluate(self) -> dict[str, float]:

@@ -10,9 +10,9 @@ from typing import Literal
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ridgeline.algorithms import resolve_kl_estimator
+from ridgeline.algorithms import load_algorithm_modules, resolve_kl_estimator
 from ridgeline.models.device import resolve_device
 from ridgeline.models.forward import enable_activation_checkpointing, select_attention
 from ridgeline.models.loading import (ModelSpec, cpu_has_fast_bf16, critic_spec, load_model, load_tokenizer,
@@ -67,6 +67,23 @@ def training_max_tokens(cfg: DictConfig) -> int:
     return max(int(cfg.trainer.max_prompt_length), int(g.max_input_length)) + int(g.sampling_params.max_generate_length)
 
 
+def skyrl_max_seq_len(cfg: DictConfig) -> int:
+    """SkyRL's `trainer.algorithm.max_seq_len`, the constant seq_mean_token_sum_norm divides every
+    row's loss sum by: `generator.max_input_length + generator.sampling_params.max_generate_length`
+    (SkyRL derives it in validate_cfg; it is not a key)."""
+    g = cfg.generator
+    return int(g.max_input_length) + int(g.sampling_params.max_generate_length)
+
+
+def loss_config(cfg: DictConfig) -> DictConfig:
+    """What a policy loss gets as `config`: the `trainer.algorithm` section plus SkyRL's derived
+    `max_seq_len` (a loss written for SkyRL reads `config.max_seq_len`), resolved and read-only."""
+    section = OmegaConf.create(OmegaConf.to_container(cfg.trainer.algorithm, resolve=True))
+    section.max_seq_len = skyrl_max_seq_len(cfg)
+    OmegaConf.set_readonly(section, True)
+    return section
+
+
 def load_training_model(cfg: DictConfig, spec: ModelSpec, dtype: torch.dtype, tokenizer, device: torch.device):
     """A model for the training-side workers, on the host (its group places it): the attention
     kernel `select_attention` picks for `device` (FlashAttention-2 / SDPA on CUDA, eager for
@@ -95,7 +112,8 @@ def policy_train_config(cfg: DictConfig, data_parallel: int = 1, device: torch.d
         temperature=g.sampling_params.temperature,
         policy_loss=alg.policy_loss_type or alg.ppo_loss_type,
         loss_reduction=alg.loss_reduction,
-        algorithm=alg,
+        algorithm=loss_config(cfg),
+        max_seq_len=skyrl_max_seq_len(cfg),
         use_kl_loss=alg.use_kl_loss, kl_loss_coef=alg.kl_loss_coef,
         kl_estimator=resolve_kl_estimator(alg.kl_estimator_type, alg.use_kl_estimator_k3, alg.use_abs_kl),
         use_entropy_loss=alg.use_entropy_loss, entropy_loss_coef=alg.entropy_loss_coef,
@@ -115,6 +133,7 @@ def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | Non
     needs to know) and the optimizer holds only the adapters. Placement (FSDP2 sharding on ranks)
     comes after that and before the optimizer, which must hold the placed parameters."""
     t = cfg.trainer
+    load_algorithm_modules(t.algorithm.algorithm_modules)  # a rank looks the user's loss up by name too
     parallel = parallel or single_process(cfg)
     model = load_training_model(cfg, policy_spec(cfg), torch.float32, tokenizer, parallel.device)
     if t.gradient_checkpointing:
@@ -235,7 +254,8 @@ def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel:
         micro_batch_size=t.micro_train_batch_size_per_gpu,
         micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
         update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,
-        loss_reduction=alg.loss_reduction, max_grad_norm=opt.max_grad_norm, autocast_dtype=autocast,
+        loss_reduction=alg.loss_reduction, max_seq_len=skyrl_max_seq_len(cfg), max_grad_norm=opt.max_grad_norm,
+        autocast_dtype=autocast,
         nonfinite_loss=t.nonfinite_loss, forward_options=options or forward_options(cfg))
     worker = CriticWorker(model, config, optimizer, build_scheduler(optimizer, lr_schedule(cfg, "critic", training_batches)),
                           parallel)

@@ -39,6 +39,7 @@ class CriticTrainConfig:
     update_epochs: int = 1
     value_clip: float | None = 0.2  # <= 0 or None: unclipped value loss
     loss_reduction: str = "token_mean"
+    max_seq_len: int | None = None  # seq_mean_token_sum_norm's constant (None: the padded width)
     max_grad_norm: float = 1.0
     autocast_dtype: torch.dtype | None = None
     nonfinite_loss: str = "skip"    # trainer.nonfinite_loss: skip | stop
@@ -140,7 +141,8 @@ class CriticWorker(TrainedWorker):
         check_uniform_forwards(self.parallel, [1] * len(micros))
         sums = _StepSums()
         self.optimizer.zero_grad(set_to_none=True)
-        with loss_normalizers(*self.step_normalizers(mini)):
+        tokens, sequences, _ = self.step_normalizers(mini, len(micros))
+        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len):
             for micro in micros:
                 with autocast(device, c.autocast_dtype):
                     values = micro_values(self.model, micro, c.forward_options, device)

@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from torch import nn
 from transformers import PreTrainedModel
 
-from ridgeline.algorithms import POLICY_LOSSES, kl_penalty, loss_normalizers, masked_mean, reduce_loss
+from ridgeline.algorithms import PolicyLoss, kl_penalty, loss_normalizers, masked_mean, reduce_loss
 from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std
 from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors, save_hf_weights
@@ -160,11 +160,13 @@ class TrainedWorker(ModelWorker):
             if self.offload_optimizer:
                 self._optimizer_state_to(host=True)
 
-    def step_normalizers(self, mini: TrainingBatch) -> tuple[float, float]:  # collective
-        """(tokens, sequences) the losses of this optimizer step divide by: the mini-batch's,
-        summed over the ranks (each holds its share)."""
-        tokens, sequences = self.parallel.all_sum([float(mini.loss_mask.sum()), float(mini.batch_size)])
-        return tokens, sequences
+    def step_normalizers(self, mini: TrainingBatch, micro_batches: int) -> tuple[float, float, int]:  # collective
+        """(tokens, sequences, micro-batches) of this optimizer step: the mini-batch's loss tokens and
+        rows, which the losses divide by, and the micro-batches whose losses add up to it, summed
+        over the ranks (each holds its share)."""
+        tokens, sequences, micros = self.parallel.all_sum([float(mini.loss_mask.sum()), float(mini.batch_size),
+                                                           float(micro_batches)])
+        return tokens, sequences, int(micros)
 
     def all_finite(self, loss_value: float) -> bool:  # collective
         """Whether the loss is finite on EVERY rank, agreed before backward: a rank that skipped its
@@ -234,8 +236,9 @@ class PolicyTrainConfig:
     temperature: float = 1.0
     policy_loss: str = "regular"
     loss_reduction: str = "token_mean"
-    # the `trainer.algorithm` section, handed to the policy loss as its `config`
+    # the `trainer.algorithm` section (with SkyRL's derived max_seq_len), the policy loss's `config`
     algorithm: DictConfig | None = None
+    max_seq_len: int | None = None  # seq_mean_token_sum_norm's constant (None: the padded width)
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_estimator: str = "k3"
@@ -305,7 +308,7 @@ class PolicyWorker(TrainedWorker):
                  scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel | None = None):
         super().__init__(model, optimizer, scheduler, parallel or SingleProcess())
         self.config = config
-        self.policy_loss_fn = POLICY_LOSSES.get(config.policy_loss)
+        self.policy_loss_fn = PolicyLoss.bind(config.policy_loss)  # Ridgeline's or SkyRL's convention
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
         c = self.config
@@ -411,7 +414,8 @@ class PolicyWorker(TrainedWorker):
         check_uniform_forwards(self.parallel, [decoder_forward_count(self.model, m, c.forward_options) for m in micros])
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
-        with loss_normalizers(*self.step_normalizers(mini)):
+        tokens, sequences, micro_batches = self.step_normalizers(mini, len(micros))
+        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches):
             for micro in micros:
                 if not self._micro_step(micro, sums, loss_sums, first_epoch):
                     finite = False

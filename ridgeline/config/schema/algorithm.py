@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional
+from typing import Callable, ClassVar, List, Optional
 
 from ridgeline.config.fields import Report, Section, one_of, setting, show
 
@@ -74,14 +74,22 @@ LOSS_SETTINGS: dict[str, list[tuple[str, Callable[[float], bool], str]]] = {
 @dataclass
 class AlgorithmConfig(Section):
     # built-in estimators that ignore critic values (a user's estimator may read them)
-    CRITIC_FREE_ESTIMATORS: ClassVar[tuple[str, ...]] = ("grpo", "rloo", "reinforce++")
+    CRITIC_FREE_ESTIMATORS: ClassVar[tuple[str, ...]] = ("grpo", "rloo", "reinforce++", "no_op")
 
     advantage_estimator: str = setting("grpo")   # a registered name, or "my_pkg.module:function"
+    # Ridgeline extension: modules (dotted names or .py files) imported before the names above are
+    # looked up, so the estimators and losses they register (@register_advantage_estimator /
+    # @register_policy_loss, SkyRL's custom main file) can be named; every policy rank imports them too.
+    algorithm_modules: List[str] = setting([])
     grpo_norm_by_std: bool = setting(True)
     use_kl_estimator_k3: bool = setting(True)
     use_abs_kl: bool = setting(False)
     kl_estimator_type: Optional[str] = setting(None, choices=(None, "k1", "k2", "k3", "abs"))
     use_kl_in_reward: bool = setting(False)
+    # Ridgeline extension (SkyRL's on_policy_distillation example trainer): with use_kl_in_reward the
+    # reward is the KL term alone, r_t = -kl_loss_coef * (log pi_old(y_t) - log pi_ref(y_t)), the
+    # environment's reward is dropped, and trainer.ref.model.path is the teacher.
+    on_policy_distillation: bool = setting(False)
     use_kl_loss: bool = setting(True)
     kl_loss_coef: float = setting(0.001)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -150,10 +158,39 @@ class AlgorithmConfig(Section):
                     report.add(f"{at}.kl_ctrl.{name}={show(value)} must be greater than 0 for the adaptive KL "
                                f"controller. Fix: e.g. {at}.kl_ctrl.{name}={show(getattr(KLControlConfig(), name))}.")
         self.dynamic_sampling.check(f"{at}.dynamic_sampling", report)
+        if self.on_policy_distillation:
+            self._distillation(at, report)
         if self.overlong_buffer_penalty_factor < 0:
             report.add(f"{at}.overlong_buffer_penalty_factor={show(self.overlong_buffer_penalty_factor)} must not be "
                        f"negative (it is the reward lost at full length). Fix: {at}.overlong_buffer_penalty_factor=1.0.")
         self._loss_settings(at, report)
+
+    def _distillation(self, at: str, report: Report) -> None:
+        """on_policy_distillation: the teacher's KL enters as the reward, k1, with a fixed coefficient
+        (trainer.ref.model.path, the teacher, is checked by the trainer section)."""
+        from ridgeline.algorithms import resolve_kl_estimator
+
+        key, preset = f"{at}.on_policy_distillation=true", "+experiment=on_policy_distillation"
+        if not self.use_kl_in_reward:
+            report.add(f"{key} makes the KL to the teacher the reward, but {at}.use_kl_in_reward=false leaves the KL "
+                       f"out of the reward. Fix: {at}.use_kl_in_reward=true {at}.use_kl_loss=false (or {preset}).")
+        try:
+            estimator = resolve_kl_estimator(self.kl_estimator_type, self.use_kl_estimator_k3, self.use_abs_kl)
+        except Exception:  # an unknown name is reported by its own key's choices
+            estimator = "k1"
+        if estimator != "k1":
+            report.add(f"{key} rewards each token with -(log pi_old - log pi_teacher), the k1 estimate, whose policy "
+                       f"gradient is the reverse KL's; the KL estimator here is {estimator} "
+                       f"({at}.kl_estimator_type={show(self.kl_estimator_type)}, use_kl_estimator_k3="
+                       f"{show(self.use_kl_estimator_k3)}, use_abs_kl={show(self.use_abs_kl)}). "
+                       f"Fix: {at}.kl_estimator_type=k1.")
+        if self.kl_ctrl.type == "adaptive":
+            report.add(f"{key} with {at}.kl_ctrl.type=adaptive: the KL is the whole reward, so steering its "
+                       f"coefficient towards a target KL only rescales the reward. Fix: {at}.kl_ctrl.type=fixed "
+                       f"(the coefficient is {at}.kl_loss_coef, 1.0 in SkyRL's example).")
+        if self.kl_loss_coef <= 0:
+            report.add(f"{key} with {at}.kl_loss_coef={show(self.kl_loss_coef)}: the reward is -kl_loss_coef * KL, so "
+                       f"it would be 0. Fix: {at}.kl_loss_coef=1.0 (SkyRL's example).")
 
     def _loss_settings(self, at: str, report: Report) -> None:
         loss, defaults = self.loss_name, AlgorithmConfig()
@@ -168,30 +205,48 @@ class AlgorithmConfig(Section):
                        f"for clipping. Fix: e.g. {at}.clip_cov.clip_cov_lb=1.0 {at}.clip_cov.clip_cov_ub=5.0.")
 
     def _registered(self, at: str, report: Report) -> None:
-        from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+        from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PolicyLoss, load_algorithm_modules
 
-        names = [("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS, "ADVANTAGE_ESTIMATORS"),
-                 ("ppo_loss_type", self.ppo_loss_type, POLICY_LOSSES, "POLICY_LOSSES")]
+        for module in self.algorithm_modules:
+            try:
+                load_algorithm_modules([module])
+            except Exception as exc:  # the user's module: any failure is a config problem
+                report.add(f"{at}.algorithm_modules lists {module!r}, which could not be imported "
+                           f"({type(exc).__name__}: {exc}). Fix: a dotted module on the Python path or a path to a "
+                           ".py file.")
+                return  # the names it would have registered are not there: no second problem for them
+        names = [("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS, "@register_advantage_estimator"),
+                 ("ppo_loss_type", self.ppo_loss_type, POLICY_LOSSES, "@register_policy_loss")]
         if self.policy_loss_type is not None:
-            names.append(("policy_loss_type", self.policy_loss_type, POLICY_LOSSES, "POLICY_LOSSES"))
-        for name, value, registry, attr in names:
+            names.append(("policy_loss_type", self.policy_loss_type, POLICY_LOSSES, "@register_policy_loss"))
+        for name, value, registry, decorator in names:
             key = f"{at}.{name}"
-            if value in registry:
-                continue
-            if ":" in value:
+            if value not in registry and ":" in value:
                 try:
                     registry.import_path(value)
                 except Exception as exc:  # the user's module: any failure is a config problem
                     report.add(f"{key}={value} could not be imported ({type(exc).__name__}: {exc}). Fix: name a "
                                "function as 'my_pkg.my_module:my_function' on the Python path (PYTHONPATH or an "
                                "installed package).")
+                    continue
+            elif value not in registry:
+                built = registry.names()
+                close = difflib.get_close_matches(value, built, n=1, cutoff=0.6)
+                hint = f" Did you mean {close[0]}?" if close else ""
+                where = (f"none of {at}.algorithm_modules={show(self.algorithm_modules)} registers it" if
+                         self.algorithm_modules else f"{at}.algorithm_modules names no module of yours")
+                report.add(f"{key}={value} is not a registered {registry.kind}.{hint} Registered: {one_of(built)}; "
+                           f"{where}. Fix: register it in your own module with {decorator}(\"{value}\") from "
+                           f"ridgeline.algorithms (SkyRL's custom main file) and add that module, e.g. "
+                           f"{at}.algorithm_modules=[my_algorithms.py]; or name the function itself, "
+                           f"{key}=my_pkg.my_module:my_function.")
                 continue
-            built = registry.names()
-            close = difflib.get_close_matches(value, built, n=1, cutoff=0.6)
-            hint = f" Did you mean {close[0]}?" if close else ""
-            report.add(f"{key}={value} is not a registered {registry.kind}.{hint} Registered: {one_of(built)}. Fix: "
-                       f"pick one of those, or register your own in ridgeline.algorithms.{attr} before the config is "
-                       "loaded.")
+            if registry is POLICY_LOSSES and value == self.loss_name:
+                try:
+                    PolicyLoss.bind(value)
+                except TypeError as exc:
+                    report.add(f"{key}={value}: {exc}. Fix: give the loss Ridgeline's or SkyRL's signature "
+                               "(docs/algorithms.md).")
 
 
 def _dotted(section: object, name: str) -> float:

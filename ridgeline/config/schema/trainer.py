@@ -426,6 +426,15 @@ class TrainerConfig(Section):
             report.add(f"{at}.update_ref_every_epoch=true refreshes the reference model, but no KL option uses one "
                        f"({a}.use_kl_loss and use_kl_in_reward are both off). Fix: {a}.use_kl_loss=true, or "
                        f"{at}.update_ref_every_epoch=false.")
+        if self.algorithm.on_policy_distillation:
+            key = f"{a}.on_policy_distillation=true"
+            if self.ref.model.path == self.policy.model.path:
+                report.add(f"{key} rewards the policy for agreeing with the teacher, {at}.ref.model.path, which is the "
+                           f"policy's own model ({self.policy.model.path}): the student would learn to stay where it "
+                           f"starts. Fix: {at}.ref.model.path=<the teacher: a model with the policy's tokenizer>.")
+            if self.update_ref_every_epoch:
+                report.add(f"{key} with {at}.update_ref_every_epoch=true would replace the teacher by the student "
+                           f"after every epoch. Fix: {at}.update_ref_every_epoch=false.")
 
     def _lora(self, at: str, report: Report) -> None:
         lora, rank = f"{at}.policy.model.lora", self.policy.model.lora.rank
