@@ -255,6 +255,13 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.policy.model.lora.exclude_modules", None),
     ("trainer.policy.model.lora.init_method", "kaiming"),
     ("trainer.policy.model.lora.lora_sync_path", "/tmp/skyrl_lora_sync"),
+    # LoRA on the critic's backbone (SkyRL 0.3.1's keys: the policy's but lora_sync_path; docs/lora.md)
+    ("trainer.critic.model.lora.rank", 0),
+    ("trainer.critic.model.lora.alpha", 16.0),
+    ("trainer.critic.model.lora.dropout", 0.0),
+    ("trainer.critic.model.lora.target_modules", "all-linear"),
+    ("trainer.critic.model.lora.exclude_modules", None),
+    ("trainer.critic.model.lora.init_method", "kaiming"),
 ]
 
 

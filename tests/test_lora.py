@@ -23,7 +23,7 @@ from ridgeline.distributed.weight_sync import (StaleWeightsError, check_probe, p
                                                probe_tolerance)
 from ridgeline.models.forward import activation_checkpointing_on
 from ridgeline.models.loading import ModelSpec, load_model
-from ridgeline.models.lora import LoraSettings, merged_state_dict, wrap
+from ridgeline.models.lora import LoraSettings, adapter_layout, wrap
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.trainer import Trainer
 from ridgeline.training.build import load_training_model
@@ -34,6 +34,9 @@ from ridgeline.training.worker import batch_logprobs
 from ridgeline.training.parallel import SingleProcess
 
 LORA = "trainer.policy.model.lora"
+CRITIC_LORA = "trainer.critic.model.lora"
+WITH_CRITIC = ["trainer.critic.model.path=tiny://llama", "trainer.algorithm.advantage_estimator=gae",
+               "trainer.critic_mini_batch_size=8"]   # PPO on the tiny preset
 
 
 def tiny(out, *extra):
@@ -80,6 +83,11 @@ def probe_batch(tokenizer):
                                 None, tokenizer.pad_token_id)
 
 
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """The merged weights of a LoRA model under the plain model's names (tied names included)."""
+    return dict(adapter_layout(model).merged(model.state_dict()))
+
+
 def lora_tensors(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
@@ -91,10 +99,13 @@ def lora_tensors(model) -> dict[str, torch.Tensor]:
     ([f"{LORA}.dropout=1.0"], f"{LORA}.dropout"),
     ([f"{LORA}.dropout=-0.1"], f"{LORA}.dropout"),
     ([f"{LORA}.target_modules=[]"], f"{LORA}.target_modules"),
-    ([f"{LORA}.rank=8", "trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=1",
-      "trainer.placement.ref_num_gpus_per_node=1", "trainer.micro_train_batch_size_per_gpu=16"], f"{LORA}.rank"),
     ([f"{LORA}.rank=8", "trainer.update_ref_every_epoch=true"], "trainer.update_ref_every_epoch"),
-    (["+trainer.critic.model.lora.rank=8"], "trainer.critic.model.lora"),
+    (["+trainer.ref.model.lora.rank=8"], "trainer.ref.model.lora"),
+    # the critic's keys are the policy's, with the same rules, and need a critic
+    ([f"{CRITIC_LORA}.alpha=-1", *WITH_CRITIC], f"{CRITIC_LORA}.alpha"),
+    ([f"{CRITIC_LORA}.init_method=pissa", *WITH_CRITIC], f"{CRITIC_LORA}.init_method"),
+    ([f"{CRITIC_LORA}.rank=8"], f"{CRITIC_LORA}.rank"),
+    ([f"+{CRITIC_LORA}.lora_sync_path=/tmp/x", *WITH_CRITIC], f"{CRITIC_LORA}.lora_sync_path"),  # the policy's key only
 ])
 def test_bad_lora_settings_are_config_errors_naming_the_key_and_the_fix(overrides, key):
     with pytest.raises(ConfigError) as err:
