@@ -205,3 +205,71 @@ def test_adapter_checkpoints_from_the_ranks_load_back_exactly(runs):
     assert not any("lora_" in n for n, _ in exported.named_parameters())
     assert torch.allclose(CriticWorker(exported, critic.config, critic.optimizer, critic.scheduler)
                           .compute_values(batch), ranks[0]["values"], atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ on Ray
+# PPO on the tiny preset with LoRA on the policy (rank 8) and the critic (rank 4) and a KL loss
+# (its reference: the policy's base); a decaying schedule, so the ranks must get the run's length
+PPO_LORA = ["+experiment=tiny", "data.prepare.num_train=32", "trainer.logger=jsonl", "trainer.eval_before_train=false",
+            "trainer.algorithm.advantage_estimator=gae", "trainer.critic.model.path=tiny://llama",
+            "trainer.critic_mini_batch_size=8", "trainer.micro_train_batch_size_per_gpu=16",
+            "trainer.policy.model.lora.rank=8", "trainer.critic.model.lora.rank=4",
+            "trainer.critic.model.lora.alpha=8", "trainer.policy.optimizer_config.scheduler=linear"]
+# 2 policy ranks (serving the reference too), 2 critic ranks, one engine of its own
+RAY = ["trainer.strategy=fsdp2", "trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2",
+       "trainer.placement.ref_num_gpus_per_node=2", "trainer.placement.critic_num_gpus_per_node=2"]
+COMPARED = ("reward/avg_raw_reward", "policy/policy_loss", "policy/policy_kl", "policy/raw_grad_norm",
+            "policy/policy_entropy", "policy/policy_lr", "critic/value_loss", "critic/values_mean",
+            "critic/raw_grad_norm", "loss/avg_raw_advantages", "generate/avg_num_tokens")
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "policy/policy_loss" in r]
+
+
+@pytest.fixture(scope="module")
+def ray_runs(tmp_path_factory):
+    from ridgeline.entrypoints.run import run_training
+    single, multi = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ray")
+    from ridgeline.distributed.ray_workers import placement_plan
+    assert set(placement_plan(load_config(PPO_LORA + RAY)).ranks) == {"policy", "critic"}  # no reference ranks
+    run_training(load_config(PPO_LORA + [f"trainer.export_path={single}"]))
+    summary = run_training(load_config(PPO_LORA + RAY + [f"trainer.export_path={multi}", "trainer.ckpt_interval=1"]))
+    return _rows(single / "tiny"), multi / "tiny", summary
+
+
+def test_a_ray_ppo_run_with_lora_reproduces_the_one_process_run(ray_runs):
+    single, run_dir, summary = ray_runs
+    multi = _rows(run_dir)
+    assert summary["steps"] == 2 and len(single) == len(multi) == 2
+    for a, b in zip(single, multi):
+        for key in COMPARED:
+            assert b[key] == pytest.approx(a[key], abs=1e-5), key
+        assert b["weight_sync/probe_abs_diff"] <= 1e-5  # the engine runs the merged weights (fp32)
+    assert multi[1]["policy/policy_kl"] > 0  # the reference (the base, adapters off) stayed behind
+    # checkpoints hold the adapters (and the critic's head), exports the merged models
+    ckpt = run_dir / "ckpts" / "global_step_2"
+    assert {p.name for p in (ckpt / "policy").glob("*.safetensors")} == {"adapter_model.safetensors"}
+    assert {p.name for p in (ckpt / "critic").glob("*.safetensors")} == {"adapter_model.safetensors",
+                                                                         "value_head.safetensors"}
+    fingerprint = json.loads((ckpt / "fingerprint.json").read_text())
+    assert fingerprint["trainer.critic.model.lora"] == {"rank": 4, "alpha": 8.0, "target_modules": "all-linear"}
+    from transformers import AutoModelForCausalLM
+    policy = AutoModelForCausalLM.from_pretrained(run_dir / "final_model")
+    plain = build_tiny_model("llama", build_char_tokenizer(), seed=42)
+    moved = {n for n, t in policy.state_dict().items() if not torch.equal(t, plain.state_dict()[n])}
+    assert moved == {n for n in plain.state_dict() if n.endswith("proj.weight")}
+    critic = load_value_model(ModelSpec(str(run_dir / "final_critic")), torch.float32)
+    assert not any("lora_" in n for n, _ in critic.named_parameters())
+
+
+def test_a_ray_lora_run_resumes_exactly_from_its_sharded_checkpoint(ray_runs, tmp_path):
+    from ridgeline.entrypoints.run import run_training
+    _, run_dir, _ = ray_runs
+    run_training(load_config(PPO_LORA + RAY + [f"trainer.export_path={tmp_path}", "trainer.resume_mode=from_path",
+                                               f"trainer.resume_path={run_dir / 'ckpts' / 'global_step_1'}"]))
+    resumed, expected = _rows(tmp_path / "tiny"), _rows(run_dir)
+    assert [r["step"] for r in resumed] == [2]
+    for key in COMPARED + ("policy/final_loss", "critic/critic_loss"):
+        assert resumed[0][key] == pytest.approx(expected[1][key], abs=1e-6), key
