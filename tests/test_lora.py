@@ -131,6 +131,31 @@ def test_adapting_a_tied_output_head_is_refused(tiny_model):
         wrap(tiny_model, LoraSettings(rank=4, target_modules=("q_proj", "lm_head")), seed=0)
 
 
+def test_merged_weights_are_peft_merge_bit_for_bit_for_linear_and_embedding_adapters(tiny_tokenizer):
+    """`AdapterLayout.merged` (the weights engines and exports get, also from gathered shards) on an
+    untied model whose embeddings, output head and q_proj carry adapters."""
+    from ridgeline.models.architectures import seeded_model
+    from ridgeline.models.tiny import tiny_config
+
+    config = tiny_config("llama", tiny_tokenizer)
+    config.tie_word_embeddings = False
+    model = wrap(seeded_model(config, 0), LoraSettings(rank=4, alpha=4.0, target_modules=("embed_tokens", "lm_head",
+                                                                                           "q_proj")), seed=0)
+    with torch.no_grad():  # B A = 0 would make the comparison trivial
+        gen = torch.Generator().manual_seed(3)
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    merged = merged_state_dict(model)
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert merged.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(merged[name], tensor), name
+    moved = {n for n, t in merged.items() if not torch.equal(t, seeded_model(config, 0).state_dict()[n])}
+    assert moved == {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight",
+                     "model.layers.1.self_attn.q_proj.weight"}
+
+
 # ------------------------------------------------------------------------------------ training
 def test_only_the_adapters_train_and_the_base_weights_stay_bit_identical(run):
     model = run.workers.policy.model

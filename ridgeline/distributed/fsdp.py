@@ -18,6 +18,13 @@ Gradient clipping. `torch.nn.utils.clip_grad_norm_` on FSDP2's DTensor gradients
 GLOBAL norm (the per-shard norms are reduced across the mesh), so clipping and the reported
 `policy/raw_grad_norm` match the single-process run.
 
+LoRA. A LoRA model (the policy's PeftModel, a critic with an adapted backbone) is wrapped before
+sharding and sharded as any other: FSDP2 holds frozen base weights and trainable adapters side by
+side in one parameter group per layer, all-gathers both for the forward and reduce-scatters
+gradients only for the adapters (and a critic's value head), which are all the optimizer holds.
+Checkpoints gather only those (`trainable_state_dict`); the engines' merged weights are computed
+from the gathered full state (ridgeline.models.lora.AdapterLayout).
+
 Hybrid sharding. `fsdp_size` < world size builds a 2-D mesh (replicate = world / fsdp_size,
 shard = fsdp_size): parameters are sharded within groups of `fsdp_size` consecutive ranks and
 replicated across groups (HSDP: reduce-scatter inside a group, all-reduce across groups). With the

@@ -5,6 +5,7 @@ trainer loop uses in place of the one-process workers (same methods, so the loop
     driver (Trainer)                       Ray actors
     RayPolicyGroup.train(batch)   ──rows──▶ TrainingRank x N (policy)  ─┐ torch.distributed
     RayRefGroup.compute_logprobs  ──rows──▶ TrainingRank x N (ref)      │ (gloo / nccl): FSDP2
+      (a LoRA policy's reference: RayBaseModelRefGroup, on the policy ranks, adapters off)
     RayEngineGroup.generate(reqs) ─reqs──▶ EngineRank x E (hf engine)  │
     RayWeightSync.sync(step)      policy rank 0 ══weight-sync group══▶ every engine (+ probe)
     RayIPCWeightSync.sync(step)   policy rank r ══CUDA IPC buckets══▶ engine r on its GPU (+ probe)

@@ -9,7 +9,8 @@ to go on as if it had never stopped (docs/checkpointing.md):
                         tokenizer files; with LoRA the adapters instead of the weights
                         (adapter_model.safetensors, adapter_config.json) and the tokenizer files
     policy_optim.pt     AdamW state + learning-rate schedule state
-    critic/             the value model (backbone + value_head.safetensors) and the tokenizer, if any
+    critic/             the value model (backbone + value_head.safetensors) and the tokenizer, if any;
+                        with LoRA on the critic its backbone's adapters instead of the backbone
     critic_optim.pt     the critic's AdamW + schedule state, if any
     ref/                the reference model, only once `update_ref_every_epoch` replaced it
     trainer_state.json  global step, data position, run id, KL controller, running reward std,

@@ -179,9 +179,10 @@ def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None 
                      parallel: DataParallel | None = None) -> RefWorker | None:
     """The reference model (`trainer.ref.model.path`, the policy's by default) when a KL option
     needs one. It only runs forward passes, so it is loaded in the training compute dtype. With LoRA
-    and the policy's own model as reference, the reference is the frozen base the policy wraps:
-    `policy`'s model with its adapters switched off, no second copy loaded; another reference model
-    (or other config overrides) is loaded on its own."""
+    and the policy's own model as reference (`ref_is_policy_base`), the reference is the frozen base
+    the policy wraps: `policy`'s model with its adapters switched off (on its ranks, in `parallel`,
+    under FSDP2), no second copy loaded; another reference model (or other config overrides) is
+    loaded on its own."""
     if not needs_ref(cfg):
         return None
     t = cfg.trainer

@@ -332,7 +332,8 @@ class BaseModelRefWorker(RefWorker):
     """The reference of a LoRA policy: the policy's own model with its adapters switched off,
     which is the frozen base model it started from. No second copy of the weights exists, and the
     logprobs are those of the base model loaded alone (bit for bit in fp32: a disabled LoRA layer
-    runs its base layer only)."""
+    runs its base layer only). On FSDP2 every policy rank holds one over its shard of the policy
+    (`ridgeline.distributed.ray_workers.RayBaseModelRefGroup`)."""
 
     def __init__(self, policy: "PolicyWorker", micro_forward_batch_size: int, temperature: float,
                  autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN):
