@@ -261,6 +261,13 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     # SkyRL 0.3.1's fully asynchronous trainer's knobs (accepted at their defaults; docs/config.md)
     ("trainer.fully_async.max_staleness_steps", 4),
     ("trainer.fully_async.num_parallel_generation_workers", 768),
+    # LoRA on the critic's backbone (SkyRL 0.3.1's keys: the policy's but lora_sync_path; docs/lora.md)
+    ("trainer.critic.model.lora.rank", 0),
+    ("trainer.critic.model.lora.alpha", 16.0),
+    ("trainer.critic.model.lora.dropout", 0.0),
+    ("trainer.critic.model.lora.target_modules", "all-linear"),
+    ("trainer.critic.model.lora.exclude_modules", None),
+    ("trainer.critic.model.lora.init_method", "kaiming"),
 ]
 
 

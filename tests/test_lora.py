@@ -23,17 +23,22 @@ from ridgeline.distributed.weight_sync import (StaleWeightsError, check_probe, p
                                                probe_tolerance)
 from ridgeline.models.forward import activation_checkpointing_on
 from ridgeline.models.loading import ModelSpec, load_model
-from ridgeline.models.lora import LoraSettings, merged_state_dict, wrap
+from ridgeline.models.lora import LoraSettings, adapter_layout, wrap
+from ridgeline.models.value_model import load_value_model
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.trainer import Trainer
 from ridgeline.training.build import load_training_model
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.build import build_policy_worker
+from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.logprobs import response_logprobs
 from ridgeline.training.worker import batch_logprobs
 from ridgeline.training.parallel import SingleProcess
 
 LORA = "trainer.policy.model.lora"
+CRITIC_LORA = "trainer.critic.model.lora"
+WITH_CRITIC = ["trainer.critic.model.path=tiny://llama", "trainer.algorithm.advantage_estimator=gae",
+               "trainer.critic_mini_batch_size=8"]   # PPO on the tiny preset
 
 
 def tiny(out, *extra):
@@ -80,6 +85,11 @@ def probe_batch(tokenizer):
                                 None, tokenizer.pad_token_id)
 
 
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """The merged weights of a LoRA model under the plain model's names (tied names included)."""
+    return dict(adapter_layout(model).merged(model.state_dict()))
+
+
 def lora_tensors(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
@@ -91,10 +101,13 @@ def lora_tensors(model) -> dict[str, torch.Tensor]:
     ([f"{LORA}.dropout=1.0"], f"{LORA}.dropout"),
     ([f"{LORA}.dropout=-0.1"], f"{LORA}.dropout"),
     ([f"{LORA}.target_modules=[]"], f"{LORA}.target_modules"),
-    ([f"{LORA}.rank=8", "trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=1",
-      "trainer.placement.ref_num_gpus_per_node=1", "trainer.micro_train_batch_size_per_gpu=16"], f"{LORA}.rank"),
     ([f"{LORA}.rank=8", "trainer.update_ref_every_epoch=true"], "trainer.update_ref_every_epoch"),
-    (["+trainer.critic.model.lora.rank=8"], "trainer.critic.model.lora"),
+    (["+trainer.ref.model.lora.rank=8"], "trainer.ref.model.lora"),
+    # the critic's keys are the policy's, with the same rules, and need a critic
+    ([f"{CRITIC_LORA}.alpha=-1", *WITH_CRITIC], f"{CRITIC_LORA}.alpha"),
+    ([f"{CRITIC_LORA}.init_method=pissa", *WITH_CRITIC], f"{CRITIC_LORA}.init_method"),
+    ([f"{CRITIC_LORA}.rank=8"], f"{CRITIC_LORA}.rank"),
+    ([f"+{CRITIC_LORA}.lora_sync_path=/tmp/x", *WITH_CRITIC], f"{CRITIC_LORA}.lora_sync_path"),  # the policy's key only
 ])
 def test_bad_lora_settings_are_config_errors_naming_the_key_and_the_fix(overrides, key):
     with pytest.raises(ConfigError) as err:
@@ -116,6 +129,31 @@ def test_adapting_a_tied_output_head_is_refused(tiny_model):
     with pytest.raises(ValueError, match=r"adapts lm_head, whose weight is tied to \['model.embed_tokens.weight'\]"), \
             pytest.warns(UserWarning, match="tie_word_embeddings=True"):  # peft only warns
         wrap(tiny_model, LoraSettings(rank=4, target_modules=("q_proj", "lm_head")), seed=0)
+
+
+def test_merged_weights_are_peft_merge_bit_for_bit_for_linear_and_embedding_adapters(tiny_tokenizer):
+    """`AdapterLayout.merged` (the weights engines and exports get, also from gathered shards) on an
+    untied model whose embeddings, output head and q_proj carry adapters."""
+    from ridgeline.models.architectures import seeded_model
+    from ridgeline.models.tiny import tiny_config
+
+    config = tiny_config("llama", tiny_tokenizer)
+    config.tie_word_embeddings = False
+    model = wrap(seeded_model(config, 0), LoraSettings(rank=4, alpha=4.0, target_modules=("embed_tokens", "lm_head",
+                                                                                           "q_proj")), seed=0)
+    with torch.no_grad():  # B A = 0 would make the comparison trivial
+        gen = torch.Generator().manual_seed(3)
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    merged = merged_state_dict(model)
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert merged.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(merged[name], tensor), name
+    moved = {n for n, t in merged.items() if not torch.equal(t, seeded_model(config, 0).state_dict()[n])}
+    assert moved == {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight",
+                     "model.layers.1.self_attn.q_proj.weight"}
 
 
 # ------------------------------------------------------------------------------------ training
@@ -307,3 +345,77 @@ def test_ridgeline_train_with_lora_learns_through_the_adapters(tmp_path):
     fresh = load_model(ModelSpec("tiny://llama", seed=42), torch.float32).state_dict()
     moved = {n for n, t in final.state_dict().items() if not torch.equal(t, fresh[n])}
     assert moved == {n for n in fresh if n.endswith("proj.weight")}  # all-linear: q k v o gate up down
+
+
+# ------------------------------------------------------------------------------------ the critic
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    """PPO on the tiny preset with a full fine-tuned policy and a LoRA critic (rank 4, alpha 8),
+    two steps, a checkpoint after each."""
+    out = tmp_path_factory.mktemp("lora_critic")
+    trainer = Trainer.from_config(critic_lora(out, "trainer.ckpt_interval=1"))
+    trainer.train()
+    return trainer
+
+
+def critic_lora(out, *extra):
+    return load_config(["+experiment=tiny", f"trainer.export_path={out}", "data.prepare.num_train=32",
+                        "data.prepare.num_val=4", "trainer.eval_before_train=false", "trainer.logger=jsonl",
+                        *WITH_CRITIC, f"{CRITIC_LORA}.rank=4", f"{CRITIC_LORA}.alpha=8", *extra])
+
+
+def test_the_critic_trains_its_adapters_and_its_whole_value_head(ppo_run):
+    critic = ppo_run.workers.critic
+    trainable = {n for n, p in critic.model.named_parameters() if p.requires_grad}
+    assert {n for n in trainable if "lora_" not in n} == {"value_head.weight", "value_head.bias"}
+    assert len(trainable) == 30 and all(n.startswith("backbone.base_model.model.layers.") for n in trainable
+                                        if "lora_" in n)  # all-linear: 7 x 2 layers x (A, B) on the backbone
+    optimized = {id(p) for g in critic.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(p) for n, p in critic.model.named_parameters() if n in trainable}
+    assert all(p.dtype == torch.float32 for n, p in critic.model.named_parameters() if n in trainable)
+    fresh = load_value_model(ModelSpec("tiny://llama", seed=ppo_run.cfg.trainer.seed), torch.float32, ppo_run.tokenizer)
+    frozen = {critic.adapters.plain_name(n): p for n, p in critic.model.named_parameters() if n not in trainable}
+    assert set(frozen) == {n for n, _ in fresh.backbone.named_parameters(prefix="backbone")}
+    assert all(torch.equal(p, fresh.state_dict()[n]) for n, p in frozen.items())  # the base never moved
+    assert not torch.equal(critic.model.head.weight, fresh.head.weight)  # the head did, as a whole layer
+    assert ppo_run.workers.policy.adapters is None  # the policy trains in full beside it
+    rows = [r for r in ppo_run.history if "critic/value_loss" in r]
+    assert len(rows) == 2 and all(r["critic/raw_grad_norm"] > 0 and r["critic/skipped_steps"] == 0 for r in rows)
+
+
+def test_a_lora_critic_checkpoint_holds_adapters_and_head_and_resumes_exactly(ppo_run, tmp_path):
+    folder = ppo_run.checkpointer.last
+    critic = folder / "critic"
+    assert {p.name for p in critic.glob("*.safetensors")} == {"adapter_model.safetensors", "value_head.safetensors"}
+    config = json.loads((critic / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["task_type"]) == (4, 8.0, None)
+    assert json.loads((folder / "fingerprint.json").read_text())[CRITIC_LORA] == {
+        "rank": 4, "alpha": 8.0, "target_modules": "all-linear"}
+    resumed = Trainer.from_config(critic_lora(tmp_path, "trainer.resume_mode=from_path",
+                                              f"trainer.resume_path={folder.parent / 'global_step_1'}"))
+    resumed.train()
+    for a, b in ((ppo_run.workers.critic.model, resumed.workers.critic.model),
+                 (ppo_run.workers.policy.model, resumed.workers.policy.model)):
+        for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(p, q), name
+
+    def step_2(trainer) -> dict:
+        row = next(r for r in trainer.history if r["step"] == 2 and "critic/value_loss" in r)
+        return {k: v for k, v in row.items() if k.startswith(("critic/", "policy/"))}
+    assert step_2(resumed) == step_2(ppo_run)
+    with pytest.raises(checkpoint.CheckpointError, match=r"trainer.critic.model.lora: .*'rank': 4.* -> .*'rank': 2"):
+        Trainer.from_config(critic_lora(tmp_path / "other", f"{CRITIC_LORA}.rank=2", "trainer.resume_mode=from_path",
+                                        f"trainer.resume_path={folder}"))
+
+
+def test_a_lora_critic_exports_as_a_merged_value_model(ppo_run, tmp_path):
+    batch = probe_batch(ppo_run.tokenizer)
+    want = ppo_run.workers.critic.compute_values(batch)
+    checkpoint.export_checkpoint(ppo_run.checkpointer.last, tmp_path / "out")  # `ridgeline export`
+    for folder in (ppo_run.run_dir / "final_critic", tmp_path / "out" / "critic"):
+        assert not list(folder.glob("adapter_*")), folder
+        exported = load_value_model(ModelSpec(str(folder)), torch.float32)
+        assert not any("lora_" in n for n, _ in exported.named_parameters())
+        got = CriticWorker(exported, ppo_run.workers.critic.config, ppo_run.workers.critic.optimizer,
+                           ppo_run.workers.critic.scheduler).compute_values(batch)
+        assert torch.allclose(got, want, atol=1e-5), (folder, float((got - want).abs().max()))

@@ -56,10 +56,8 @@ EXPECTED: dict[str, tuple[str, ...] | None] = {
     "livecodebench/run_lcb.sh": ("trainer.policy_mini_batch_size=4 x generator.n_samples_per_prompt=5 = 20 samples per "
                                  "optimizer step cannot be split evenly over 8 data-parallel ranks",),
     "llm_as_a_judge/run_llm_judge.sh": None,
-    "lora/run_qwen2_5_0.5b_gsm8k_grpo_lora.sh": ("trainer.policy.model.lora.rank=32 with trainer.strategy=fsdp2",),
-    "lora/run_qwen2_5_0.5b_gsm8k_ppo_lora.sh": ("trainer.critic.model.lora.rank=32 is not a Ridgeline config key",
-                                                "trainer.critic.model.lora.alpha=32 is not a Ridgeline config key",
-                                                "trainer.policy.model.lora.rank=32 with trainer.strategy=fsdp2"),
+    "lora/run_qwen2_5_0.5b_gsm8k_grpo_lora.sh": None,   # LoRA under FSDP2
+    "lora/run_qwen2_5_0.5b_gsm8k_ppo_lora.sh": None,    # and on the critic
     "megatron/run_fsdp_baseline.sh": None,
     "megatron/run_megatron.sh": MEGATRON,
     "megatron/run_megatron_dapo_qwen3_4b.sh": MEGATRON,

@@ -143,11 +143,9 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
 
 
 def _unknown_key(key: str, value: Any) -> str:
-    if key.startswith(("trainer.critic.model.lora", "trainer.ref.model.lora")):
-        role = key.split(".")[1]
-        return (f"{key}={show(value)}: LoRA is built for the policy only (trainer.policy.model.lora.*); the {role} "
-                f"{'trains all its weights' if role == 'critic' else 'is the frozen base of a LoRA policy'}. "
-                "Fix: remove it.")
+    if key.startswith("trainer.ref.model.lora"):
+        return (f"{key}={show(value)}: the reference model has no adapters: it is frozen, and with "
+                "trainer.policy.model.lora.rank > 0 it is the LoRA policy's base model. Fix: remove it.")
     guess = suggest_key(key)
     if guess:
         fix = (f"did you mean {guess}? Fix: rename it, e.g. {guess}={show(value)}"

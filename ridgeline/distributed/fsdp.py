@@ -18,6 +18,13 @@ Gradient clipping. `torch.nn.utils.clip_grad_norm_` on FSDP2's DTensor gradients
 GLOBAL norm (the per-shard norms are reduced across the mesh), so clipping and the reported
 `policy/raw_grad_norm` match the single-process run.
 
+LoRA. A LoRA model (the policy's PeftModel, a critic with an adapted backbone) is wrapped before
+sharding and sharded as any other: FSDP2 holds frozen base weights and trainable adapters side by
+side in one parameter group per layer, all-gathers both for the forward and reduce-scatters
+gradients only for the adapters (and a critic's value head), which are all the optimizer holds.
+Checkpoints gather only those (`trainable_state_dict`); the engines' merged weights are computed
+from the gathered full state (ridgeline.models.lora.AdapterLayout).
+
 Hybrid sharding. `fsdp_size` < world size builds a 2-D mesh (replicate = world / fsdp_size,
 shard = fsdp_size): parameters are sharded within groups of `fsdp_size` consecutive ranks and
 replicated across groups (HSDP: reduce-scatter inside a group, all-reduce across groups). With the
@@ -40,12 +47,15 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
                                     register_fsdp_forward_method)
 
 from ridgeline.models.device import resolve_device
+from ridgeline.models.lora import plain
+from ridgeline.training.parallel import check_trainable_names
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks to shard one by one: `model.model.layers` for Llama-like HF
-    models, else every module whose class name ends with "DecoderLayer"."""
-    inner = getattr(model, "model", None)
+    models (under a LoRA policy's PeftModel too), else every module whose class name ends with
+    "DecoderLayer" (the critic's)."""
+    inner = getattr(plain(model), "model", None)
     layers = getattr(inner, "layers", None)
     if isinstance(layers, nn.ModuleList) and len(layers) > 0:
         return list(layers)
@@ -194,6 +204,16 @@ class FSDPGroup:
         missing = set(model.state_dict()) - set(state)
         if missing - _tied_names(model):
             raise ValueError(f"missing {sorted(missing)[:5]}")
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+    def trainable_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        # DCP's ignore_frozen_params still returns a frozen weight tied to another (a tied LM head)
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return {k: v for k, v in get_model_state_dict(model, options=options).items() if k in trainable}
+
+    def load_trainable_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        check_trainable_names(model, state)
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
     def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -5,6 +5,7 @@ trainer loop uses in place of the one-process workers (same methods, so the loop
     driver (Trainer)                       Ray actors
     RayPolicyGroup.train(batch)   ──rows──▶ TrainingRank x N (policy)  ─┐ torch.distributed
     RayRefGroup.compute_logprobs  ──rows──▶ TrainingRank x N (ref)      │ (gloo / nccl): FSDP2
+      (a LoRA policy's reference: RayBaseModelRefGroup, on the policy ranks, adapters off)
     RayEngineGroup.generate(reqs) ─reqs──▶ EngineRank x E (hf engine)  │
     RayWeightSync.sync(step)      policy rank 0 ══weight-sync group══▶ every engine (+ probe)
     RayIPCWeightSync.sync(step)   policy rank r ══CUDA IPC buckets══▶ engine r on its GPU (+ probe)
@@ -45,8 +46,8 @@ from ridgeline.models.loading import DTYPES, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import TrainingBatch, rank_rows
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
-                                     policy_train_config, seed_everything, training_autocast_dtype,
-                                     training_precision)
+                                     policy_train_config, ref_is_policy_base, seed_everything,
+                                     training_autocast_dtype, training_precision)
 from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
@@ -70,6 +71,7 @@ class TrainingRank:
         self.role, self.rank, self.world_size = role, rank, world_size
         self.training_batches = training_batches  # the run's trainer steps: the schedule's length
         self.worker: PolicyWorker | RefWorker | CriticWorker | None = None
+        self.base_ref: RefWorker | None = None   # a LoRA policy rank's reference: its base, adapters off
         self.sender: WeightSender | None = None
         self.ipc_sender: IPCSender | None = None
         self.ipc_transfer: IPCTransfer | None = None
@@ -96,6 +98,8 @@ class TrainingRank:
                           cpu_offload=fsdp.cpu_offload, param_dtype=compute if device.type == "cuda" else None)
         if self.role == "policy":
             self.worker = build_policy_worker(self.cfg, self.tokenizer, group, training_batches=self.training_batches)
+            if ref_is_policy_base(self.cfg):
+                self.base_ref = build_ref_worker(self.cfg, self.tokenizer, policy=self.worker, parallel=group)
         elif self.role == "critic":
             # the padded forward: the packed one calls the backbone around the FSDP root's hooks
             self.worker = build_critic(self.cfg, self.tokenizer, training_batches=self.training_batches, parallel=group,
@@ -107,6 +111,9 @@ class TrainingRank:
     # -- training --------------------------------------------------------------------------
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
         return self.worker.compute_logprobs(batch)
+
+    def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective (a LoRA policy's ranks)
+        return self.base_ref.compute_logprobs(batch)
 
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:  # collective (critic)
         return self.worker.compute_values(batch)
@@ -131,12 +138,10 @@ class TrainingRank:
         self.sender = WeightSender(spec)
 
     def _engine_weights(self) -> list[tuple[str, torch.Tensor]] | None:  # collective
-        """The gathered weights as engines name them (tied weights once) on rank 0; None elsewhere."""
+        """The gathered weights as engines take them (tied weights once; with LoRA merged, from
+        the gathered base and adapters) on rank 0; None elsewhere."""
         state = self.full_state_dict()
-        if self.rank != 0:
-            return None
-        names = dict(self.worker.model.named_parameters())
-        return [(k, v) for k, v in state.items() if k in names]
+        return list(self.worker.engine_weights(state)) if self.rank == 0 else None
 
     def send_weights(self, dtype: str, version: int) -> SyncStats | None:  # collective
         weights = self._engine_weights()
@@ -148,12 +153,12 @@ class TrainingRank:
         buckets for this rank's engine, which pulls them with `ipc_bucket`; returns their bytes."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        model = self.worker.model
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-        names = dict(model.named_parameters())  # engines name tied weights once
+        state = get_model_state_dict(self.worker.model,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=False))
         if self.ipc_sender is None:
             self.ipc_sender = IPCSender(DTYPES[dtype], threshold_bytes, self.worker.parallel.device)
-        self.ipc_transfer = self.ipc_sender.start([(k, v) for k, v in state.items() if k in names], version)
+        # engines name tied weights once; a LoRA policy's are merged, on the device
+        self.ipc_transfer = self.ipc_sender.start(list(self.worker.engine_weights(state)), version)
         return self.ipc_transfer.nbytes
 
     def ipc_bucket(self, index: int) -> IPCBucket:
@@ -361,6 +366,26 @@ class RayRefGroup(_RankGroup):
         self.ray.get(refs[1:])
 
 
+class RayBaseModelRefGroup(_RankGroup):
+    """The reference of a LoRA policy on Ray: the policy ranks themselves, each running its shard
+    of the policy with the adapters switched off (`BaseModelRefWorker`), as in one process. No
+    reference ranks start and no second copy of the base exists; the policy's FSDP group already
+    holds it sharded, and a reference group of its own would hold it again on the same devices."""
+
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        return self.gather_rows("compute_ref_logprobs", batch)
+
+    def load_from(self, policy: RayPolicyGroup) -> None:
+        raise RuntimeError("a LoRA policy's reference is its frozen base model and cannot take the policy's weights "
+                           "(trainer.update_ref_every_epoch=true is refused with trainer.policy.model.lora.rank > 0)")
+
+    def save_weights(self, folder: Path) -> None:
+        raise RuntimeError("a LoRA policy's reference is its frozen base model: there is nothing of its own to save")
+
+    def load_weights(self, folder: Path) -> None:
+        raise RuntimeError("a LoRA policy's reference is its frozen base model: there is nothing of its own to load")
+
+
 class RayEngineGroup:
     """The `InferenceEngine` the generator calls: requests split into contiguous, near-equal
     slices (a GRPO group's copies are adjacent, so they mostly stay on one engine and share its
@@ -489,7 +514,7 @@ class RayIPCWeightSync:
 @dataclass
 class RayWorkers:
     policy: RayPolicyGroup
-    ref: RayRefGroup | None
+    ref: RayRefGroup | RayBaseModelRefGroup | None
     critic: RayCriticGroup | None
     engine: Any   # RayEngineGroup, or a RemoteEngine client (generator.run_engines_locally=false)
     weight_sync: RayWeightSync | RayIPCWeightSync
@@ -500,9 +525,9 @@ class RayWorkers:
     def shutdown(self) -> None:
         ray = self.policy.ray
         from ray.util.placement_group import remove_placement_group
-        for group in [g for g in (self.policy, self.ref, self.critic) if g is not None]:
-            for a in group.actors:
-                ray.kill(a)
+        actors = {id(a): a for g in (self.policy, self.ref, self.critic) if g is not None for a in g.actors}
+        for a in actors.values():  # a LoRA policy's reference group is the policy's actors
+            ray.kill(a)
         for a in getattr(self.engine, "actors", []):  # a RemoteEngine has no actors: close its client
             ray.kill(a)
         self.engine.close()
@@ -517,7 +542,8 @@ def placement_plan(cfg: DictConfig) -> PlacementPlan:
     # process per data-parallel rank; the embedded hf engine computes on the first device of its block
     return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines),
                           engine=EngineParallelism.from_config(g),
-                          use_ref=needs_ref(cfg), use_critic=cfg.trainer.critic.model.path is not None, device=device,
+                          use_ref=needs_ref(cfg) and not ref_is_policy_base(cfg),
+                          use_critic=cfg.trainer.critic.model.path is not None, device=device,
                           remote_engines=not g.run_engines_locally)
 
 
@@ -549,7 +575,7 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world, training_batches)
                      for r in range(policy_world)]
     ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
-                   for r in range(plan.ranks["ref"])] if needs_ref(cfg) else [])
+                   for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
     critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"], training_batches)
                       for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
     engine_actors = [actor(EngineRank, "engine", i, plain) for i in range(plan.num_engines)]  # none if remote
@@ -562,7 +588,11 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     # the driver's copy of the ranks' settings (the trainer reads kl_estimator from it): computed for
     # the host, so the driver never opens a CUDA context; the ranks compute their own
     policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world, torch.device("cpu")), mini)
-    ref = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
+    ref: RayRefGroup | RayBaseModelRefGroup | None = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
+    if ref_is_policy_base(cfg):
+        ref = RayBaseModelRefGroup(ray, policy_actors, mini)
+        log.info("reference: the LoRA policy's base model on the policy ranks (adapters off); "
+                 "trainer.placement.ref_* and trainer.ref.fsdp_config are not used")
     critic = RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n) if critic_actors else None
     if not cfg.generator.run_engines_locally:
         return _with_remote_engines(cfg, tokenizer, ray, plan, groups, policy, ref, critic,
@@ -578,7 +608,7 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
 
 
 def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
-                         ref: RayRefGroup | None, critic: RayCriticGroup | None, parameters: int) -> RayWorkers:
+                         ref: RayRefGroup | RayBaseModelRefGroup | None, critic: RayCriticGroup | None, parameters: int) -> RayWorkers:
     """`generator.run_engines_locally=false`: the driver's client generates; policy rank 0 pushes the
     gathered weights to the servers over its own weight-update group; the probe compares the
     sharded policy with every server."""

@@ -5,7 +5,8 @@ CHECKPOINT is a checkpoint folder (`<trainer.ckpt_path>/global_step_N`) or a `tr
 (`trainer.hf_save_interval`): `OUT/policy` (weights, config, generation config, tokenizer; loads
 with `transformers.AutoModelForCausalLM.from_pretrained`) and, when the run had a critic,
 `OUT/critic`. Nothing is loaded into memory: the checkpoint's folders are copied; except for a LoRA
-run's checkpoint, whose adapters are merged into the base model its run named (docs/lora.md).
+run's checkpoint, whose adapters (the policy's, the critic's) are merged into the base model its
+run named (docs/lora.md).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ridgeline.models.forward import enable_activation_checkpointing, model_device, positions_from_mask
 from ridgeline.models.loading import ModelSpec, is_built_locally, load_model, model_folder
+from ridgeline.models.lora import plain
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ class ValueModel(torch.nn.Module):
     def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The backbone in Hugging Face format plus `value_head.safetensors`; `load_value_model`
         on the folder gives the same values back. `state_dict`: this module's weights to write
-        instead of its own (the gathered full weights of a sharded critic)."""
+        instead of its own (the gathered full weights of a sharded critic; a LoRA critic's merged
+        weights, under the plain backbone's names)."""
         folder = Path(folder)
         if state_dict is None:
             backbone, head = None, self.head.state_dict()
@@ -81,9 +83,14 @@ class ValueModel(torch.nn.Module):
             backbone = {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}
             prefix = f"{self.value_head_prefix}."
             head = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        self.backbone.save_pretrained(folder, state_dict=backbone)
-        state = {f"{self.value_head_prefix}.{k}": v.detach().contiguous().cpu() for k, v in head.items()}
-        save_file(state, str(folder / VALUE_HEAD_FILE))
+        plain(self.backbone).save_pretrained(folder, state_dict=backbone)  # a LoRA backbone: its merged weights
+        save_value_head(folder, {f"{self.value_head_prefix}.{k}": v for k, v in head.items()})
+
+
+def save_value_head(folder: str | Path, head: dict[str, torch.Tensor]) -> None:
+    """`value_head.safetensors`: the head's tensors under the value model's names
+    (`<value_head_prefix>.weight`, `.bias`)."""
+    save_file({k: v.detach().contiguous().cpu() for k, v in head.items()}, str(Path(folder) / VALUE_HEAD_FILE))
 
 
 def _autocast_off(device_type: str):

@@ -9,7 +9,8 @@ to go on as if it had never stopped (docs/checkpointing.md):
                         tokenizer files; with LoRA the adapters instead of the weights
                         (adapter_model.safetensors, adapter_config.json) and the tokenizer files
     policy_optim.pt     AdamW state + learning-rate schedule state
-    critic/             the value model (backbone + value_head.safetensors) and the tokenizer, if any
+    critic/             the value model (backbone + value_head.safetensors) and the tokenizer, if any;
+                        with LoRA on the critic its backbone's adapters instead of the backbone
     critic_optim.pt     the critic's AdamW + schedule state, if any
     ref/                the reference model, only once `update_ref_every_epoch` replaced it
     trainer_state.json  global step, data position, run id, KL controller, running reward std,
@@ -47,7 +48,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from ridgeline.models import lora
-from ridgeline.models.loading import critic_spec, load_model, policy_spec, ref_spec, save_hf_model
+from ridgeline.models.loading import critic_spec, load_model, policy_spec, read_safetensors, ref_spec, save_hf_model
+from ridgeline.models.value_model import VALUE_HEAD_FILE, load_value_model
 from ridgeline.trainer.state import RunState
 from ridgeline.training.build import needs_ref
 from ridgeline.training.protocols import Workers
@@ -217,12 +219,10 @@ def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, A
         "trainer.seed": t.seed,
         "trainer.train_batch_size": t.train_batch_size,
     }
-    settings = lora.lora_settings(cfg)
-    if settings is not None:  # only with LoRA on, so checkpoints written before LoRA existed still resume
-        fingerprint["trainer.policy.model.lora"] = {"rank": settings.rank, "alpha": settings.alpha,
-                                                    "target_modules": _plain(settings.target_modules)}
-        if settings.exclude_modules is not None:
-            fingerprint["trainer.policy.model.lora"]["exclude_modules"] = _plain(settings.exclude_modules)
+    for role in ("policy", "critic"):
+        settings = lora.lora_settings(cfg, role)
+        if settings is not None:  # only with LoRA on, so checkpoints written before LoRA existed still resume
+            fingerprint[settings.key] = settings.identity()
     # the same rule for what came later: present only when it makes the run differ from the default
     if t.ref.model.path != t.policy.model.path and needs_ref(cfg):
         fingerprint["trainer.ref.model.path"] = t.ref.model.path
@@ -230,10 +230,6 @@ def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, A
         for override in spec.config_overrides if spec is not None else ():
             fingerprint[override.key] = override.value
     return fingerprint
-
-
-def _plain(targets: str | tuple[str, ...]) -> str | list[str]:
-    return targets if isinstance(targets, str) else list(targets)
 
 
 def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -631,7 +627,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
             _export_adapters(folder, tmp / "policy")
         else:
             shutil.copytree(folder / "policy", tmp / "policy")
-        if (folder / "critic").is_dir():
+        if lora.is_adapter_folder(folder / "critic"):
+            _export_critic_adapters(folder, tmp / "critic")
+        elif (folder / "critic").is_dir():
             shutil.copytree(folder / "critic", tmp / "critic")
         _fsync_tree(tmp)
         if out.exists():
@@ -651,3 +649,19 @@ def _export_adapters(folder: Path, out: Path) -> None:
     spec = policy_spec(OmegaConf.load(folder / "config.yaml"))
     tokenizer = AutoTokenizer.from_pretrained(folder / "policy")
     save_hf_model(lora.load_merged(load_model(spec, torch.float32, tokenizer), folder / "policy"), tokenizer, out)
+
+
+def _export_critic_adapters(folder: Path, out: Path) -> None:
+    """A LoRA checkpoint's critic as a value model folder: the backbone its run named with the
+    adapters merged in, the trained value head beside it, its tokenizer."""
+    from transformers import AutoTokenizer
+
+    cfg = OmegaConf.load(folder / "config.yaml")
+    tokenizer = AutoTokenizer.from_pretrained(folder / "critic")
+    critic = load_value_model(critic_spec(cfg), torch.float32, tokenizer,
+                              value_head_prefix=cfg.trainer.algorithm.value_head_prefix)
+    critic.backbone = lora.load_merged(critic.backbone, folder / "critic")
+    critic.head.load_state_dict({k.split(".", 1)[1]: v for k, v in
+                                 read_safetensors([folder / "critic" / VALUE_HEAD_FILE]).items()})
+    critic.save_pretrained(out)
+    tokenizer.save_pretrained(out)

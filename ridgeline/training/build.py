@@ -17,8 +17,9 @@ from ridgeline.models.device import resolve_device
 from ridgeline.models.forward import enable_activation_checkpointing, select_attention
 from ridgeline.models.loading import (ModelSpec, cpu_has_fast_bf16, critic_spec, load_model, load_tokenizer,
                                       policy_spec, ref_spec)
-from ridgeline.models.lora import lora_settings, wrap
+from ridgeline.models.lora import lora_settings, reference_is_base, wrap
 from ridgeline.models.value_model import load_value_model
+from ridgeline.seeding import derive_seed
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import ForwardOptions
 from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
@@ -187,13 +188,20 @@ def needs_ref(cfg: DictConfig) -> bool:
     return bool(alg.use_kl_loss or alg.use_kl_in_reward)
 
 
+def ref_is_policy_base(cfg: DictConfig) -> bool:
+    """A reference is needed and it is the LoRA policy's own frozen base (`BaseModelRefWorker`):
+    no reference model is loaded, and on Ray no reference ranks start (the policy ranks serve it)."""
+    return needs_ref(cfg) and reference_is_base(cfg.trainer)
+
+
 def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None = None,
                      parallel: DataParallel | None = None) -> RefWorker | None:
     """The reference model (`trainer.ref.model.path`, the policy's by default) when a KL option
     needs one. It only runs forward passes, so it is loaded in the training compute dtype. With LoRA
-    and the policy's own model as reference, the reference is the frozen base the policy wraps:
-    `policy`'s model with its adapters switched off, no second copy loaded; another reference model
-    (or other config overrides) is loaded on its own."""
+    and the policy's own model as reference (`ref_is_policy_base`), the reference is the frozen base
+    the policy wraps: `policy`'s model with its adapters switched off (on its ranks, in `parallel`,
+    under FSDP2), no second copy loaded; another reference model (or other config overrides) is
+    loaded on its own."""
     if not needs_ref(cfg):
         return None
     t = cfg.trainer
@@ -201,7 +209,7 @@ def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None 
     autocast = training_autocast_dtype(training_precision(t), parallel.device)
     temperature = cfg.generator.sampling_params.temperature
     spec = ref_spec(cfg)
-    if lora_settings(cfg) is not None and spec.builds_same_model(policy_spec(cfg)):
+    if ref_is_policy_base(cfg):
         if policy is None:
             raise ValueError("with trainer.policy.model.lora.rank > 0 the reference is the policy's base model: "
                              "build_ref_worker needs the policy worker (policy=...)")
@@ -235,7 +243,9 @@ def check_same_tokenizer(spec: ModelSpec, tokenizer, key: str) -> None:
 def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel: DataParallel | None = None,
                  options: ForwardOptions | None = None) -> CriticWorker | None:
     """The value model and its worker, when `trainer.critic.model.path` names one. `parallel` and
-    `training_batches` as for the policy; `options` defaults to the config's forward options."""
+    `training_batches` as for the policy; `options` defaults to the config's forward options. With
+    `trainer.critic.model.lora.rank > 0` the backbone is wrapped with LoRA adapters (drawn from
+    their own seed) while the value head, a fresh layer, trains fully: the optimizer holds both."""
     t, alg = cfg.trainer, cfg.trainer.algorithm
     spec = critic_spec(cfg)
     if spec is None:
@@ -246,6 +256,9 @@ def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel:
     select_attention(model.backbone, parallel.device, training_max_tokens(cfg), bool(t.flash_attn))
     if t.gradient_checkpointing:
         model.enable_activation_checkpointing(use_reentrant=bool(t.gradient_checkpointing_use_reentrant))
+    lora = lora_settings(cfg, "critic")
+    if lora is not None:
+        model.backbone = wrap(model.backbone, lora, seed=derive_seed(t.seed, "critic", "lora"))
     model = parallel.place(model)
     opt = t.critic.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)

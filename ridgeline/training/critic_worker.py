@@ -21,7 +21,8 @@ import torch
 from ridgeline.algorithms.reductions import loss_normalizers
 from ridgeline.algorithms.value_loss import value_loss
 from ridgeline.models.device import autocast
-from ridgeline.models.value_model import VALUE_HEAD_FILE, ValueModel
+from ridgeline.models.loading import read_safetensors
+from ridgeline.models.value_model import VALUE_HEAD_FILE, ValueModel, save_value_head
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.forward_path import PLAIN, ForwardOptions, micro_values
@@ -64,6 +65,8 @@ _SHARED = {"critic/raw_grad_norm", "critic/critic_lr", "critic/critic_update_ste
 
 
 class CriticWorker(TrainedWorker):
+    lora_key = "trainer.critic.model.lora"
+
     def __init__(self, model: ValueModel, config: CriticTrainConfig, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel | None = None):
         super().__init__(model, optimizer, scheduler, parallel or SingleProcess())
@@ -85,9 +88,18 @@ class CriticWorker(TrainedWorker):
         self.model.train(was_training)
         return torch.cat(parts).cpu() * batch.response_mask  # one copy to the host
 
-    def load_weights(self, folder: Path) -> None:  # collective
-        """A folder `save_weights` wrote: the backbone's Hugging Face files and the value head's."""
-        self._load_state(state_from_folder(folder, prefix="backbone.", keep_prefixed=(VALUE_HEAD_FILE,)), folder)
+    def _read_full(self, folder: Path) -> dict[str, torch.Tensor]:
+        """The backbone's Hugging Face files and the value head's, under the value model's names."""
+        return state_from_folder(folder, prefix="backbone.", keep_prefixed=(VALUE_HEAD_FILE,))
+
+    # a LoRA critic trains its backbone's adapters and its whole value head: both go in checkpoints
+    def _write_trained(self, folder: Path, state: dict[str, torch.Tensor]) -> None:
+        super()._write_trained(folder, state)
+        prefix = f"{self.model.value_head_prefix}."
+        save_value_head(folder, {k: v for k, v in state.items() if k.startswith(prefix)})
+
+    def _read_trained(self, folder: Path) -> dict[str, torch.Tensor]:
+        return {**super()._read_trained(folder), **read_safetensors([Path(folder) / VALUE_HEAD_FILE])}
 
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
         """Regress the values on `batch.returns`, clipped around `batch.values` (the critic before

@@ -45,6 +45,17 @@ class DataParallel(Protocol):
         """Collective: load full weights (every rank passes the same) into the placed model."""
         ...
 
+    def trainable_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Collective: the full tensors of the parameters that train (LoRA adapters, a LoRA
+        critic's value head), keyed as in the model's state dict, on rank 0 (host memory under
+        FSDP2); an empty dict on the others. Gathers only those, not the frozen base."""
+        ...
+
+    def load_trainable_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Collective: the inverse of `trainable_state_dict` (every rank passes the same), in place;
+        ValueError unless `state` names exactly the parameters that train."""
+        ...
+
     def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Collective: the optimizer's state in a form `load_optimizer_state_dict` takes back, on
         rank 0 (full, world-size free under FSDP2)."""
@@ -79,12 +90,29 @@ class SingleProcess:
     def load_full_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         load_state_into(model, state)
 
+    def trainable_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+    def load_trainable_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        check_trainable_names(model, state)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)
+
     def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                                   state: dict[str, Any]) -> None:
         optimizer.load_state_dict(state)
+
+
+def check_trainable_names(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """ValueError unless `state` names exactly `model`'s parameters that train."""
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(state) != trainable:
+        raise ValueError(f"missing {sorted(trainable - set(state))[:3]}, unexpected {sorted(set(state) - trainable)[:3]}")
 
 
 def check_uniform_forwards(parallel: DataParallel, passes: list[int]) -> None:

@@ -25,7 +25,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterator
 
 import torch
 from omegaconf import DictConfig
@@ -36,8 +36,7 @@ from ridgeline.algorithms import PolicyLoss, kl_penalty, loss_normalizers, maske
 from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std
 from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors, save_hf_weights
-from ridgeline.models.lora import (adapters_disabled, is_adapter_folder, is_lora, load_adapter, merged_named_parameters,
-                                   save_adapter, save_merged)
+from ridgeline.models.lora import adapter_layout, adapters_disabled, is_adapter_folder, plain
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.forward_path import PLAIN, ForwardOptions, decoder_forward_count, micro_logprobs
@@ -114,7 +113,11 @@ class ModelWorker:
         self.save_weights(folder)
 
     def load_weights(self, folder: Path) -> None:  # collective; every rank reads the folder
-        self._load_state(state_from_folder(folder), folder)
+        self._load_state(self._read_full(Path(folder)), folder)
+
+    def _read_full(self, folder: Path) -> dict[str, torch.Tensor]:
+        """The weights `save_weights` wrote to `folder`, under the model's names."""
+        return state_from_folder(folder)
 
     def _load_state(self, state: dict[str, torch.Tensor], folder: Path) -> None:
         try:
@@ -126,7 +129,10 @@ class ModelWorker:
 
 class TrainedWorker(ModelWorker):
     """A worker with an optimizer (policy, critic): the end of an optimizer step, the skipped-step
-    count, and the optimizer's state on disk."""
+    count, and its weights and optimizer state on disk: with LoRA (`adapters`), checkpoints hold
+    what trains and exports the merged model, gathered from the ranks alike."""
+
+    lora_key = "trainer.policy.model.lora"   # the config section of this worker's adapters
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel):
@@ -137,6 +143,51 @@ class TrainedWorker(ModelWorker):
         # `optimizer_config.offload_after_step` with engines sharing the GPU: AdamW's moments (2x the
         # fp32 weights) wait on the host between steps, so the woken engine has that memory
         self.offload_optimizer = False
+        self.adapters = adapter_layout(model)   # where the LoRA adapters sit; None without LoRA
+
+    # -- weights on disk ---------------------------------------------------------------------------
+    def save_weights(self, folder: Path) -> None:  # collective; rank 0 writes
+        """What resuming loads back: the model files of a Hugging Face folder, or with LoRA only the
+        tensors that train (gathered without the frozen base): the adapters as peft writes them
+        (`adapter_model.safetensors`, `adapter_config.json`)."""
+        if self.adapters is None:
+            super().save_weights(folder)
+            return
+        state = self.parallel.trainable_state_dict(self.model)
+        if self.parallel.rank == 0:
+            self._write_trained(Path(folder), state)
+
+    def _write_trained(self, folder: Path, state: dict[str, torch.Tensor]) -> None:
+        self.adapters.save(folder, state)
+
+    def _read_trained(self, folder: Path) -> dict[str, torch.Tensor]:
+        """The inverse of `_write_trained`: the tensors that train, under the model's names."""
+        return self.adapters.read(folder, (name for name, _ in self.model.named_parameters()))
+
+    def export_weights(self, folder: Path) -> None:  # collective; rank 0 writes
+        """The model files of a folder `from_pretrained` loads without Ridgeline or peft: with LoRA
+        the merged weights under the plain model's names."""
+        state = self.parallel.full_state_dict(self.model)
+        if self.parallel.rank == 0:
+            if self.adapters is not None:
+                state = dict(self.adapters.merged(state))
+            save_hf_weights(plain(self.model), Path(folder), state_dict=state)
+
+    def load_weights(self, folder: Path) -> None:  # collective; every rank reads the folder
+        saved_adapters, ours = is_adapter_folder(folder), self.adapters is not None
+        if saved_adapters != ours:
+            held = "LoRA adapters" if saved_adapters else "full weights (no LoRA)"
+            raise WeightsMismatchError(
+                f"{folder} holds {held}, but this run has {self.lora_key}.rank {'> 0' if ours else '= 0'}. "
+                f"Fix: resume with the run's own {self.lora_key}.* settings, or start afresh "
+                "(trainer.resume_mode=none)")
+        if not ours:
+            super().load_weights(folder)
+            return
+        try:
+            self.parallel.load_trainable_state_dict(self.model, self._read_trained(Path(folder)))
+        except ValueError as err:
+            raise WeightsMismatchError(f"{err}. Fix: resume with the run's own {self.lora_key}.* settings") from None
 
     def _optimizer_state_to(self, host: bool) -> None:
         """Move AdamW's state to the host, or back next to each parameter (which under FSDP2's CPU
@@ -284,7 +335,8 @@ class BaseModelRefWorker(RefWorker):
     """The reference of a LoRA policy: the policy's own model with its adapters switched off,
     which is the frozen base model it started from. No second copy of the weights exists, and the
     logprobs are those of the base model loaded alone (bit for bit in fp32: a disabled LoRA layer
-    runs its base layer only)."""
+    runs its base layer only). On FSDP2 every policy rank holds one over its shard of the policy
+    (`ridgeline.distributed.ray_workers.RayBaseModelRefGroup`)."""
 
     def __init__(self, policy: "PolicyWorker", micro_forward_batch_size: int, temperature: float,
                  autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN):
@@ -315,43 +367,19 @@ class PolicyWorker(TrainedWorker):
         return batch_logprobs(self.model, batch, c.micro_forward_batch_size, c.temperature, c.autocast_dtype,
                               self.parallel, c.forward_options)
 
-    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
-        """What an engine in this process needs after an update: every parameter, by name. With
-        LoRA the merged weights W + scaling * B @ A under the base model's names, computed one
-        tensor at a time without touching the training weights (ridgeline.models.lora)."""
-        if is_lora(self.model):
-            return merged_named_parameters(self.model)
-        return self.model.named_parameters()
+    def engine_weights(self, state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+        """What an engine loads, from this model's full weights `state` (`full_state_dict`): every
+        parameter under the plain model's names, tied weights once; with LoRA the merged weights
+        W + scaling * B @ A, computed one tensor at a time without touching the training weights
+        (ridgeline.models.lora)."""
+        layout = self.adapters
+        names = {n if layout is None else layout.plain_name(n) for n, _ in self.model.named_parameters()}
+        items = state.items() if layout is None else layout.merged(state)
+        return ((name, tensor) for name, tensor in items if name in names)
 
-    # -- weights on disk: with LoRA, checkpoints hold the adapters and exports the merged model
-    def save_weights(self, folder: Path) -> None:
-        if is_lora(self.model):  # refused under FSDP2 by validation: one process
-            save_adapter(self.model, Path(folder))
-        else:
-            super().save_weights(folder)
-
-    def export_weights(self, folder: Path) -> None:
-        if is_lora(self.model):
-            save_merged(self.model, Path(folder))
-        else:
-            super().save_weights(folder)
-
-    def load_weights(self, folder: Path) -> None:
-        saved_adapters, ours = is_adapter_folder(folder), is_lora(self.model)
-        if saved_adapters != ours:
-            held = "LoRA adapters" if saved_adapters else "full weights (no LoRA)"
-            raise WeightsMismatchError(
-                f"{folder} holds {held}, but this run has trainer.policy.model.lora.rank {'> 0' if ours else '= 0'}. "
-                "Fix: resume with the run's own trainer.policy.model.lora.* settings, or start afresh "
-                "(trainer.resume_mode=none)")
-        if not ours:
-            super().load_weights(folder)
-            return
-        try:
-            load_adapter(self.model, Path(folder))
-        except ValueError as err:
-            raise WeightsMismatchError(f"{err}. Fix: resume with the run's own trainer.policy.model.lora.* "
-                                       "settings") from None
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`engine_weights` of this process's model: what an engine in this process takes after an update."""
+        return self.engine_weights(self.full_state_dict())
 
     # -- training ------------------------------------------------------------------------------
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective

@@ -103,10 +103,14 @@ class RidgelineConfig(Section):
             return
         from ridgeline.distributed.placement import PlacementConfigError, plan_placement
         from ridgeline.inference.parallelism import EngineParallelism
+        from ridgeline.models.lora import reference_is_base
+        # a LoRA policy's reference is its own base on the policy ranks: no reference ranks
+        use_ref = t.algorithm.uses_reference and not reference_is_base(t)
         try:
             plan = plan_placement(dataclasses.asdict(t.placement), num_engines=g.num_inference_engines,
-                                  engine=EngineParallelism.from_config(g), use_ref=t.algorithm.uses_reference, use_critic=t.critic.model.path is not None,
-                                  device="CPU", remote_engines=not g.run_engines_locally)
+                                  engine=EngineParallelism.from_config(g), use_ref=use_ref,
+                                  use_critic=t.critic.model.path is not None, device="CPU",
+                                  remote_engines=not g.run_engines_locally)
         except PlacementConfigError as exc:
             report.add(str(exc))
             return

@@ -28,9 +28,9 @@ LORA_INIT_REFUSED: dict[str, str] = {
 
 @dataclass
 class LoraConfig(Section):
-    """LoRA adapters through peft (docs/lora.md): rank 0 = off (full fine-tuning). With rank > 0 only
-    the adapters train; the reference model is the frozen base (no second copy), engines get the
-    merged weights, checkpoints hold the adapters and exports the merged model."""
+    """LoRA adapters through peft (docs/lora.md), `trainer.critic.model.lora` and the base of the
+    policy's: rank 0 = off (full fine-tuning). With rank > 0 only the adapters train (and the
+    critic's value head); checkpoints hold the adapters and exports the merged model."""
     rank: int = setting(0)
     alpha: float = setting(16.0)                  # the update is scaled by alpha / rank
     dropout: float = setting(0.0)
@@ -40,10 +40,6 @@ class LoraConfig(Section):
     # init_lora_weights): kaiming (peft's default, B = 0), gaussian or orthogonal.
     exclude_modules: Any = setting(None)
     init_method: str = setting("kaiming")
-    # SkyRL's folder for adapter files vLLM loads
-    lora_sync_path: str = setting("/tmp/skyrl_lora_sync", not_built="engines here receive the merged weights "
-                                  "(W + scaling * B @ A) at every weight sync, never adapter files, so there is no "
-                                  "adapter folder to place")
 
     def check(self, at: str, report: Report) -> None:
         if self.rank < 0:
@@ -80,10 +76,20 @@ class LoraConfig(Section):
 
 
 @dataclass
+class PolicyLoraConfig(LoraConfig):
+    """`trainer.policy.model.lora`: the policy's reference model is then the frozen base (no second
+    copy) and engines get the merged weights."""
+    # SkyRL's folder for adapter files vLLM loads
+    lora_sync_path: str = setting("/tmp/skyrl_lora_sync", not_built="engines here receive the merged weights "
+                                  "(W + scaling * B @ A) at every weight sync, never adapter files, so there is no "
+                                  "adapter folder to place")
+
+
+@dataclass
 class PolicyModelConfig(Section):
     path: str = setting("Qwen/Qwen2.5-1.5B-Instruct")
     gguf_file: Optional[str] = setting(None)  # Ridgeline extension: a GGUF file inside the folder `path` names
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: PolicyLoraConfig = field(default_factory=PolicyLoraConfig)
 
     def check(self, at: str, report: Report) -> None:
         if not self.path.strip():
@@ -108,6 +114,11 @@ class RefModelConfig(Section):
 class CriticModelConfig(Section):
     path: Optional[str] = setting(None)       # null: no critic
     gguf_file: Optional[str] = setting(None)  # Ridgeline extension
+    # SkyRL keys: adapters on the value model's backbone; its value head trains fully
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def check(self, at: str, report: Report) -> None:
+        self.lora.check(f"{at}.lora", report)
 
 
 @dataclass
@@ -184,6 +195,7 @@ class CriticConfig(Section):
     sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
 
     def check(self, at: str, report: Report) -> None:
+        self.model.check(f"{at}.model", report)
         self.optimizer_config.check(f"{at}.optimizer_config", report)
 
 
@@ -437,15 +449,13 @@ class TrainerConfig(Section):
                            f"after every epoch. Fix: {at}.update_ref_every_epoch=false.")
 
     def _lora(self, at: str, report: Report) -> None:
+        critic = f"{at}.critic.model.lora"
+        if self.critic.model.lora.rank > 0 and self.critic.model.path is None:
+            report.add(f"{critic}.rank={self.critic.model.lora.rank} puts adapters on the critic, but "
+                       f"{at}.critic.model.path is null (no critic). Fix: {critic}.rank=0, or "
+                       f"{at}.critic.model.path=<a model> with {at}.algorithm.advantage_estimator=gae.")
         lora, rank = f"{at}.policy.model.lora", self.policy.model.lora.rank
-        if rank <= 0:
-            return
-        if self.strategy in ("fsdp2", "fsdp"):
-            report.add(f"{lora}.rank={rank} with {at}.strategy={self.strategy}: LoRA is built for one process only so "
-                       "far (the FSDP ranks would need the reference served by the policy ranks and the merged "
-                       f"weights gathered for the engines). Fix: {at}.strategy=single, or {lora}.rank=0 for full "
-                       "fine-tuning.")
-        if self.update_ref_every_epoch and self.algorithm.uses_reference:
+        if rank > 0 and self.update_ref_every_epoch and self.algorithm.uses_reference:
             report.add(f"{at}.update_ref_every_epoch=true with {lora}.rank={rank}: with LoRA the reference model is "
                        "the frozen base the adapters sit on (the policy with its adapters off, no second copy), so it "
                        f"cannot follow the policy. Fix: {at}.update_ref_every_epoch=false, or {lora}.rank=0 to train "
