@@ -26,6 +26,9 @@ EXPECTED = {
     "training_backends/fsdp/run_fsdp.sh": None,
     "text_to_sql/run_skyrl_sql.sh": None,          # stop strings, the text2sql env's db_path
     "search/run_search.sh": None,                  # per-model warmup, search env settings
+    "step_wise/run_skyrl_sql_step_wise.sh": None,  # generator.step_wise_trajectories=true
+    # + its +generator.retokenize_chat_history=true, which 0.3.1 never reads: ignored with a notice
+    "step_wise/run_skyrl_sql_step_wise_qwen3.sh": None,
     "megatron/run_megatron.sh": "trainer.strategy=megatron is not supported yet",
     "training_backends/deepspeed/run_deepspeed.sh": "trainer.strategy=deepspeed is not supported yet",
     "lora/run_qwen2_5_0.5b_gsm8k_grpo_lora.sh": "trainer.policy.model.lora.rank=32 with trainer.strategy=fsdp2",

@@ -11,7 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from ridgeline.config.fields import show
 from ridgeline.config.schema import base_config
 
-__all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "renamed_key", "rename_origin", "DEFAULTS_NOT_ACTED_ON", "unbuilt_defaults"]
+__all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "renamed_key", "rename_origin", "UNREAD_KEYS", "DEFAULTS_NOT_ACTED_ON",
+           "unbuilt_defaults"]
 
 # Later SkyRL-Train releases' names (their typed config, `generator.inference_engine.*`, ...) -> the
 # 0.3.1 key here: accepted with a one-line notice. A prefix entry (ending in ".") maps the keys below it.
@@ -63,6 +64,16 @@ def renamed_key(key: str) -> str | None:
 def rename_origin(key: str) -> str:
     """What kind of other name `key` is, for the notice and the both-set refusal."""
     return "SkyRL 0.3.1's deprecated spelling" if key in DEPRECATED_KEYS else "a later SkyRL release's name"
+
+
+# keys SkyRL-Train 0.3.1's own example scripts pass (with '+') that 0.3.1 never reads: accepted with a
+# one-line notice saying why they have no effect here either, and left out of the config
+UNREAD_KEYS: dict[str, str] = {
+    "generator.retokenize_chat_history": "SkyRL 0.3.1 never reads it (its step-wise loop re-renders the chat "
+    "history every turn, whatever it says), and Ridgeline's turns are token-in/token-out: each turn's input holds "
+    "the earlier turns' tokens as sampled, so a chat template that rewrites earlier turns (Qwen3 dropping their "
+    "<think> blocks) does not change them (docs/multi_turn.md)",
+}
 
 
 # defaults that ask for something this build does not do (a changed value is acted on or refused)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import re
 import typing
 from typing import Any, Iterable
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ridgeline.config.fields import Report, field_type, one_of, section_fields, section_type, show
 from ridgeline.config.schema import RidgelineConfig, all_keys, default_of, free_form_keys, leaf_fields
+from ridgeline.config.support import UNREAD_KEYS
 
 __all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "suggest_key", "under_free_form",
            "UNBUILT_STRATEGY_SECTIONS"]
@@ -26,6 +28,8 @@ __all__ = ["ConfigError", "validate_config", "config_problems", "check_config", 
 # sections of SkyRL's training backends that are not built here: one sentence for the whole section
 # (trainer.strategy names the backend), never an "unknown key" per setting
 UNBUILT_STRATEGY_SECTIONS = {"megatron_config": "megatron", "deepspeed_config": "deepspeed"}
+
+log = logging.getLogger(__name__)
 
 _MISSING = object()  # a value that could not be resolved (already reported)
 
@@ -93,7 +97,9 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
         value = node._value() if node._is_interpolation() or not OmegaConf.is_config(node) else \
             OmegaConf.to_container(node, resolve=False)
         if k not in names:
-            if k in UNBUILT_STRATEGY_SECTIONS:
+            if key in UNREAD_KEYS:
+                log.warning("%s=%s is ignored: %s", key, show(value), UNREAD_KEYS[key])
+            elif k in UNBUILT_STRATEGY_SECTIONS:
                 unbuilt.setdefault(UNBUILT_STRATEGY_SECTIONS[str(k)], []).append(key)
             else:
                 report.refuse(key, _unknown_key(key, value))
