@@ -107,7 +107,7 @@ def bench_worker(model, batch: TrainingBatch, name: str, args) -> None:
     seconds: dict[tuple[str, bool], float] = {}
     for packing in (False, True):
         options = ForwardOptions(sample_packing=packing)
-        config = PolicyTrainConfig(mini_batch_size=batch.batch_size, micro_batch_size=args.micro,
+        config = PolicyTrainConfig(mini_batch_trajectories=batch.batch_size, micro_batch_size=args.micro,
                                    micro_forward_batch_size=args.micro, temperature=0.7, algorithm=algorithm,
                                    forward_options=options)
         optimizer = build_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0)

@@ -147,6 +147,7 @@ REFERENCE_DEFAULTS: list[tuple[str, object]] = [
     ("generator.inference_engine_data_parallel_size", 1),       # SkyRL 0.3.1
     ("generator.vllm_v1_disable_multiproc", True),              # SkyRL 0.3.1
     ("generator.fully_sharded_loras", False),                   # SkyRL 0.3.1
+    ("generator.step_wise_trajectories", False),                # SkyRL 0.3.1
     ("generator.n_samples_per_prompt", 5),
     ("generator.async_engine", True),
     ("generator.batched", True),

@@ -203,7 +203,7 @@ def test_save_and_load_round_trip(tiny_tokenizer, tmp_path):
 def _worker(tokenizer, lr=1e-3, **config):
     model = load_value_model(SPEC, tokenizer=tokenizer)
     optimizer = build_optimizer(model, lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
-    defaults = dict(mini_batch_size=4, micro_batch_size=2, micro_forward_batch_size=3)
+    defaults = dict(mini_batch_trajectories=4, micro_batch_size=2, micro_forward_batch_size=3)
     return CriticWorker(model, CriticTrainConfig(**{**defaults, **config}), optimizer,
                         build_scheduler(optimizer, LRSchedule("constant", 0, 0)))
 
@@ -219,7 +219,7 @@ def test_compute_values_is_masked_and_chunk_independent(tiny_tokenizer):
 
 
 def test_critic_training_moves_values_toward_returns(tiny_tokenizer):
-    worker = _worker(tiny_tokenizer, lr=3e-3, mini_batch_size=2, value_clip=0.5)
+    worker = _worker(tiny_tokenizer, lr=3e-3, mini_batch_trajectories=2, value_clip=0.5)
     batch = _batch(tiny_tokenizer)
     mask = batch.loss_mask.bool()
     errors, losses = [], []
@@ -240,8 +240,8 @@ def test_critic_loss_is_skyrls_mean_over_micro_batches(tiny_tokenizer):
     """SkyRL's critic/critic_loss: the mean over micro-batches of what each back-propagated, so
     the mini-batch loss (critic/value_loss) / micro-batches per mini-batch."""
     batch = _batch(tiny_tokenizer)
-    one = _worker(tiny_tokenizer, lr=0.0, mini_batch_size=4, micro_batch_size=4).train(batch)
-    two = _worker(tiny_tokenizer, lr=0.0, mini_batch_size=4, micro_batch_size=2).train(batch)
+    one = _worker(tiny_tokenizer, lr=0.0, mini_batch_trajectories=4, micro_batch_size=4).train(batch)
+    two = _worker(tiny_tokenizer, lr=0.0, mini_batch_trajectories=4, micro_batch_size=2).train(batch)
     assert one["critic/critic_loss"] == pytest.approx(one["critic/value_loss"], abs=1e-7)
     assert two["critic/value_loss"] == pytest.approx(one["critic/value_loss"], abs=1e-6)
     assert two["critic/critic_loss"] == pytest.approx(one["critic/value_loss"] / 2, abs=1e-6)

@@ -194,7 +194,7 @@ def _sgd(model, lr: float = 0.5):
 
 def _policy_worker(model, packing: bool, loss: str = "regular"):
     algorithm = OmegaConf.merge(base_config().trainer.algorithm, {"loss_reduction": "token_mean"})
-    cfg = PolicyTrainConfig(mini_batch_size=6, micro_batch_size=3, micro_forward_batch_size=3, temperature=0.7,
+    cfg = PolicyTrainConfig(mini_batch_trajectories=6, micro_batch_size=3, micro_forward_batch_size=3, temperature=0.7,
                             policy_loss=loss,
                             algorithm=algorithm, max_grad_norm=1e9, use_entropy_loss=True, entropy_loss_coef=0.01,
                             use_kl_loss=True, kl_loss_coef=0.1, forward_options=ForwardOptions(sample_packing=packing))
@@ -306,7 +306,7 @@ def test_critic_worker_packed_equals_padded(tiny_tokenizer, layout):
     results = {}
     for packing in (False, True):
         model = load_value_model(ModelSpec("tiny://llama", seed=0), tokenizer=tiny_tokenizer)
-        cfg = CriticTrainConfig(mini_batch_size=6, micro_batch_size=3, micro_forward_batch_size=3,
+        cfg = CriticTrainConfig(mini_batch_trajectories=6, micro_batch_size=3, micro_forward_batch_size=3,
                                 forward_options=ForwardOptions(sample_packing=packing))
         worker = CriticWorker(model, cfg, *_sgd(model))
         values = worker.compute_values(batch)

@@ -17,7 +17,7 @@ from ridgeline.config import ConfigError, base_config, config_problems
 from ridgeline.distributed.placement import PlacementConfigError, bundle_index, plan_placement
 from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.models.tiny import build_char_tokenizer
-from ridgeline.training.batch import data_parallel_rows, rank_rows
+from ridgeline.training.batch import rank_shares
 
 
 # a decaying schedule: the ranks must get the run's length (its rates are compared with one process')
@@ -110,16 +110,16 @@ def test_colocation_with_unequal_counts_names_the_keys():
                        use_ref=True, use_critic=False, device="CPU")
 
 
-def test_rank_rows_give_each_rank_its_share_of_every_mini_batch():
-    # 12 rows, mini-batches of 4, 2 ranks: rank 0 holds the first half of each mini-batch
-    rows = rank_rows(12, 4, 2)
-    assert [r.tolist() for r in rows] == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 11]]
-    # a short last mini-batch of 3 rows loses one so it splits: 8 + 2
-    assert data_parallel_rows(11, 4, 2) == 10
-    assert [r.tolist() for r in rank_rows(10, 4, 2)] == [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
-    assert data_parallel_rows(12, 4, 1) == 12
-    with pytest.raises(ValueError):
-        rank_rows(11, 4, 2)
+def test_rank_shares_give_each_rank_its_share_of_every_mini_batch():
+    # 12 rows (a trajectory each), mini-batches of 4, 2 ranks: rank 0 holds the first half of each mini-batch
+    shares = rank_shares(torch.arange(12), 4, 2)
+    assert [s.rows.tolist() for s in shares] == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 11]]
+    assert not any(bool(s.padding.any()) for s in shares)
+    # a short last mini-batch of 3 rows is padded with a copy of its last row, marked, instead of losing one
+    shares = rank_shares(torch.arange(11), 4, 2)
+    assert [s.rows.tolist() for s in shares] == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 10]]
+    assert [s.padding.tolist() for s in shares] == [[False] * 6, [False] * 5 + [True]]
+    assert [s.rows.tolist() for s in rank_shares(torch.arange(11), 4, 1)] == [list(range(11))]
 
 
 def _problems(overrides: list[str]) -> list[str]:

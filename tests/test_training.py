@@ -61,7 +61,7 @@ def test_shared_prompt_forward_equals_plain_forward_values_and_gradients(tiny_mo
 
 def _worker(model, micro: int, mini: int, reduction: str, loss: str = "regular") -> PolicyWorker:
     algorithm = OmegaConf.merge(base_config().trainer.algorithm, {"loss_reduction": reduction})
-    cfg = PolicyTrainConfig(mini_batch_size=mini, micro_batch_size=micro, micro_forward_batch_size=micro,
+    cfg = PolicyTrainConfig(mini_batch_trajectories=mini, micro_batch_size=micro, micro_forward_batch_size=micro,
                             policy_loss=loss, loss_reduction=reduction, algorithm=algorithm, max_grad_norm=1e9,
                             use_entropy_loss=True, entropy_loss_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1)
     opt = build_optimizer(model, lr=0.0, betas=(0.9, 0.999), weight_decay=0.0)

@@ -11,7 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from ridgeline.config.fields import show
 from ridgeline.config.schema import base_config
 
-__all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "EXAMPLE_KEYS", "renamed_key", "rename_origin", "DEFAULTS_NOT_ACTED_ON",
+__all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "EXAMPLE_KEYS", "renamed_key", "rename_origin", "UNREAD_KEYS",
+           "DEFAULTS_NOT_ACTED_ON",
            "unbuilt_defaults"]
 
 # Later SkyRL-Train releases' names (their typed config, `generator.inference_engine.*`, ...) -> the
@@ -78,6 +79,16 @@ def rename_origin(key: str) -> str:
     if key in EXAMPLE_KEYS:
         return "the key of SkyRL 0.3.1's DAPO example entry point (examples/algorithms/dapo/main_dapo.py)"
     return "a later SkyRL release's name"
+
+
+# keys SkyRL-Train 0.3.1's own example scripts pass (with '+') that 0.3.1 never reads: accepted with a
+# one-line notice saying why they have no effect here either, and left out of the config
+UNREAD_KEYS: dict[str, str] = {
+    "generator.retokenize_chat_history": "SkyRL 0.3.1 never reads it (its step-wise loop re-renders the chat "
+    "history every turn, whatever it says), and Ridgeline's turns are token-in/token-out: each turn's input holds "
+    "the earlier turns' tokens as sampled, so a chat template that rewrites earlier turns (Qwen3 dropping their "
+    "<think> blocks) does not change them (docs/multi_turn.md)",
+}
 
 
 # defaults that ask for something this build does not do (a changed value is acted on or refused)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import re
 import typing
 from typing import Any, Iterable
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ridgeline.config.fields import Report, field_type, one_of, section_fields, section_type, show
 from ridgeline.config.schema import RidgelineConfig, all_keys, default_of, free_form_keys, leaf_fields
+from ridgeline.config.support import UNREAD_KEYS
 
 __all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "suggest_key", "under_free_form",
            "configures_unbuilt"]
@@ -44,6 +46,8 @@ def configures_unbuilt(key: str) -> bool:
     return any(part in UNBUILT_STRATEGY_SECTIONS for part in key.split(".")) or key.startswith(
         tuple(UNBUILT_EXAMPLE_KEYS))
 
+
+log = logging.getLogger(__name__)
 
 _MISSING = object()  # a value that could not be resolved (already reported)
 
@@ -112,7 +116,9 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
             OmegaConf.to_container(node, resolve=False)
         if k not in names:
             example = next((p for p in UNBUILT_EXAMPLE_KEYS if key.startswith(p)), None)
-            if k in UNBUILT_STRATEGY_SECTIONS:
+            if key in UNREAD_KEYS:
+                log.warning("%s=%s is ignored: %s", key, show(value), UNREAD_KEYS[key])
+            elif k in UNBUILT_STRATEGY_SECTIONS:
                 unbuilt.setdefault(UNBUILT_STRATEGY_SECTIONS[str(k)], []).append(key)
             elif example is not None:
                 unbuilt.setdefault(example, []).append(key)

@@ -11,7 +11,7 @@ trainer loop uses in place of the one-process workers (same methods, so the loop
     RayIPCWeightSync.sync(step)   policy rank r ══CUDA IPC buckets══▶ engine r on its GPU (+ probe)
 
 Batches travel through Ray's object store; each rank gets its share of every mini-batch
-(`rank_rows`), so the FSDP ranks together take exactly the single-process optimizer steps
+(`rank_shares`), so the FSDP ranks together take exactly the single-process optimizer steps
 (ridgeline.distributed.fsdp). Weights travel over their own process group (weight_sync.py), or,
 to engines colocated on the policy's GPUs, as IPC handles (`weight_sync_kind` picks).
 """
@@ -44,7 +44,7 @@ from ridgeline.inference.weight_transport import usable_backend
 from ridgeline.models.device import resolve_device
 from ridgeline.models.loading import DTYPES, load_tokenizer
 from ridgeline.seeding import derive_seed
-from ridgeline.training.batch import TrainingBatch, rank_rows
+from ridgeline.training.batch import RankShare, TrainingBatch, rank_shares
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, needs_ref, policy_spec,
                                      policy_train_config, ref_is_policy_base, seed_everything,
                                      training_autocast_dtype, training_precision)
@@ -271,13 +271,13 @@ class EngineRank:
 
 # ------------------------------------------------------------------------------ driver side
 class _RankGroup:
-    """The actors of one FSDP group, called together. Batches are split by `rank_rows` over
-    mini-batches of `global_mini_batch_size` rows, as the ranks' workers expect."""
+    """The actors of one FSDP group, called together. Batches are split by `rank_shares` over
+    mini-batches of `mini_batch_trajectories` trajectories, as the ranks' workers expect."""
 
-    def __init__(self, ray, actors: list[Any], global_mini_batch_size: int):
+    def __init__(self, ray, actors: list[Any], mini_batch_trajectories: int):
         self.ray = ray
         self.actors = actors
-        self.global_mini_batch_size = global_mini_batch_size
+        self.mini_batch_trajectories = mini_batch_trajectories
 
     @property
     def world_size(self) -> int:
@@ -287,18 +287,20 @@ class _RankGroup:
         """`method(*args)` on every rank at once; the ranks' results."""
         return self.ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
-    def call_split(self, method: str, batch: TrainingBatch) -> tuple[list[torch.Tensor], list[Any]]:
-        """`method(rank's rows)` on every rank at once; (each rank's row indices, its result)."""
-        rows = rank_rows(batch.batch_size, self.global_mini_batch_size, self.world_size)
-        refs = [getattr(a, method).remote(batch.select(r)) for a, r in zip(self.actors, rows)]
-        return rows, self.ray.get(refs)
+    def call_split(self, method: str, batch: TrainingBatch) -> tuple[list[RankShare], list[Any]]:
+        """`method(rank's share)` on every rank at once; (each rank's share, its result)."""
+        shares = rank_shares(batch.trajectories(), self.mini_batch_trajectories, self.world_size)
+        refs = [getattr(a, method).remote(batch.share(share)) for a, share in zip(self.actors, shares)]
+        return shares, self.ray.get(refs)
 
     def gather_rows(self, method: str, batch: TrainingBatch) -> torch.Tensor:
-        """A per-token `[B, R]` result of `method`, the ranks' rows put back in batch order."""
-        rows, parts = self.call_split(method, batch)
+        """A per-token `[B, R]` result of `method`, the ranks' rows put back in batch order (their
+        padding rows left out)."""
+        shares, parts = self.call_split(method, batch)
         out = torch.zeros(batch.batch_size, batch.response_width)
-        for r, part in zip(rows, parts):
-            out[r] = part
+        for share, part in zip(shares, parts):
+            real = ~share.padding
+            out[share.rows[real]] = part[real]
         return out
 
     # weights on disk (ridgeline.trainer.checkpoint): full weights, world-size free
@@ -340,8 +342,8 @@ class _TrainedGroup(_RankGroup):
 class RayPolicyGroup(_TrainedGroup):
     """The trainer's `policy` when it is N FSDP2 ranks: the local `PolicyWorker`'s methods."""
 
-    def __init__(self, ray, actors: list[Any], config: PolicyTrainConfig, global_mini_batch_size: int):
-        super().__init__(ray, actors, global_mini_batch_size)
+    def __init__(self, ray, actors: list[Any], config: PolicyTrainConfig, mini_batch_trajectories: int):
+        super().__init__(ray, actors, mini_batch_trajectories)
         self.config = config
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
@@ -587,7 +589,7 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     mini = t.policy_mini_batch_size * n
     # the driver's copy of the ranks' settings (the trainer reads kl_estimator from it): computed for
     # the host, so the driver never opens a CUDA context; the ranks compute their own
-    policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, policy_world, torch.device("cpu")), mini)
+    policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, torch.device("cpu")), mini)
     ref: RayRefGroup | RayBaseModelRefGroup | None = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
     if ref_is_policy_base(cfg):
         ref = RayBaseModelRefGroup(ray, policy_actors, mini)

@@ -9,7 +9,8 @@ done, `generator.max_turns` turns were taken, or the next input would exceed
 Token-in / token-out: earlier turns are never decoded and re-encoded. The next turn's input is
 exactly the prompt ids + every sampled id + every observation id so far, and that is the sequence
 the trainer trains on: `loss_mask` 1 on sampled ids, 0 on observation ids; rollout logprobs line
-up with the sampled ids.
+up with the sampled ids. `turn_spans` records where each turn's sampled ids sit, which is all
+step-wise training (`generation.step_wise`) needs to cut a trajectory into its turns.
 
 Observations become tokens in one of two ways (`generator.use_conversation_multi_turn`):
 * true: as chat turns. The response is closed with the end-of-turn token if the model did not
@@ -71,6 +72,8 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # [] where none were asked / sampled
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (token index, reward)
+    # [start, end) of each turn's sampled ids in response_ids: what step-wise training cuts out
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
     turns: int = 0
     done: bool = False
     stop_reason: str = "stop"
@@ -83,6 +86,7 @@ class Trajectory:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def add_sampled(self, out: EngineOutput) -> None:
+        self.turn_spans.append((len(self.response_ids), len(self.response_ids) + len(out.response_ids)))
         self.response_ids += out.response_ids
         self.loss_mask += [1] * len(out.response_ids)
         self.logprobs += list(out.logprobs)
@@ -97,7 +101,10 @@ class Trajectory:
         self.top_logprobs += [[] for _ in ids]
 
     def drop_last(self) -> None:
+        """Remove the last id (raw mode: a turn's stop token), from its turn's span too."""
         del self.response_ids[-1], self.loss_mask[-1], self.logprobs[-1], self.top_logprobs[-1]
+        start, end = self.turn_spans[-1]
+        self.turn_spans[-1] = (start, min(end, len(self.response_ids)))
 
     def reward(self) -> Reward:
         if self.failed:
@@ -256,6 +263,7 @@ class Generator:
             trajectory_ids=list(inp.trajectory_ids),
             metrics=metrics,
             step_metadata=[t.last_metadata for t in trajectories],
+            turn_spans=[list(t.turn_spans) for t in trajectories],
         )
 
     def _episode_metrics(self, traj: Trajectory, counts: dict[str, float]) -> dict[str, float] | None:

@@ -73,6 +73,9 @@ class GeneratorOutput:
     rollout_top_logprobs: list[list[TopLogprobs]] = field(default_factory=list)
     # the metadata of each trajectory's last environment step (e.g. {"parsed": "42"}), for eval dumps
     step_metadata: list[dict[str, Any]] = field(default_factory=list)
+    # per trajectory, [start, end) of each turn's sampled ids in response_ids, in turn order (none
+    # when the env never started): generation.step_wise cuts a trajectory into its turns' samples
+    turn_spans: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.response_ids)

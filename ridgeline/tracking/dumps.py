@@ -5,6 +5,7 @@
 class under that stem as `.pkl`). Each line (`dump_training_batch`):
 
     {"step": 3, "row": 0, "uid": "3-train-0",
+     "trajectory": 0,                                 # the trajectory the row is a sample (step-wise: a turn) of
      "prompt": "<|im_start|>user\\n...",            # decoded prompt tokens (special tokens kept)
      "response": "...<|im_end|>",                     # decoded response tokens, as trained on
      "reward": 1.0,                                   # the row's return: sum of token rewards
@@ -68,6 +69,7 @@ def _masked_text(tokenizer, ids: list[int], mask: list[float]) -> str:
 def training_batch_rows(batch: TrainingBatch, tokenizer, step: int) -> list[dict[str, Any]]:
     """The dump's rows (see the module docstring), without writing them."""
     width_p = batch.sequences.shape[1] - batch.response_width
+    trajectories = batch.trajectories()
     rows = []
     for i in range(batch.batch_size):
         prompt_ids = batch.sequences[i, :width_p][batch.attention_mask[i, :width_p].bool()].tolist()
@@ -75,7 +77,7 @@ def training_batch_rows(batch: TrainingBatch, tokenizer, step: int) -> list[dict
         response_ids = batch.sequences[i, width_p:width_p + length].tolist()
         loss_mask = batch.loss_mask[i, :length]
         row: dict[str, Any] = {
-            "step": step, "row": i, "uid": batch.uids[i],
+            "step": step, "row": i, "uid": batch.uids[i], "trajectory": int(trajectories[i]),
             "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=False),
             "response": tokenizer.decode(response_ids, skip_special_tokens=False),
             "reward": round(float(batch.rewards[i, :length].sum()), 6),

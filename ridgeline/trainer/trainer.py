@@ -28,13 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from ridgeline.allocator import active_allocator
-from ridgeline.algorithms import (ADVANTAGE_ESTIMATORS, count_singleton_groups, load_algorithm_modules,
-                                  whiten_advantages)
+from ridgeline.algorithms import load_algorithm_modules
 from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
 from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
 from ridgeline.generation.generator import Generator
+from ridgeline.generation.step_wise import training_samples
 from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput
 from ridgeline.inference.build import build_engine
@@ -57,10 +57,11 @@ from ridgeline.trainer.builders import (build_critic, build_generator, build_pol
                                         training_precision, truncation_policy)
 from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, mask_signal_less_groups, num_groups,
                                                replace_rollout)
+from ridgeline.trainer.advantages import compute_advantages
 from ridgeline.trainer.evaluation import run_eval
-from ridgeline.trainer.metrics import advantage_metrics, reward_metrics, rollout_metrics
+from ridgeline.trainer.metrics import reward_metrics, rollout_metrics
 from ridgeline.trainer.state import AlgorithmState, RunState
-from ridgeline.training.batch import build_training_batch, data_parallel_rows
+from ridgeline.training.batch import build_training_batch
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import NonFiniteLossError
 
@@ -491,19 +492,14 @@ class Trainer:
                                   [self.tokenizer.decode(p, skip_special_tokens=True) for p in out.prompt_token_ids],
                                   out.responses, out.rewards, overwrite=self.run.global_step == 1)
             with timer.phase("convert_to_training_input"):
-                batch = build_training_batch(out.prompt_token_ids, out.response_ids, out.loss_masks, out.rewards,
-                                             out.uids, out.rollout_logprobs, self.tokenizer.pad_token_id)
-                splits = [(t.policy_mini_batch_size, self.workers.policy.world_size)]
-                if self.workers.critic is not None:
-                    splits.append((t.critic_mini_batch_size, self.workers.critic.world_size))
-                keep = min(data_parallel_rows(batch.batch_size, mini * n, world) for mini, world in splits)
-                if keep < batch.batch_size:
-                    # a short dynamic-sampling batch whose last mini-batch does not split over the ranks
-                    log.warning("step %d: %d of %d samples left out so the last mini-batch splits evenly over %d "
-                                "ranks", self.run.global_step, batch.batch_size - keep, batch.batch_size,
-                                self.workers.policy.world_size)
-                    metrics["fsdp/dropped_samples"] = float(batch.batch_size - keep)
-                    batch = batch.select(slice(0, keep))
+                # one sample per trajectory, or per turn (generator.step_wise_trajectories); a rank's
+                # share of a mini-batch that does not split evenly is padded there (rank_shares)
+                samples = training_samples(out, step_wise=bool(cfg.generator.step_wise_trajectories))
+                batch = build_training_batch(samples.prompt_token_ids, samples.response_ids, samples.loss_masks,
+                                             samples.rewards, samples.uids, samples.rollout_logprobs,
+                                             self.tokenizer.pad_token_id, trajectory_index=samples.trajectory_index)
+                if cfg.generator.step_wise_trajectories:
+                    metrics["generate/step_wise_samples"] = float(len(samples))
             if self.colocated:
                 with timer.phase("engine_sleep"):  # the engine's weights and cache leave the GPU for training
                     self.engine.sleep()
@@ -522,26 +518,7 @@ class Trainer:
                 with timer.phase("apply_reward_kl_penalty"):
                     metrics.update(self._apply_reward_kl_penalty(batch))
             with timer.phase("compute_advantages_and_returns"):
-                if self.run.algorithm.reward_std is not None:
-                    # normalize_reward (with a critic): returns scaled by the running reward std
-                    self.run.algorithm.reward_std.update(batch.rewards.sum(-1).tolist())
-                    batch.rewards = self.run.algorithm.reward_std.scale(batch.rewards)
-                    metrics["reward/running_std"] = self.run.algorithm.reward_std.std
-                estimator = ADVANTAGE_ESTIMATORS.get(alg.advantage_estimator)
-                # SkyRL's keyword arguments (config: the trainer.algorithm section), so an estimator
-                # written for SkyRL runs unchanged
-                batch.advantages, batch.returns = estimator(
-                    token_level_rewards=batch.rewards, response_mask=batch.response_mask, index=batch.uids,
-                    values=batch.values, grpo_norm_by_std=alg.grpo_norm_by_std, gamma=alg.gamma,
-                    lambd=alg.lambd, config=alg)
-                metrics.update(advantage_metrics(batch.rewards, batch.advantages, batch.response_mask))
-                if alg.advantage_batch_normalize:
-                    batch.advantages = whiten_advantages(batch.advantages, batch.response_mask)
-                singletons = count_singleton_groups(batch.uids)
-                if singletons:
-                    log.warning("%d prompt groups hold a single sample: their advantage is 0 "
-                                "(generator.n_samples_per_prompt=1?)", singletons)
-                metrics["advantages/singleton_groups"] = float(singletons)
+                metrics.update(compute_advantages(batch, alg, self.run.algorithm.reward_std))
             try:
                 with timer.phase("train_critic_and_policy"):
                     if self.workers.critic is not None:

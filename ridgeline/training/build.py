@@ -101,12 +101,12 @@ def forward_options(cfg: DictConfig) -> ForwardOptions:
     return ForwardOptions(sample_packing=bool(cfg.trainer.use_sample_packing))
 
 
-def policy_train_config(cfg: DictConfig, data_parallel: int = 1, device: torch.device | None = None) -> PolicyTrainConfig:
-    """The policy worker's settings; with `data_parallel` ranks each holds 1/data_parallel of every
-    mini-batch (validation made the division exact)."""
+def policy_train_config(cfg: DictConfig, device: torch.device | None = None) -> PolicyTrainConfig:
+    """The policy worker's settings (the same on every rank: each holds its share of every
+    mini-batch, `training.batch.rank_shares`)."""
     t, g, alg = cfg.trainer, cfg.generator, cfg.trainer.algorithm
     return PolicyTrainConfig(
-        mini_batch_size=t.policy_mini_batch_size * g.n_samples_per_prompt // data_parallel,
+        mini_batch_trajectories=t.policy_mini_batch_size * g.n_samples_per_prompt,
         micro_batch_size=t.micro_train_batch_size_per_gpu,
         micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
         update_epochs=t.update_epochs_per_batch,
@@ -146,7 +146,7 @@ def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | Non
     model = parallel.place(model)
     opt = t.policy.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
-    worker = PolicyWorker(model, policy_train_config(cfg, parallel.world_size, parallel.device), optimizer,
+    worker = PolicyWorker(model, policy_train_config(cfg, parallel.device), optimizer,
                           build_scheduler(optimizer, lr_schedule(cfg, "policy", training_batches)), parallel)
     worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
     return worker
@@ -263,7 +263,7 @@ def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel:
     opt = t.critic.optimizer_config
     optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
     config = CriticTrainConfig(
-        mini_batch_size=t.critic_mini_batch_size * cfg.generator.n_samples_per_prompt // parallel.world_size,
+        mini_batch_trajectories=t.critic_mini_batch_size * cfg.generator.n_samples_per_prompt,
         micro_batch_size=t.micro_train_batch_size_per_gpu,
         micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
         update_epochs=t.update_epochs_per_batch, value_clip=alg.value_clip,

@@ -1,10 +1,10 @@
 """Critic worker, one class for one process and every FSDP2 rank: values of a batch, and the
 critic's optimizer steps.
 
-Same batch-size mapping as the policy worker: a mini-batch (`critic_mini_batch_size *
-n_samples_per_prompt` samples, computed by the caller) is one optimizer step, split into
-micro-batches of `micro_train_batch_size_per_gpu` for gradient accumulation, the whole batch
-repeated `update_epochs_per_batch` times. Each optimizer step runs inside `loss_normalizers` with
+Same batch-size mapping as the policy worker: a mini-batch (the samples of
+`critic_mini_batch_size * n_samples_per_prompt` trajectories) is one optimizer step, split into
+micro-batches of `micro_train_batch_size_per_gpu` samples for gradient accumulation, the whole
+batch repeated `update_epochs_per_batch` times. Each optimizer step runs inside `loss_normalizers` with
 the mini-batch's counts (summed over the ranks), so the accumulated micro-batch gradients equal the
 mini-batch gradient. Batches come and values go back on the host, as for the policy worker.
 """
@@ -12,7 +12,6 @@ mini-batch gradient. Batches come and values go back on the host, as for the pol
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CriticTrainConfig:
-    mini_batch_size: int            # samples per optimizer step
+    mini_batch_trajectories: int    # trajectories per optimizer step, all ranks together
     micro_batch_size: int           # samples per forward/backward
     micro_forward_batch_size: int   # samples per forward-only pass
     update_epochs: int = 1
@@ -116,10 +115,10 @@ class CriticWorker(TrainedWorker):
         losses: list[float] = []
         grad_norms: list[float] = []
         total = _StepSums()
-        with progress(c.update_epochs * math.ceil(batch.batch_size / c.mini_batch_size), "train critic") as bar, \
-                self.optimizer_on_device():
+        minis = batch.mini_batches(c.mini_batch_trajectories)
+        with progress(c.update_epochs * len(minis), "train critic") as bar, self.optimizer_on_device():
             for _ in range(c.update_epochs):
-                for mini in batch.chunks(c.mini_batch_size):
+                for mini in minis:
                     sums = self.accumulate_gradients(mini)
                     grad_norms.append(self.apply_gradients("critic", c.max_grad_norm,
                                                            "non-finite value loss" if sums.nonfinite else None))

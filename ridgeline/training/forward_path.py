@@ -35,12 +35,15 @@ Why (one CPU core, OMP_NUM_THREADS=1, medians; the tables are in docs/benchmarks
   keep GRPO groups whole run the same number of forwards (`decoder_forward_count`) even when their
   lengths differ. A length-based choice between shared prompts and packing (e.g. packing groups
   whose responses are mostly padding) would let ranks disagree.
+- Where ranks' micro-batches do differ in sharing (step-wise samples: only a group's first turns
+  share a prompt; a rank's padding row copies a row of its own), `agreed_forward_options` has them
+  agree: the shared-prompt forward only where every rank's micro-batch takes it.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -50,6 +53,7 @@ from ridgeline.models.value_model import ValueModel, response_values
 from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.logprobs import prompt_groups, response_logprobs
 from ridgeline.training.packing import packed_response_hidden, packed_response_logprobs, scatter_response
+from ridgeline.training.parallel import DataParallel, check_uniform_forwards
 
 
 class ForwardPath(enum.Enum):
@@ -69,6 +73,8 @@ class ForwardOptions:
     A larger cap packs more rows per pack (fewer, longer packs: a bigger dense mask)."""
     sample_packing: bool = False
     max_tokens_per_pack: int | None = None
+    # False: never the shared-prompt forward (ranks that must agree, `agreed_forward_options`)
+    share_prompts: bool = True
 
     def pack_cap(self, attention_mask: torch.Tensor) -> int:
         """`max_tokens_per_pack` with None resolved to the micro-batch's longest row."""
@@ -85,7 +91,8 @@ def choose_forward_path(model: nn.Module, sequences: torch.Tensor, attention_mas
                         ) -> ForwardPath:
     """The path `options` picks for these rows (module docstring). `can_share_prompts` is False
     for models without a shared-prompt forward (the critic)."""
-    if can_share_prompts and prompt_groups(model, sequences, attention_mask, response_width) is not None:
+    if (can_share_prompts and options.share_prompts
+            and prompt_groups(model, sequences, attention_mask, response_width) is not None):
         return ForwardPath.SHARED_PROMPT
     return ForwardPath.PACKED if options.sample_packing else ForwardPath.PLAIN
 
@@ -99,6 +106,26 @@ def decoder_forward_count(model: nn.Module, micro: TrainingBatch, options: Forwa
     if path is ForwardPath.SHARED_PROMPT and micro.response_width > 1:
         return 2
     return 1
+
+
+def agreed_forward_options(parallel: DataParallel, model: nn.Module, micros: list[TrainingBatch],
+                           options: ForwardOptions) -> list[ForwardOptions]:
+    """Collective: the options each of `micros` runs with, so that every data-parallel rank runs
+    the same decoder forwards (under FSDP2 each forward all-gathers the sharded layers): a
+    micro-batch takes the shared-prompt forward only where it does so on every rank, elsewhere
+    the packed / plain one, which any rows can take. Then `check_uniform_forwards` (the ranks must
+    also hold the same number of micro-batches). Call with the model in the mode the forwards run
+    in (activation checkpointing disables the shared path in training). A world of one keeps
+    every micro-batch's own path."""
+    shared = [choose_forward_path(model, m.sequences, m.attention_mask, m.response_width, options)
+              is ForwardPath.SHARED_PROMPT for m in micros]
+    if parallel.world_size > 1 and micros:
+        check_uniform_forwards(parallel, [1] * len(micros))  # same number of micro-batches first
+        unshared = parallel.all_max([0.0 if s else 1.0 for s in shared])
+        shared = [s and u == 0.0 for s, u in zip(shared, unshared)]
+    agreed = [options if s else replace(options, share_prompts=False) for s in shared]
+    check_uniform_forwards(parallel, [decoder_forward_count(model, m, o) for m, o in zip(micros, agreed)])
+    return agreed
 
 
 def micro_logprobs(model: PreTrainedModel, micro: TrainingBatch, temperature: float, options: ForwardOptions,

@@ -2,13 +2,14 @@
 
 A worker owns a model and answers two questions: "what are the logprobs of these responses?"
 and (policy only) "take the optimizer steps for this batch". The batch-size keys map exactly:
-a mini-batch (`policy_mini_batch_size * n_samples_per_prompt` samples, divided by the
-data-parallel ranks) is one optimizer step, split into micro-batches of
-`micro_train_batch_size_per_gpu` for gradient accumulation, the whole batch repeated
-`update_epochs_per_batch` times. Each optimizer step runs inside `loss_normalizers(mini-batch
-tokens, mini-batch sequences)` summed over the ranks, so every `reduce_loss` call (the policy
-loss's, a user loss's, the KL and entropy terms) divides by the global mini-batch counts and the
-accumulated (and, on FSDP2, summed) micro-batch gradients equal the full mini-batch gradient.
+a mini-batch (the samples of `policy_mini_batch_size * n_samples_per_prompt` trajectories: one
+each, or one per turn with step-wise training; each rank holds its share) is one optimizer step,
+split into micro-batches of `micro_train_batch_size_per_gpu` samples for gradient accumulation,
+the whole batch repeated `update_epochs_per_batch` times. Each optimizer step runs inside
+`loss_normalizers(mini-batch tokens, mini-batch samples)` summed over the ranks (a rank's padding
+rows count in neither), so every `reduce_loss` call (the policy loss's, a user loss's, the KL and
+entropy terms) divides by the global mini-batch counts and the accumulated (and, on FSDP2,
+summed) micro-batch gradients equal the full mini-batch gradient.
 
 Where things live: batches come and results go back on the host; each micro-batch is moved to
 the worker's device (`parallel.device`) just before its forward. The worker's group
@@ -39,9 +40,9 @@ from ridgeline.models.loading import read_safetensors, save_hf_weights
 from ridgeline.models.lora import adapter_layout, adapters_disabled, is_adapter_folder, plain
 from ridgeline.tracking.progress import progress
 from ridgeline.training.batch import TrainingBatch
-from ridgeline.training.forward_path import PLAIN, ForwardOptions, decoder_forward_count, micro_logprobs
+from ridgeline.training.forward_path import PLAIN, ForwardOptions, agreed_forward_options, micro_logprobs
 from ridgeline.training.optim import restore_optimizer
-from ridgeline.training.parallel import DataParallel, SingleProcess, check_uniform_forwards, reduce_rank_metrics
+from ridgeline.training.parallel import DataParallel, SingleProcess, reduce_rank_metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +60,16 @@ def batch_logprobs(model: PreTrainedModel, batch: TrainingBatch, micro_batch_siz
                    autocast_dtype: torch.dtype | None, parallel: DataParallel,
                    forward_options: ForwardOptions = PLAIN) -> torch.Tensor:
     """Forward-only logprobs `[B, R]` of a host batch, on the host: `micro_batch_size` rows at a
-    time on `parallel.device`, each micro-batch on the path `forward_options` picks. Ranks check
-    first that they will all run the same decoder forwards (each one all-gathers shards)."""
+    time on `parallel.device`, each micro-batch on the path `forward_options` picks. Ranks agree
+    first on the same decoder forwards (each one all-gathers shards): `agreed_forward_options`."""
     was_training = model.training
     model.eval()
     try:
         micros = list(batch.chunks(micro_batch_size))
-        check_uniform_forwards(parallel, [decoder_forward_count(model, m, forward_options) for m in micros])
         parts = []
-        for micro in micros:
+        for micro, options in zip(micros, agreed_forward_options(parallel, model, micros, forward_options)):
             with autocast(parallel.device, autocast_dtype):
-                lp, _ = micro_logprobs(model, micro, temperature, forward_options, parallel.device)
+                lp, _ = micro_logprobs(model, micro, temperature, options, parallel.device)
             parts.append(lp.float())
     finally:
         model.train(was_training)
@@ -213,9 +213,9 @@ class TrainedWorker(ModelWorker):
 
     def step_normalizers(self, mini: TrainingBatch, micro_batches: int) -> tuple[float, float, int]:  # collective
         """(tokens, sequences, micro-batches) of this optimizer step: the mini-batch's loss tokens and
-        rows, which the losses divide by, and the micro-batches whose losses add up to it, summed
-        over the ranks (each holds its share)."""
-        tokens, sequences, micros = self.parallel.all_sum([float(mini.loss_mask.sum()), float(mini.batch_size),
+        samples (padding rows are neither), which the losses divide by, and the micro-batches whose
+        losses add up to it, summed over the ranks (each holds its share)."""
+        tokens, sequences, micros = self.parallel.all_sum([float(mini.loss_mask.sum()), float(mini.num_samples),
                                                            float(micro_batches)])
         return tokens, sequences, int(micros)
 
@@ -280,7 +280,9 @@ class TrainedWorker(ModelWorker):
 
 @dataclass(frozen=True)
 class PolicyTrainConfig:
-    mini_batch_size: int            # samples per optimizer step (this rank's share)
+    # trajectories per optimizer step, all ranks together (policy_mini_batch_size x n_samples_per_prompt):
+    # their samples are the mini-batch (TrainingBatch.mini_batches)
+    mini_batch_trajectories: int
     micro_batch_size: int           # samples per forward/backward
     micro_forward_batch_size: int   # samples per forward-only pass
     update_epochs: int = 1
@@ -396,10 +398,10 @@ class PolicyWorker(TrainedWorker):
         sums: dict[str, float] = defaultdict(float)
         loss_sums: dict[str, float] = {}
         grad_norms: list[float] = []
-        steps = c.update_epochs * math.ceil(batch.batch_size / c.mini_batch_size)
-        with progress(steps, "train policy") as bar, self.optimizer_on_device():
+        minis = batch.mini_batches(c.mini_batch_trajectories)
+        with progress(c.update_epochs * len(minis), "train policy") as bar, self.optimizer_on_device():
             for epoch in range(c.update_epochs):
-                for mini in batch.chunks(c.mini_batch_size):
+                for mini in minis:
                     grad_norms.append(self._optimizer_step(mini, sums, loss_sums, first_epoch=epoch == 0))
                     bar.update()
         local_tokens = float(batch.loss_mask.sum()) * c.update_epochs
@@ -439,27 +441,26 @@ class PolicyWorker(TrainedWorker):
                         first_epoch: bool) -> float:
         c = self.config
         micros = list(mini.chunks(c.micro_batch_size))
-        check_uniform_forwards(self.parallel, [decoder_forward_count(self.model, m, c.forward_options) for m in micros])
+        paths = agreed_forward_options(self.parallel, self.model, micros, c.forward_options)
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
         tokens, sequences, micro_batches = self.step_normalizers(mini, len(micros))
         with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches):
-            for micro in micros:
-                if not self._micro_step(micro, sums, loss_sums, first_epoch):
+            for micro, options in zip(micros, paths):
+                if not self._micro_step(micro, options, sums, loss_sums, first_epoch):
                     finite = False
                     break
         return self.apply_gradients("policy", c.max_grad_norm, None if finite else "non-finite loss")
 
-    def _micro_step(self, micro: TrainingBatch, sums: dict[str, float], loss_sums: dict[str, float],
-                    first_epoch: bool) -> bool:
+    def _micro_step(self, micro: TrainingBatch, options: ForwardOptions, sums: dict[str, float],
+                    loss_sums: dict[str, float], first_epoch: bool) -> bool:
         """Forward and backward of one host micro-batch on the device; the gradient accumulates on
         the parameters. False (nothing accumulated, on any rank) when a rank's loss is not finite
         and nonfinite_loss is skip."""
         c = self.config
         device = self.parallel.device
         with autocast(device, c.autocast_dtype):
-            logprobs, entropy = micro_logprobs(self.model, micro, c.temperature, c.forward_options, device,
-                                               with_entropy=True)
+            logprobs, entropy = micro_logprobs(self.model, micro, c.temperature, options, device, with_entropy=True)
         micro = micro.to(device)
         mask = micro.loss_mask
         # No separate old-policy pass when the batch takes a single optimizer step (the trainer

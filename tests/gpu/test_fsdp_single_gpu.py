@@ -47,7 +47,7 @@ def _batch() -> TrainingBatch:
 
 def _train(parallel, model: torch.nn.Module, batch: TrainingBatch):
     algorithm = OmegaConf.merge(base_config().trainer.algorithm, {"loss_reduction": "token_mean"})
-    cfg = PolicyTrainConfig(mini_batch_size=ROWS, micro_batch_size=MICRO, micro_forward_batch_size=MICRO,
+    cfg = PolicyTrainConfig(mini_batch_trajectories=ROWS, micro_batch_size=MICRO, micro_forward_batch_size=MICRO,
                             algorithm=algorithm, max_grad_norm=0.5, use_kl_loss=True, kl_loss_coef=0.1,
                             use_entropy_loss=True, entropy_loss_coef=0.01)
     optimizer = build_optimizer(model, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)

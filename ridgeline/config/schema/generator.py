@@ -154,6 +154,10 @@ class GeneratorConfig(Section):
     eval_n_samples_per_prompt: int = setting(1)
     zero_reward_on_non_stop: bool = setting(False)
     apply_overlong_filtering: bool = setting(False)
+    # SkyRL key: every turn of a multi-turn trajectory trains as a sample of its own (the ids the
+    # engine was given for it as prompt, its sampled ids as response); advantages, rewards and
+    # metrics stay the trajectory's (ridgeline.generation.step_wise, docs/multi_turn.md).
+    step_wise_trajectories: bool = setting(False)
     # SkyRL keys: RoPE overrides of the engines' model config (vLLM hf_overrides, SGLang
     # json_model_override_args, the embedded engine's model); the trainer's by default.
     rope_scaling: Optional[Dict[str, Any]] = setting("${trainer.rope_scaling}")
@@ -183,6 +187,12 @@ class GeneratorConfig(Section):
         self.sampling_params.check(f"{at}.sampling_params", report)
         self.eval_sampling_params.check(f"{at}.eval_sampling_params", report)
         self.chat_template.check(f"{at}.chat_template", report)
+        if self.step_wise_trajectories and not self.use_conversation_multi_turn:
+            report.add(f"{at}.step_wise_trajectories=true needs {at}.use_conversation_multi_turn=true (SkyRL refuses "
+                       "it too): with observations appended as raw text to the same assistant message, each turn's "
+                       "stop token is taken out of the context before the next turn, so a turn's sample would not "
+                       f"end with what the model sampled. Fix: {at}.use_conversation_multi_turn=true (observations "
+                       f"as chat turns), or {at}.step_wise_trajectories=false.")
         self._engines(at, report)
         if self.enable_http_endpoint:
             self._http_endpoint(at, report)
