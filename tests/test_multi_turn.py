@@ -16,6 +16,7 @@ from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.types import SamplingParams
 from ridgeline.models.tiny import CHARACTERS
 from ridgeline.seeding import derive_seed
+from ridgeline.trainer.metrics import passes
 from ridgeline.training.batch import build_training_batch
 
 
@@ -166,6 +167,10 @@ def test_stop_strings_end_turns_and_close_them_as_skyrl_does(tiny_model, tiny_to
     for row, reward in enumerate(out.rewards):
         rewarded = [i for i, r in enumerate(reward) if r != 0.0]
         assert len(rewarded) == 3 and all(out.loss_masks[row][i] == 1 for i in rewarded)
+    # so the outcome (turn 3: 0.3) is read there: every episode passes, also when a 0 follows it
+    assert all(passes(reward, mask) for reward, mask in zip(out.rewards, out.loss_masks))
+    if conversation and append_eos:
+        assert all(reward[-1] == 0.0 for reward in out.rewards)  # the appended eos: not the outcome
 
 
 @pytest.mark.parametrize("conversation", [False, True])

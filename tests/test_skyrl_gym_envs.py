@@ -55,7 +55,15 @@ USER_ENV = textwrap.dedent('''
             return BaseTextEnvStepOutput(observations=observations, reward=reward, done=done, metadata={})
 
         def get_metrics(self) -> Dict[str, Any]:
-            return {"digit_turns": self.turns, "solved": False}
+            return {"digit_turns": self.turns, "solved": False, "turn_list": [self.turns]}
+
+        @staticmethod
+        def aggregate_metrics(metrics):
+            # the class's own combination (skyrl-gym calls it per env class): a mean, a max and a count
+            # from the non-numeric turn_list, which the default aggregation would drop
+            turns = [t for m in metrics for t in m["turn_list"]]
+            return {"digit_turns": sum(turns) / len(turns), "max_digit_turns": max(turns), "episodes": len(turns),
+                    "solved": sum(m["solved"] for m in metrics) / len(metrics)}
 
 
     class BrokenEnv(BaseTextEnv):
@@ -115,6 +123,9 @@ def test_a_users_skyrl_gym_env_trains_through_the_real_trainer(tmp_path, user_en
         assert step["reward/avg_raw_reward"] > 0            # digits earn 0.25, right sums 1.0 (per turn)
         assert 1.0 <= step["environment/digit_turns"] <= 2.0  # get_metrics, averaged over the episodes
         assert step["environment/solved"] == 0.0             # a bool counts as 0/1, as skyrl-gym aggregates
+        # the class's own aggregate_metrics makes the numbers, as in SkyRL
+        assert step["environment/episodes"] == cfg.trainer.train_batch_size * cfg.generator.n_samples_per_prompt
+        assert step["environment/max_digit_turns"] in (1.0, 2.0) and "environment/turn_list" not in step
 
 
 def _mt_input(env_class, n=4):
@@ -135,12 +146,14 @@ def test_skyrl_gyms_own_multi_turn_env_runs_token_for_token_as_ridgelines_twin(t
     ours = gen.generate(_mt_input("gsm8k_multi_turn"), seed=3)
     # four sampled characters cannot hold "#### 7": every episode takes all three turns
     assert theirs.metrics["generate/avg_turns"] == 3.0 and theirs.metrics["generate/env_errors"] == 0
-    assert theirs.metrics["environment/steps"] == 3.0     # skyrl-gym's get_metrics
+    assert theirs.metrics["environment/avg_steps"] == 3.0  # skyrl-gym's get_metrics and its class's aggregate
     assert all(0 in mask for mask in theirs.loss_masks)   # its observations are in the sequence, masked
     assert all(isinstance(r, list) for r in theirs.rewards)
     assert theirs.response_ids == ours.response_ids
     assert theirs.loss_masks == ours.loss_masks
     assert theirs.rewards == ours.rewards
+    env_metrics = [{k: v for k, v in out.metrics.items() if k.startswith("environment/")} for out in (theirs, ours)]
+    assert env_metrics[0] == env_metrics[1] == {"environment/avg_steps": 3.0}
 
 
 class _UserRidgelineEnv(envs.SingleTurnEnv):

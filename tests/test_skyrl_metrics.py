@@ -10,7 +10,7 @@ import torch
 from ridgeline.algorithms.off_policy import prob_ratio_moments, ratio_mean_std
 from ridgeline.config import load_config
 from ridgeline.entrypoints.run import run_training
-from ridgeline.generation.generator import environment_metrics
+from ridgeline.generation.generator import ClassMetrics, environment_metrics
 from ridgeline.tracking.trackers import read_metrics
 from ridgeline.trainer.metrics import (advantage_metrics, passes, positive_reward, reward_metrics,
                                        rollout_metrics)
@@ -102,20 +102,24 @@ def test_removed_names_are_gone(runs):
 
 
 # ------------------------------------------------------------------------------------ formulas
-def test_pass_is_a_positive_outcome_read_on_the_last_token():
-    assert passes(0.5) and not passes(0.0) and not passes(-1.0)
-    assert passes([-1.0, 0.5]) and not passes([1.0, 0.0]) and not passes([])
+def test_pass_is_a_positive_outcome_read_on_the_last_sampled_token():
+    assert passes(0.5, [1]) and not passes(0.0, [1]) and not passes(-1.0, [1])
+    assert passes([-1.0, 0.5], [1, 1]) and not passes([1.0, 0.0], [1, 1]) and not passes([], [])
+    # a multi-turn episode whose last turn scored 1.0 on its last sampled token, followed by an
+    # appended eos (append_eos_token_after_stop_str_in_multi_turn) or an observation: loss mask 0
+    assert passes([0.0, 1.0, 0.0], [1, 1, 0]) and passes([0.0, 0.0, 1.0, 0.0, 0.0], [1, 0, 1, 0, 0])
+    assert not passes([1.0, 0.0, 0.0, 0.0], [1, 0, 1, 0])  # an earlier turn's reward is not the outcome
     assert positive_reward(-2.0) == 0.0 and positive_reward(0.5) == 0.5
     assert positive_reward([-1.0, 0.5, 2.0]) == 2.5
 
 
 def test_reward_metrics_by_hand():
     # prompt a: 1.0 and -0.5 (one passes); prompt b: 0.0 and -1.0 (none does)
-    m = reward_metrics([1.0, -0.5, 0.0, -1.0], ["a", "a", "b", "b"], n=2)
+    m = reward_metrics([1.0, -0.5, 0.0, -1.0], [[1]] * 4, ["a", "a", "b", "b"], n=2)
     assert m == {"reward/avg_raw_reward": pytest.approx(-0.5 / 4), "reward/avg_pass_at_2": 0.5,
                  "reward/mean_positive_reward": pytest.approx(1.0 / 4)}
-    # per-token rewards: totals 1.0 and 0.5; the second ends on 0, so it does not pass
-    m = reward_metrics([[0.0, 1.0], [0.5, 0.0]], ["a", "b"], n=1)
+    # per-token rewards: totals 1.0 and 0.5; the second's last sampled token holds 0, so it does not pass
+    m = reward_metrics([[0.0, 1.0], [0.5, 0.0]], [[1, 1], [1, 1]], ["a", "b"], n=1)
     assert m == {"reward/avg_raw_reward": pytest.approx(0.75), "reward/avg_pass_at_1": 0.5,
                  "reward/mean_positive_reward": pytest.approx(0.75)}
 
@@ -148,11 +152,20 @@ def test_advantage_metrics_by_hand():
 
 
 def test_environment_metrics_by_hand():
-    # one class: SkyRL's names only
-    assert environment_metrics({"a": [{"x": 1.0}, {"x": 2.0}]}) == {"environment/x": 1.5}
-    # two classes: a shared key over all episodes, and per class; a key of one class once
-    got = environment_metrics({"a": [{"x": 1.0}, {"x": 3.0, "y": 2.0}], "b": [{"x": 5.0}, {}]})
+    # one class: its aggregate under SkyRL's names only
+    assert environment_metrics({"a": ClassMetrics({"x": 1.5}, {"x": 2})}) == {"environment/x": 1.5}
+    # two classes: a shared key weighted by the episodes that reported it ((2 * 2 + 5 * 1) / 3), and
+    # per class; a key of one class once
+    got = environment_metrics({"a": ClassMetrics({"x": 2.0, "y": 2.0}, {"x": 2, "y": 1}),
+                               "b": ClassMetrics({"x": 5.0}, {"x": 1})})
     assert got == {"environment/x": 3.0, "environment/a/x": 2.0, "environment/b/x": 5.0, "environment/y": 2.0}
+
+
+def test_the_default_aggregation_is_skyrl_gyms_mean_of_numbers():
+    from ridgeline.envs.base import mean_of_numbers
+
+    episodes = [{"x": 1, "ok": True, "name": "a"}, {"x": 3.0, "ok": False, "bad": float("nan")}, {}]
+    assert mean_of_numbers(episodes) == {"x": 2.0, "ok": 0.5}
 
 
 def test_rollout_train_prob_ratio_mean_and_std_by_hand():

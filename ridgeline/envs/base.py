@@ -13,11 +13,12 @@ lightweight worker processes.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["Env", "SingleTurnEnv", "StepOutput", "Message"]
+__all__ = ["Env", "SingleTurnEnv", "StepOutput", "Message", "mean_of_numbers"]
 
 Message = dict[str, str]
 """A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
@@ -86,12 +87,18 @@ class Env(ABC):
         self.turns += 1
         return self.turns >= self.max_turns
 
-    def get_metrics(self) -> dict[str, float]:
-        """Numbers about the finished episode (e.g. ``tool_calls``, ``sql_errors``); the
-        generator averages them over a step's episodes and logs them as ``environment/<key>``
-        (SkyRL's name; a key several env classes report also per class,
+    def get_metrics(self) -> dict[str, Any]:
+        """Numbers about the finished episode (e.g. ``tool_calls``, ``sql_errors``), combined over a
+        step's episodes of this env class by :meth:`aggregate_metrics` and logged as
+        ``environment/<key>`` (SkyRL's name; a key several env classes report also per class,
         ``environment/<env_class>/<key>``). Default: none."""
         return {}
+
+    def aggregate_metrics(self, episodes: list[dict[str, Any]]) -> dict[str, float]:
+        """How this env's class combines the ``get_metrics()`` dicts of a step's episodes (called on
+        one of them; skyrl-gym's ``aggregate_metrics``). Default, as skyrl-gym's: the mean of each
+        number (bools as 0/1) over the episodes that report it; other values are left out."""
+        return mean_of_numbers(episodes)
 
     def init(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
         """Called once before generation; may rewrite the prompt.
@@ -138,3 +145,13 @@ class SingleTurnEnv(Env):
     def step_metadata(self) -> dict[str, Any]:
         """Extra metadata added to every step (e.g. the ground truth)."""
         return {}
+
+
+def mean_of_numbers(episodes: list[dict[str, Any]]) -> dict[str, float]:
+    """Per key, the mean of the finite numbers (bools as 0/1) the episodes report under it."""
+    values: dict[str, list[float]] = {}
+    for episode in episodes:
+        for key, value in episode.items():
+            if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
+                values.setdefault(str(key), []).append(float(value))
+    return {key: sum(vs) / len(vs) for key, vs in values.items()}

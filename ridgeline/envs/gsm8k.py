@@ -74,7 +74,8 @@ class GSM8KEnv(SingleTurnEnv):
 class GSM8KMultiTurnEnv(Env):
     """skyrl-gym's ``gsm8k_multi_turn``: a reward every turn (see the module docstring).
 
-    Metrics per episode: ``steps`` (turns taken), as skyrl-gym reports.
+    Metrics per episode: ``steps`` (turns taken), combined per step as skyrl-gym's class does:
+    ``avg_steps``, the mean (logged as ``environment/avg_steps``).
     """
 
     accepted_settings = ()
@@ -105,6 +106,9 @@ class GSM8KMultiTurnEnv(Env):
 
     def get_metrics(self) -> dict[str, float]:
         return {"steps": float(self.turns)}
+
+    def aggregate_metrics(self, episodes: list[dict[str, Any]]) -> dict[str, float]:
+        return {"avg_steps": sum(float(m.get("steps", 0)) for m in episodes) / len(episodes)} if episodes else {}
 
 
 # --------------------------------------------------------------------------- Ridgeline's lenient envs

@@ -3,7 +3,8 @@
 A skyrl-gym env (a ``skyrl_gym.envs.base_text_env.BaseTextEnv`` subclass registered with
 ``skyrl_gym.register``) is built as SkyRL-Train's generator builds it:
 ``skyrl_gym.make(id, env_config=<environment.skyrl_gym.<id> as a DictConfig>, extras=<the row
-minus prompt/env_class, plus max_turns>)``; ``init``, ``step``, ``get_metrics`` and ``close`` are
+minus prompt/env_class, plus max_turns>)``; ``init``, ``step``, ``get_metrics``, ``close`` and the
+class's ``aggregate_metrics`` (how a step's episodes combine into ``environment/<key>``) are
 forwarded. Ridgeline's generator tokenizes the observations itself (token-in / token-out), so a
 ``postprocessed_action`` cannot replace the sampled tokens: it is kept in the step metadata and
 logged once.
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from .base import Env, Message, StepOutput
+from .base import Env, Message, StepOutput, mean_of_numbers
 
 __all__ = ["PREFIX", "SkyRLGymEnv", "SkyRLGymNotInstalled", "skyrl_gym_module", "skyrl_gym_source"]
 
@@ -140,10 +141,14 @@ class SkyRLGymEnv(Env):
         return StepOutput(observations=[dict(m) for m in out["observations"] or []], reward=out["reward"],
                           done=bool(out["done"]), metadata=metadata)
 
-    def get_metrics(self) -> dict[str, float]:
-        # as skyrl-gym's default aggregate_metrics: numbers (bools as 0/1) are averaged over the
-        # step's episodes by the generator, anything else is dropped
-        return {str(k): float(v) for k, v in (self.inner.get_metrics() or {}).items() if isinstance(v, (int, float))}
+    def get_metrics(self) -> dict[str, Any]:
+        return dict(self.inner.get_metrics() or {})   # as returned: the class's aggregator reads them
+
+    def aggregate_metrics(self, episodes: list[dict[str, Any]]) -> dict[str, float]:
+        """The env class's own ``aggregate_metrics`` (skyrl-gym's default averages numbers), as
+        SkyRL's ``aggregate_for_environment`` calls it; numbers only are kept for logging."""
+        combined = type(self.inner).aggregate_metrics(episodes) or {}
+        return mean_of_numbers([combined])
 
     def close(self) -> None:
         self.inner.close()

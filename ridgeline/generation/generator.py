@@ -229,12 +229,14 @@ class Generator:
 
     def _finish(self, inp: GeneratorInput, trajectories: list[Trajectory], counts: dict[str, float],
                 engine_seconds: float, total_seconds: float) -> GeneratorOutput:
-        env_metrics: dict[str, list[dict[str, float]]] = defaultdict(list)
+        episodes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        aggregators: dict[str, envs.Env] = {}   # per env class, one of its envs: it knows how they combine
         for traj in trajectories:
             if traj.env is not None:
                 metrics = self._episode_metrics(traj, counts)
                 if metrics is not None:
-                    env_metrics[traj.env_class].append(metrics)
+                    episodes[traj.env_class].append(metrics)
+                    aggregators.setdefault(traj.env_class, traj.env)
                 try:
                     traj.env.close()
                 except Exception as exc:
@@ -250,7 +252,7 @@ class Generator:
         }
         if self.runner.stragglers:
             metrics["generate/env_stragglers"] = float(self.runner.stragglers)
-        metrics.update(environment_metrics(env_metrics))
+        metrics.update(environment_metrics(self._class_metrics(episodes, aggregators, counts)))
         return GeneratorOutput(
             prompt_token_ids=[t.prompt_ids for t in trajectories],
             response_ids=[t.response_ids for t in trajectories],
@@ -266,10 +268,24 @@ class Generator:
             turn_spans=[list(t.turn_spans) for t in trajectories],
         )
 
-    def _episode_metrics(self, traj: Trajectory, counts: dict[str, float]) -> dict[str, float] | None:
+    def _class_metrics(self, episodes: dict[str, list[dict[str, Any]]], aggregators: dict[str, envs.Env],
+                       counts: dict[str, float]) -> dict[str, ClassMetrics]:
+        """Per env class, its `aggregate_metrics` of its episodes, with how many reported each key."""
+        out: dict[str, ClassMetrics] = {}
+        for env_class, rows in episodes.items():
+            try:
+                combined = aggregators[env_class].aggregate_metrics(rows)
+                values = {str(k): float(v) for k, v in combined.items() if _finite(v)}
+            except Exception as exc:
+                self._failure(env_class, EnvCallFailure("error", f"aggregate_metrics: {exc}", traceback.format_exc()),
+                              counts, score=False)
+                continue
+            out[env_class] = ClassMetrics(values, {k: max(1, sum(k in row for row in rows)) for k in values})
+        return out
+
+    def _episode_metrics(self, traj: Trajectory, counts: dict[str, float]) -> dict[str, Any] | None:
         try:
-            metrics = traj.env.get_metrics()
-            return {str(k): float(v) for k, v in (metrics or {}).items() if _finite(v)}
+            return dict(traj.env.get_metrics() or {})
         except Exception as exc:
             self._failure(traj.env_class, EnvCallFailure("error", f"get_metrics: {exc}", traceback.format_exc()), counts,
                           score=False)
@@ -346,22 +362,30 @@ _BASE_CONVERSATION = [{"role": "user", "content": "x"}, {"role": "assistant", "c
 SingleTurnGenerator = Generator
 
 
-def environment_metrics(episodes: dict[str, list[dict[str, float]]]) -> dict[str, float]:
-    """Per env class, the `get_metrics()` dict of each of its episodes -> SkyRL's
-    `environment/<key>`: the mean over the episodes that reported `key`. SkyRL averages per class
-    and lets a later class overwrite an earlier one's key; here a key several classes report is
-    averaged over all their episodes, and each class's own mean is logged beside it as
+@dataclass(frozen=True)
+class ClassMetrics:
+    """One env class's `aggregate_metrics` of a step's episodes, and per key how many episodes
+    reported it (a key the aggregator made up counts 1)."""
+
+    values: dict[str, float]
+    counts: dict[str, int]
+
+
+def environment_metrics(per_class: dict[str, ClassMetrics]) -> dict[str, float]:
+    """SkyRL's `environment/<key>` from each env class's aggregate. SkyRL lets a later class
+    overwrite an earlier one's key; here a key several classes report is their aggregates' mean
+    weighted by the episodes that reported it (for classes that average, as skyrl-gym's default
+    does, the mean over all those episodes), and each class's own value is logged beside it as
     `environment/<env_class>/<key>` (for a key of one class that would repeat the same number)."""
     metrics: dict[str, float] = {}
-    keys = sorted({k for rows in episodes.values() for row in rows for k in row})
+    keys = sorted({k for m in per_class.values() for k in m.values})
     for key in keys:
-        per_class = {env_class: [row[key] for row in rows if key in row] for env_class, rows in episodes.items()}
-        per_class = {env_class: values for env_class, values in per_class.items() if values}
-        values = [v for vs in per_class.values() for v in vs]
-        metrics[f"environment/{key}"] = sum(values) / len(values)
-        if len(per_class) > 1:
-            for env_class, vs in per_class.items():
-                metrics[f"environment/{env_class}/{key}"] = sum(vs) / len(vs)
+        reporting = {env_class: m for env_class, m in per_class.items() if key in m.values}
+        weight = sum(m.counts[key] for m in reporting.values())
+        metrics[f"environment/{key}"] = sum(m.values[key] * m.counts[key] for m in reporting.values()) / weight
+        if len(reporting) > 1:
+            for env_class, m in reporting.items():
+                metrics[f"environment/{env_class}/{key}"] = m.values[key]
     return metrics
 
 
@@ -389,4 +413,4 @@ def _finite(value: Any) -> bool:
         return False
 
 
-__all__ = ["Generator", "build_env", "SingleTurnGenerator", "Trajectory", "environment_metrics"]
+__all__ = ["ClassMetrics", "Generator", "build_env", "SingleTurnGenerator", "Trajectory", "environment_metrics"]

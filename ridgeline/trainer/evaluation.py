@@ -84,9 +84,9 @@ class PromptGroup:
     passed: list[bool] = field(default_factory=list)     # `passes` of each sample
     positive: list[float] = field(default_factory=list)  # `positive_reward` of each sample
 
-    def add(self, reward: Reward) -> None:
+    def add(self, reward: Reward, loss_mask: Sequence[int]) -> None:
         self.rewards.append(total_reward(reward))
-        self.passed.append(passes(reward))
+        self.passed.append(passes(reward, loss_mask))
         self.positive.append(positive_reward(reward))
 
     @property
@@ -157,7 +157,7 @@ class EvalAccumulator:
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = PromptGroup(source, index=len(self.groups))
-            group.add(out.rewards[i])
+            group.add(out.rewards[i], out.loss_masks[i])
             passed = group.passed[-1]
             metadata = out.step_metadata[i] if i < len(out.step_metadata) else {}
             extras = inp.env_extras[i]

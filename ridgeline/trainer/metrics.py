@@ -7,8 +7,12 @@ own names (`reward/accuracy`, `reward/solve_*_frac`, `generate/truncated_frac`) 
 docs/logging.md has the table of every name.
 
 Two verdicts on a trajectory:
-    passes   SkyRL's: its reward is positive (for a per-token reward, the last token's, as
-             SkyRL reads the outcome there). Used by every `pass_at_*` metric.
+    passes   SkyRL's: its outcome reward is positive. For a per-token reward the outcome is the
+             reward on the last token the policy sampled (the last loss-mask 1): SkyRL reads the
+             last token, where its generator puts the final reward; Ridgeline's generator keeps
+             that reward on the last sampled token, and a token appended after it (the eos of
+             append_eos_token_after_stop_str_in_multi_turn, an observation) holds 0. Used by
+             every `pass_at_*` metric.
     solved   Ridgeline's: its total reward is at least SOLVED_THRESHOLD (1.0), so partial credit
              (a format score) never counts. Used by the `accuracy` and `solve_*` metrics.
 """
@@ -27,11 +31,18 @@ from ridgeline.generation.types import Reward, total_reward
 SOLVED_THRESHOLD = 1.0
 
 
-def passes(reward: Reward) -> bool:
-    """SkyRL's pass: the outcome reward is > 0 (the last entry of a per-token reward)."""
-    if isinstance(reward, list):
-        return bool(reward) and reward[-1] > 0.0
-    return reward > 0.0
+def outcome_reward(reward: Reward, loss_mask: Sequence[int]) -> float:
+    """A trajectory's outcome: its reward, or for a per-token reward the entry on the last sampled
+    token (the last 1 of `loss_mask`, aligned with it); 0.0 for one with no sampled token."""
+    if not isinstance(reward, list):
+        return float(reward)
+    last = max((i for i, m in enumerate(loss_mask) if m), default=None)
+    return float(reward[last]) if last is not None else 0.0
+
+
+def passes(reward: Reward, loss_mask: Sequence[int]) -> bool:
+    """SkyRL's pass: the outcome reward (`outcome_reward`) is > 0."""
+    return outcome_reward(reward, loss_mask) > 0.0
 
 
 def positive_reward(reward: Reward) -> float:
@@ -41,17 +52,18 @@ def positive_reward(reward: Reward) -> float:
     return max(float(reward), 0.0)
 
 
-def pass_at_n(rewards: Sequence[Reward], uids: Sequence[str]) -> float:
+def pass_at_n(rewards: Sequence[Reward], loss_masks: Sequence[Sequence[int]], uids: Sequence[str]) -> float:
     """Share of prompts (uids) with at least one passing sample."""
     groups: dict[str, bool] = defaultdict(bool)
-    for uid, reward in zip(uids, rewards, strict=True):
-        groups[uid] |= passes(reward)
+    for uid, reward, mask in zip(uids, rewards, loss_masks, strict=True):
+        groups[uid] |= passes(reward, mask)
     return sum(groups.values()) / len(groups)
 
 
-def reward_metrics(rewards: Sequence[Reward], uids: Sequence[str], n: int) -> dict[str, float]:
+def reward_metrics(rewards: Sequence[Reward], loss_masks: Sequence[Sequence[int]], uids: Sequence[str],
+                   n: int) -> dict[str, float]:
     """SkyRL's `reward/*` of the trajectories the step trains on (after the truncation rules and
-    dynamic sampling), n samples per prompt:
+    dynamic sampling), n samples per prompt (`loss_masks` locate a per-token reward's outcome):
 
         reward/avg_raw_reward        mean_i R_i                  (R_i the total reward)
         reward/avg_pass_at_<n>       share of prompts with a passing sample
@@ -61,7 +73,7 @@ def reward_metrics(rewards: Sequence[Reward], uids: Sequence[str], n: int) -> di
         raise ValueError("reward_metrics: no trajectories")
     return {
         "reward/avg_raw_reward": statistics.fmean(total_reward(r) for r in rewards),
-        f"reward/avg_pass_at_{n}": pass_at_n(rewards, uids),
+        f"reward/avg_pass_at_{n}": pass_at_n(rewards, loss_masks, uids),
         "reward/mean_positive_reward": statistics.fmean(positive_reward(r) for r in rewards),
     }
 

@@ -485,7 +485,7 @@ class Trainer:
                 return metrics
             with timer.phase("postprocess_generator_output"):
                 # SkyRL's reward metrics: the trajectories trained on, with the rewards they train with
-                metrics.update(reward_metrics(out.rewards, out.uids, n))
+                metrics.update(reward_metrics(out.rewards, out.loss_masks, out.uids, n))
                 if self.run.global_step in (1, self.total_steps):
                     # sample rollouts of the first and last steps, for the run report
                     write_samples(self.run_dir / "samples.jsonl", self.run.global_step,
