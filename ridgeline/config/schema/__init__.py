@@ -53,8 +53,8 @@ class RidgelineConfig(Section):
             self._batch_role("critic", report)
 
     def _batch_role(self, role: str, report: Report) -> None:
-        t, n = self.trainer, self.generator.n_samples_per_prompt
-        tbs, micro = t.train_batch_size, t.micro_train_batch_size_per_gpu
+        t = self.trainer
+        tbs = t.train_batch_size
         mkey, mini = f"trainer.{role}_mini_batch_size", getattr(t, f"{role}_mini_batch_size")
         if min(tbs, mini) < 1:
             return
@@ -67,29 +67,10 @@ class RidgelineConfig(Section):
             report.add(f"{mkey}={mini} does not divide trainer.train_batch_size={tbs}: each step splits the {tbs} "
                        f"prompts into mini-batches of {mini} for optimizer steps. Fix: choose a mini-batch size that "
                        f"divides {tbs} ({divisor_text(tbs)}).")
-        if min(n, micro) < 1:
-            return
-        if t.strategy == "single":
-            dp, dp_why = 1, "1 data-parallel rank (strategy single)"
-        else:
-            nodes_key, gpus_key = f"trainer.placement.{role}_num_nodes", f"trainer.placement.{role}_num_gpus_per_node"
-            nodes, gpus = getattr(t.placement, f"{role}_num_nodes"), getattr(t.placement, f"{role}_num_gpus_per_node")
-            if min(nodes, gpus) < 1:
-                return
-            dp = nodes * gpus
-            dp_why = (f"{dp} data-parallel ranks ({nodes_key}={nodes} x {gpus_key}={gpus}, strategy {t.strategy})")
-        samples = mini * n
-        if samples % dp:
-            report.add(f"{mkey}={mini} x generator.n_samples_per_prompt={n} = {samples} samples per optimizer step "
-                       f"cannot be split evenly over {dp_why}. Fix: make {mkey} x n_samples_per_prompt a multiple "
-                       f"of {dp}, or change the number of ranks.")
-            return
-        per_rank = samples // dp
-        if per_rank % micro:
-            report.add(f"trainer.micro_train_batch_size_per_gpu={micro} does not divide the {per_rank} samples each "
-                       f"rank trains on per {role} optimizer step ({mkey}={mini} x generator.n_samples_per_prompt={n} "
-                       f"/ {dp_why}): gradient accumulation needs whole micro-batches. Fix: choose a micro-batch "
-                       f"size that divides {per_rank} ({divisor_text(per_rank)}).")
+        # A mini-batch of samples that does not split evenly over the data-parallel ranks is padded
+        # (training.batch.rank_shares: copies marked as padding, in no loss and no count), and a
+        # micro-batch size that does not divide a rank's share leaves a smaller last micro-batch:
+        # the losses divide by the whole mini-batch's counts, so the update is the same either way.
 
     def _placement(self, report: Report) -> None:
         t, g = self.trainer, self.generator
@@ -120,13 +101,6 @@ class RidgelineConfig(Section):
                 report.add(f"{key}={size} must divide the {ranks} {role} ranks (hybrid sharding: shard groups of "
                            f"{size} ranks, replicated). Fix: {key}=-1 (shard over all ranks), or a divisor of {ranks} "
                            f"({divisor_text(ranks)}).")
-        samples, ref_ranks = t.policy_mini_batch_size * g.n_samples_per_prompt, plan.ranks.get("ref")
-        # (with the policy's own rank count the policy's rule has said it already)
-        if ref_ranks and samples % ref_ranks and ref_ranks != plan.ranks.get("policy"):
-            report.add(f"the reference's {ref_ranks} ranks cannot split a mini-batch of trainer.policy_mini_batch_size="
-                       f"{t.policy_mini_batch_size} x generator.n_samples_per_prompt={g.n_samples_per_prompt} = "
-                       f"{samples} samples evenly. Fix: give the reference the policy's placement "
-                       "(trainer.placement.ref_* = policy_*).")
 
     def _rollout_budget(self, report: Report) -> None:
         a, n = self.trainer.algorithm, self.generator.n_samples_per_prompt
