@@ -123,7 +123,7 @@ def test_the_workers_accumulated_gradient_is_skyrls(tiny_model, tiny_tokenizer) 
 
     for micro in (rows, 4, 2):
         model = copy.deepcopy(tiny_model)
-        cfg = PolicyTrainConfig(mini_batch_size=rows, micro_batch_size=micro, micro_forward_batch_size=micro,
+        cfg = PolicyTrainConfig(mini_batch_trajectories=rows, micro_batch_size=micro, micro_forward_batch_size=micro,
                                 policy_loss="importance_sampling", loss_reduction="seq_mean_token_sum_norm",
                                 algorithm=section, max_seq_len=50, max_grad_norm=1e9)
         opt = build_optimizer(model, lr=0.0, betas=(0.9, 0.999), weight_decay=0.0)

@@ -44,7 +44,7 @@ def _policy(parallel=None):
     _nonzero_b(model)
     if parallel is not None:
         model = parallel.place(model)
-    return _worker(model, mini=ROWS // (parallel.world_size if parallel else 1), parallel=parallel)
+    return _worker(model, mini=ROWS, parallel=parallel)   # global: each rank trains its share
 
 
 def _nonzero_b(model) -> None:
@@ -61,8 +61,7 @@ def _critic(parallel=None):
     model.backbone = wrap(model.backbone, CRITIC_LORA, seed=1)
     if parallel is not None:
         model = parallel.place(model)
-    world = parallel.world_size if parallel else 1
-    config = CriticTrainConfig(mini_batch_size=ROWS // world, micro_batch_size=MICRO, micro_forward_batch_size=MICRO,
+    config = CriticTrainConfig(mini_batch_trajectories=ROWS, micro_batch_size=MICRO, micro_forward_batch_size=MICRO,
                                value_clip=0.2, max_grad_norm=0.5)
     opt = build_optimizer(model, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)
     return CriticWorker(model, config, opt, build_scheduler(opt, LRSchedule("constant_with_warmup", 2, 0)), parallel)

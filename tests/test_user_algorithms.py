@@ -155,7 +155,7 @@ def skyrl_style_mean(log_probs, old_log_probs, advantages, config, loss_mask=Non
 
 
 def _policy_step(model, loss: str, micro: int, batch, algorithm_section, max_seq_len: int):
-    cfg = PolicyTrainConfig(mini_batch_size=batch.batch_size, micro_batch_size=micro, micro_forward_batch_size=micro,
+    cfg = PolicyTrainConfig(mini_batch_trajectories=batch.batch_size, micro_batch_size=micro, micro_forward_batch_size=micro,
                             policy_loss=loss, loss_reduction=algorithm_section.loss_reduction,
                             algorithm=algorithm_section, max_seq_len=max_seq_len, max_grad_norm=1e9)
     opt = build_optimizer(model, lr=0.0, betas=(0.9, 0.999), weight_decay=0.0)
