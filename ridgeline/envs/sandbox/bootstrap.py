@@ -241,8 +241,10 @@ def install_audit_hook(work, max_processes, report_fd, blocked_exit_code):
         elif event == "os.killpg":
             if args[0] != 0 and args[0] != getpgrp():
                 deny("os.killpg of another process group")
-        elif event == "import" and args[0] in denied_imports:
-            deny("import " + args[0])
+        elif event == "import" and str_(args[0]).rpartition(".")[2] in denied_imports:
+            # The last part: an extension module's init function is found by it, so loading
+            # _posixsubprocess's file as "x._posixsubprocess" would give a fresh, unwrapped copy.
+            deny("import " + str_(args[0]))
 
     sys.addaudithook(hook)
 
