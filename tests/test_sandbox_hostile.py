@@ -58,6 +58,21 @@ def _h(name: str, source: str, **kwargs) -> Hostile:
     return Hostile(name, textwrap.dedent(source).strip() + "\n", **kwargs)
 
 
+# Writes 1 MiB files into FOLDER until the first error; reports how many on stderr.
+FILL = """
+    import sys
+    mib = 0
+    try:
+        while mib < 10000:
+            with open('FOLDER/fill%d' % mib, 'wb') as f:
+                f.write(b'x' * (1 << 20))
+            mib += 1
+    except OSError:
+        pass
+    print('wrong')
+    print(mib, file=sys.stderr)
+"""
+
 # ``$NAME`` placeholders are filled per program from the world (string.Template).
 HOSTILE = [
     # ---------------------------------------------------------------- processes
@@ -289,32 +304,8 @@ HOSTILE = [
         print('wrote', os.path.realpath('/tmp/$WORD'), file=sys.stderr)
         print('wrong')
     """),
-    _h("fill_the_work_dir", """
-        import sys
-        mib = 0
-        try:
-            while mib < 10000:
-                with open('fill%d' % mib, 'wb') as f:
-                    f.write(b'x' * (1 << 20))
-                mib += 1
-        except OSError:
-            pass
-        print('wrong')
-        print(mib, file=sys.stderr)
-    """, max_reported=64),
-    _h("fill_dev_shm", """
-        import sys
-        mib = 0
-        try:
-            while mib < 10000:
-                with open('/dev/shm/fill%d' % mib, 'wb') as f:
-                    f.write(b'x' * (1 << 20))
-                mib += 1
-        except OSError:
-            pass
-        print('wrong')
-        print(mib, file=sys.stderr)
-    """, max_reported=64),
+    _h("fill_the_work_dir", FILL.replace("FOLDER", "."), max_reported=64),
+    _h("fill_dev_shm", FILL.replace("FOLDER", "/dev/shm"), max_reported=64),
     _h("overwrite_the_runtime", """
         import os
         for path in ('$PYTHON', '$STDLIB_OS'):

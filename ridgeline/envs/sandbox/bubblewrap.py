@@ -31,7 +31,7 @@ import site
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .bootstrap import bootstrap_source
 from .isolation import Launch, bootstrap_config, child_env, memfile
@@ -162,7 +162,7 @@ class Bubblewrap:
     mounts: tuple[Mount, ...]
     setpriv: str | None = None
     version: tuple[int, ...] = MIN_VERSION
-    packages: tuple[str, ...] = field(default_factory=tuple)
+    packages: tuple[str, ...] = ()
 
     name = "bwrap"
 
@@ -178,6 +178,7 @@ class Bubblewrap:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise BubblewrapUnusable("bubblewrap (bwrap) is not installed")
+        bwrap = os.path.realpath(bwrap)  # as root it is bound into the first bwrap's view by this path
         version = bwrap_version(bwrap)
         if version < MIN_VERSION:
             raise BubblewrapUnusable(f"{bwrap} is bubblewrap {'.'.join(map(str, version))}, older than the "
@@ -188,6 +189,7 @@ class Bubblewrap:
             if setpriv is None:
                 raise BubblewrapUnusable("this process runs as root and setpriv, which drops programs to an "
                                          "unprivileged user, is not installed (package util-linux)")
+            setpriv = os.path.realpath(setpriv)
         interpreter = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
         isolation = cls(bwrap=bwrap, interpreter=interpreter, mounts=runtime_mounts(interpreter, packages),
                         setpriv=setpriv, version=version, packages=packages)
