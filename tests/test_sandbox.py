@@ -12,6 +12,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import tempfile
 import textwrap
 import threading
 import time
@@ -587,3 +589,40 @@ def test_bubblewrap_run_is_logged_as_such(bw, policy, caplog):
     with caplog.at_level(logging.INFO, logger="ridgeline.envs.sandbox.policy"):
         assert current_isolation().name == "bwrap"
     assert any("code sandbox: bubblewrap" in r.getMessage() for r in caplog.records)
+
+
+def test_the_non_root_path_a_single_bwrap(tmp_path_factory):
+    """A normal user's path (one bwrap, the host's paths bound directly), run for real as uid 65534
+    with the system Python: the sandbox package is stdlib-only, so a copy of it runs there."""
+    system_python, setpriv = shutil.which("python3", path="/usr/bin"), shutil.which("setpriv", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not system_python or not setpriv:
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to become an unprivileged user with a readable Python")
+    bubblewrap()
+    folder = Path(tempfile.mkdtemp(prefix="ridgeline-nonroot-"))  # not under pytest's 0700 tmp folders
+    try:
+        shutil.copytree(REPO / "ridgeline" / "envs" / "sandbox", folder / "sandbox")
+        (folder / "check.py").write_text(textwrap.dedent(f"""
+            import os, sys
+            sys.path.insert(0, {str(folder)!r})
+            from sandbox import SandboxLimits, SandboxSettings, resolve_isolation, run_python
+            iso = resolve_isolation(SandboxSettings(packages=()))
+            assert iso.setpriv is None and os.getuid() == 65534
+            r = run_python("import os\\nprint(os.getuid(), os.getpid())", isolation=iso)
+            print(r.stdout.strip(), 'unprivileged_uid' in r.layers)
+            r = run_python("import os, time\\nn = 0\\ntry:\\n    while True:\\n        if os.fork() == 0:\\n"
+                           "            time.sleep(5)\\n            os._exit(0)\\n        n += 1\\nexcept OSError as e:\\n"
+                           "    print(n, e.errno)", limits=SandboxLimits(use_audit_hook=False, max_threads=3), isolation=iso)
+            print(r.stdout.strip())
+            r = run_python("open({str(folder / 'evil')!r}, 'w')", limits=SandboxLimits(use_audit_hook=False), isolation=iso)
+            print(r.stderr.strip().splitlines()[-1].split(':')[0])
+        """))
+        os.chmod(folder, 0o755)
+        for path in folder.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        done = subprocess.run([setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--", system_python,
+                               "-I", str(folder / "check.py")], capture_output=True, text=True, timeout=120, cwd="/")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["65534 1 False", "3 11", "FileNotFoundError"], done.stdout
+        assert not (folder / "evil").exists()
+    finally:
+        shutil.rmtree(folder)
