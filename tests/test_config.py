@@ -228,6 +228,8 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("environment.step_timeout_s", 60.0),
     ("environment.env_modules", []),
     ("environment.reward_fn", None),
+    ("environment.sandbox.allow_weak_isolation", False),
+    ("environment.sandbox.packages", ["numpy"]),
     # SkyRL 0.3.1 sampling keys beyond CONFIG_REFERENCE (docs/config.md), with SkyRL's defaults
     ("generator.sampling_params.repetition_penalty", 1.0),
     ("generator.sampling_params.logprobs", None),

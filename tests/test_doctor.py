@@ -221,3 +221,14 @@ def test_cli_doctor_json(capsys):
     assert {"python", "torch", "cuda", "packages", "ray", "config", "generator.backend"} <= names
     assert all(c["status"] in ("ok", "warn", "FAIL", "not checked") for c in report["checks"])
     assert report["facts"]["packages"]["sglang"] is None
+
+
+def test_code_sandbox_check_warns_with_the_refusal():
+    facts = cpu_machine()
+    facts.sandbox = ""
+    assert statuses(all_checks(facts), "code sandbox") == [OK]
+    facts.sandbox = ("Model-written code cannot be sandboxed on this machine: bubblewrap (bwrap) is not installed. "
+                     "Fix: ...")
+    checks = all_checks(facts)
+    assert [(c.status, c.detail) for c in checks if c.name == "code sandbox"] == [("warn", facts.sandbox)]
+    assert verdict(checks, "x") == "ready (x), 1 warning(s) above"

@@ -1,51 +1,52 @@
-"""The Python sandbox: real subprocesses running hostile programs; every one must be contained.
+"""The Python sandbox: real bubblewrap sandboxes running real programs.
 
-Each isolation layer is tested on its own where it can be switched off (``use_audit_hook`` /
-``use_namespaces``); tests of a kernel layer skip on machines where that layer is unavailable.
+Each layer is tested where it can be isolated: ``KERNEL_ONLY`` runs bubblewrap without the audit
+hook (what the kernel alone stops), ``PROCESS`` is the weaker process-only mode (what the hook alone
+stops). The hostile programs through the code env are in test_sandbox_hostile.py.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import tempfile
 import textwrap
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+from conftest import REPO
+from sandbox_helpers import Victim, assert_none_left, bubblewrap, processes_with, token
 
-from ridgeline.envs.sandbox import SandboxLimits, SandboxResult, _classify, probe_layers, run_python
+from ridgeline.envs import make
+from ridgeline.envs.sandbox import (ProcessOnly, SandboxError, SandboxLimits, SandboxResult, SandboxSettings,
+                                    SandboxUnavailable, classify, configure, current_isolation, probe_layers,
+                                    resolve_isolation, run_python)
 
 FAST = SandboxLimits(wall_seconds=2, cpu_seconds=2)
-HOOK_ONLY = SandboxLimits(wall_seconds=2, cpu_seconds=2, use_namespaces=False)
 KERNEL_ONLY = SandboxLimits(wall_seconds=2, cpu_seconds=2, use_audit_hook=False)
+PROCESS = ProcessOnly()
 
 
-def run(source: str, stdin: str = "", limits: SandboxLimits = FAST) -> SandboxResult:
-    return run_python(textwrap.dedent(source), stdin, limits)
+@pytest.fixture(scope="module")
+def bw():
+    return bubblewrap()
 
 
-def require_layer(name: str) -> None:
-    if name not in probe_layers():
-        pytest.skip(f"isolation layer {name!r} is not available on this machine ({probe_layers()})")
+@pytest.fixture()
+def policy():
+    """Tests that change the process-wide settings leave the defaults behind."""
+    yield configure
+    configure(SandboxSettings())
 
 
-def is_dead(pid: int, wait_s: float = 2.0) -> bool:
-    """Gone, or a zombie (in containers nobody may reap reparented children)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
+def run(isolation, source: str, stdin: str = "", limits: SandboxLimits = FAST) -> SandboxResult:
+    return run_python(textwrap.dedent(source), stdin, limits, isolation)
 
 
 def assert_blocked(result: SandboxResult, what: str) -> None:
@@ -57,39 +58,39 @@ def assert_blocked(result: SandboxResult, what: str) -> None:
 # ------------------------------------------------------------------------------ normal programs
 
 
-def test_program_reads_stdin_and_writes_exact_stdout():
-    result = run("""
+def test_program_reads_stdin_and_writes_exact_stdout(bw):
+    result = run(bw, """
         import sys
         data = sys.stdin.read()
         sys.stdout.write(data.upper() + "  \\n")
     """, stdin="hello\nworld")
     assert result.ok and result.stdout == "HELLO\nWORLD  \n" and result.stderr == ""
-    assert not result.timed_out and result.killed_reason is None
-    assert "audit_hook" in result.layers and "rlimits" in result.layers
+    assert not result.timed_out and result.killed_reason is None and result.isolation == "bwrap"
+    assert {"pidns", "netns", "userns", "readonly_root", "tmpfs_work", "rlimits", "nproc", "audit_hook"} <= set(result.layers)
 
 
-def test_input_function_large_stdin_and_utf8():
+def test_input_function_large_stdin_and_utf8(bw):
     big = "\n".join(str(i) for i in range(100_000)) + "\n"
-    result = run("import sys\nprint(sum(map(int, sys.stdin.read().split())), 'é✓')", stdin=big)
+    result = run(bw, "import sys\nprint(sum(map(int, sys.stdin.read().split())), 'é✓')", stdin=big)
     assert result.ok and result.stdout == f"{sum(range(100_000))} é✓\n"
 
 
-def test_exception_gives_nonzero_exit_and_traceback():
-    result = run("def f():\n    raise ValueError('boom')\nf()\n")
+def test_exception_gives_nonzero_exit_and_traceback(bw):
+    result = run(bw, "def f():\n    raise ValueError('boom')\nf()\n")
     assert result.exit_code == 1 and result.killed_reason is None
     assert "ValueError: boom" in result.stderr and "main.py" in result.stderr
-    assert run("import sys; sys.exit(3)").exit_code == 3
+    assert run(bw, "import sys; sys.exit(3)").exit_code == 3
 
 
-def test_syntax_error_and_unusual_sources_do_not_break_the_sandbox():
-    result = run("def f(:\n")
+def test_syntax_error_and_unusual_sources_do_not_break_the_sandbox(bw):
+    result = run(bw, "def f(:\n")
     assert result.exit_code == 1 and "SyntaxError" in result.stderr
-    assert run("print('a')\x00").exit_code == 1  # NUL byte: compile error, not a crash
-    assert run("print('\ud800')").stdout == "?\n"  # lone surrogate (invalid UTF-8) becomes "?"
-    assert run("").ok
+    assert run(bw, "print('a')\x00").exit_code == 1  # NUL byte: compile error, not a crash
+    assert run(bw, "print('\ud800')").stdout == "?\n"  # lone surrogate (invalid UTF-8) becomes "?"
+    assert run(bw, "").ok
 
 
-def test_threads_work_and_concurrent_calls_from_threads():
+def test_threads_work_and_concurrent_calls_from_threads(bw):
     # Deep-recursion idiom of competitive programming: a thread with a bigger stack.
     source = """
         import sys, threading
@@ -103,7 +104,7 @@ def test_threads_work_and_concurrent_calls_from_threads():
         print(out[0] + int(input()))
     """
     results: dict[int, SandboxResult] = {}
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(source, f"{i}\n"))) for i in range(3)]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(bw, source, f"{i}\n"))) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -111,83 +112,108 @@ def test_threads_work_and_concurrent_calls_from_threads():
     assert [results[i].stdout for i in range(3)] == ["20000\n", "20001\n", "20002\n"]
 
 
-def test_writing_inside_its_own_dir_works_and_dir_is_removed():
-    result = run("""
+def test_numpy_imports_and_works_in_both_modes(bw):
+    source = """
+        import numpy as np
+        a = np.array([[2.0, 1.0], [1.0, 3.0]])
+        print(int(round(np.linalg.det(a))), int(np.arange(int(input())).sum()))
+    """
+    for isolation in (bw, PROCESS):
+        result = run(isolation, source, "10\n", limits=SandboxLimits(wall_seconds=20, cpu_seconds=10))
+        assert result.ok and result.stdout == "5 45\n", result
+
+
+def test_only_the_listed_packages_are_importable(bw):
+    assert run(bw, "import numpy").ok
+    result = run(bw, "import torch")  # installed beside numpy, not listed
+    assert "ModuleNotFoundError: No module named 'torch'" in result.stderr
+    bare = resolve_isolation(SandboxSettings(packages=()))
+    assert "No module named 'numpy'" in run(bare, "import numpy").stderr
+    with pytest.raises(SandboxError, match="environment.sandbox.packages lists 'no_such_pkg_x'"):
+        resolve_isolation(SandboxSettings(packages=("no_such_pkg_x",)))
+    with pytest.raises(SandboxError, match="not an installed package in site-packages"):
+        resolve_isolation(SandboxSettings(packages=("ridgeline",)))  # the checkout: never bound
+
+
+def test_work_dir_is_a_private_tmpfs(bw):
+    source = """
         import os, tempfile
+        print(os.getcwd(), os.environ["HOME"], sorted(os.listdir(".")))
         with open("notes.txt", "w") as f:
             f.write("kept")
-        os.mkdir("sub")
-        with open(os.path.join("sub", "x"), "w") as f:
-            f.write("y")
-        with tempfile.NamedTemporaryFile("w", delete=False) as f:  # TMPDIR is the sandbox dir
+        with tempfile.NamedTemporaryFile("w", delete=False) as f:  # TMPDIR is the work dir
             f.write("t")
-        os.chmod("sub", 0)  # cleanup must cope with this
-        print(open("notes.txt").read())
-        print(os.getcwd())
-    """)
-    assert result.ok, result
-    text, cwd = result.stdout.split("\n")[:2]
-    assert text == "kept"
-    assert not os.path.exists(cwd) and not os.path.exists(os.path.dirname(cwd))
+        open("/tmp/via-tmp", "w").write("x")  # /tmp is the work dir too
+        os.mkdir("sub")
+        os.chmod("sub", 0)
+        print(open("notes.txt").read(), sorted(n for n in os.listdir(".") if not n.startswith("tmp")))
+    """
+    first, second = run(bw, source), run(bw, source)
+    assert first.ok, first
+    assert first.stdout == second.stdout == "/work /work ['main.py']\nkept ['main.py', 'notes.txt', 'sub', 'via-tmp']\n"
 
 
-# ------------------------------------------------------------------------------ hostile: time
+def test_process_mode_dir_is_removed_after_the_run():
+    result = run(PROCESS, "import os\nopen('x', 'w').write('y')\nos.mkdir('d')\nos.chmod('d', 0)\nprint(os.getcwd())")
+    assert result.ok and result.isolation == "process" and not os.path.exists(result.stdout.strip())
 
 
-def test_infinite_loop_hits_wall_timeout_promptly():
+# ------------------------------------------------------------------------------ time
+
+
+def test_infinite_loop_hits_wall_timeout_promptly(bw):
     start = time.monotonic()
-    result = run("while True:\n    pass\n", limits=SandboxLimits(wall_seconds=1, cpu_seconds=5))
-    elapsed = time.monotonic() - start
+    result = run(bw, "while True:\n    pass\n", limits=SandboxLimits(wall_seconds=1, cpu_seconds=5))
     assert result.timed_out and result.killed_reason == "wall_timeout" and result.exit_code == -9
-    assert elapsed < 1 + 2
+    assert time.monotonic() - start < 1 + 2
 
 
-def test_cpu_limit_even_when_sigxcpu_is_ignored():
-    # SIGXCPU at the soft limit would end a plain loop after 1 s; this one ignores it and is
-    # SIGKILLed at the hard limit (soft + 1 s).
-    # (No wall-time bound asserted: on a loaded machine 2 CPU seconds can take longer than that.)
-    result = run("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n",
+def test_cpu_limit_at_the_soft_limit_and_when_sigxcpu_is_ignored(bw):
+    result = run(bw, "while True:\n    pass\n", limits=SandboxLimits(wall_seconds=15, cpu_seconds=1))
+    assert result.killed_reason == "cpu_limit" and result.exit_code == -signal.SIGXCPU, result
+    # Ignoring SIGXCPU only buys the hard limit, soft + 1 s (no wall-time bound asserted: on a loaded
+    # machine 2 CPU seconds can take longer than that).
+    result = run(bw, "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n",
                  limits=SandboxLimits(wall_seconds=15, cpu_seconds=1))
     assert result.killed_reason == "cpu_limit" and result.exit_code == -signal.SIGKILL, result
-    assert not result.timed_out and 1.5 <= result.cpu_s < 3  # killed at the hard limit, soft + 1 s
+    assert not result.timed_out and 1.5 <= result.cpu_s < 3
 
 
 def test_classification_of_exits():
-    assert _classify(None, -signal.SIGXCPU, 1.0, 1, None, "") == "cpu_limit"
-    assert _classify(None, -signal.SIGKILL, 0.1, 5, None, "") is None  # killed, but not by the CPU limit
-    assert _classify(None, 1, 0.1, 5, None, "Traceback ...\nMemoryError\n") == "memory"
-    assert _classify(None, 0, 0.1, 5, None, "MemoryError") is None
-    assert _classify(None, 86, 0.1, 5, "os.fork", "") == "blocked: os.fork"
-    assert _classify("wall_timeout", -9, 9.0, 5, "os.fork", "") == "wall_timeout"
+    assert classify(None, -signal.SIGXCPU, 1.0, 1, None, "") == "cpu_limit"
+    assert classify(None, -signal.SIGKILL, 0.1, 5, None, "") is None  # killed, but not by the CPU limit
+    assert classify(None, 1, 0.1, 5, None, "Traceback ...\nMemoryError\n") == "memory"
+    assert classify(None, 0, 0.1, 5, None, "MemoryError") is None
+    assert classify(None, 86, 0.1, 5, "os.fork", "") == "blocked: os.fork"
+    assert classify("wall_timeout", -9, 9.0, 5, "os.fork", "") == "wall_timeout"
 
 
-def test_sleeping_program_is_killed_at_wall_timeout():
-    result = run("import time\ntime.sleep(60)\n", limits=SandboxLimits(wall_seconds=0.5))
+def test_sleeping_program_is_killed_at_wall_timeout(bw):
+    result = run(bw, "import time\ntime.sleep(60)\n", limits=SandboxLimits(wall_seconds=0.5))
     assert result.killed_reason == "wall_timeout" and result.duration_s < 2
 
 
-# ------------------------------------------------------------------------------ hostile: processes
+# ------------------------------------------------------------------------------ processes
 
 
 @pytest.mark.parametrize("source, event", [
-    ("import os\nprint(os.getpid(), flush=True)\nwhile True:\n    os.fork()\n", "os.fork"),
-    ("import os, subprocess\nprint(os.getpid(), flush=True)\nwhile True:\n    subprocess.Popen(['sleep', '100'])\n",
-     "subprocess.Popen"),
-    ("import os\nprint(os.getpid(), flush=True)\nos.system('sleep 100')\n", "os.system"),
-    ("import os\nprint(os.getpid(), flush=True)\nos.execv('/bin/sleep', ['sleep', '100'])\n", "os.exec"),
-    ("import os, multiprocessing as mp\nprint(os.getpid(), flush=True)\n"
-     "p = mp.get_context('spawn').Process(target=print)\np.start()\n", "fork_exec"),
+    ("import os\nwhile True:\n    os.fork()\n", "os.fork"),
+    ("import subprocess\nwhile True:\n    subprocess.Popen(['sleep', '{word}'])\n", "subprocess.Popen"),
+    ("import os\nos.system('sleep {word}')\n", "os.system"),
+    ("import os\nos.execv('/usr/bin/sleep', ['sleep', '{word}'])\n", "os.exec"),
+    ("import os\nos.posix_spawn('/usr/bin/sleep', ['sleep', '{word}'], {{}})\n", "os.posix_spawn"),
+    ("import multiprocessing as mp\np = mp.get_context('spawn').Process(target=print)\np.start()\n", "fork_exec"),
 ])
-def test_process_creation_is_blocked_and_nothing_survives(source, event):
-    result = run(source)
-    assert_blocked(result, event)
-    assert is_dead(int(result.stdout.split()[0]))
+def test_process_creation_is_blocked_and_nothing_survives(bw, source, event):
+    word = token()
+    for isolation in (bw, PROCESS):
+        assert_blocked(run(isolation, source.format(word=word)), event)
+        assert_none_left(word)
 
 
-def test_fork_bomb_catching_the_denial_is_still_stopped():
-    result = run("""
+def test_fork_bomb_catching_the_denial_is_still_stopped(bw):
+    result = run(bw, """
         import os
-        print(os.getpid(), flush=True)
         while True:
             try:
                 os.fork()
@@ -195,58 +221,115 @@ def test_fork_bomb_catching_the_denial_is_still_stopped():
                 pass
     """)
     assert_blocked(result, "os.fork")
-    assert is_dead(int(result.stdout.split()[0]))
 
 
-def test_allowed_children_are_killed_with_the_process_group():
-    # max_processes lets one child exist; it must still die with the program, both when the
-    # program exits normally and when it times out.
+def test_allowed_children_die_with_the_run_even_in_their_own_session(bw):
+    # max_processes lets children exist; they must still die with the program, when it exits
+    # normally, when it times out, and (bubblewrap: the PID namespace ends) after setsid.
     source = """
         import os, time
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(100)
-            os._exit(0)
-        print(pid, flush=True)
+        if os.fork() == 0:
+            {child}
+            os.execv('/usr/bin/sleep', ['sleep', '{word}'])
+        time.sleep(0.3)
+        print('parent done', flush=True)
         {tail}
     """
-    for tail, reason in (("", None), ("time.sleep(100)", "wall_timeout")):
-        result = run(source.format(tail=tail), limits=SandboxLimits(wall_seconds=1, max_processes=1))
-        assert result.killed_reason == reason, result
-        assert is_dead(int(result.stdout.split()[0]))
-    result = run("import os\nos.fork()\nos.fork()\n", limits=SandboxLimits(wall_seconds=2, max_processes=1))
-    assert_blocked(result, "max_processes")
+    for child in ("pass", "os.setsid()", "os.setsid()\n            if os.fork(): os._exit(0)"):
+        for tail, reason in (("", None), ("time.sleep(100)", "wall_timeout")):
+            word, results = token(), []
+            runner = threading.Thread(target=lambda: results.append(run(
+                bw, source.format(child=child, word=word, tail=tail), limits=SandboxLimits(wall_seconds=1.5, max_processes=2))))
+            runner.start()
+            if tail:  # the child really runs (on the host it is a `sleep <word>`) while the program sleeps
+                deadline = time.monotonic() + 1.4
+                while not processes_with(word) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert processes_with(word), child
+            runner.join()
+            assert results[0].killed_reason == reason and results[0].stdout == "parent done\n", results[0]
+            assert_none_left(word)
+    assert_blocked(run(bw, "import os\nos.fork()\nos.fork()\nos.fork()\n", limits=SandboxLimits(max_processes=2)),
+                   "max_processes")
 
 
-def test_signalling_other_processes_is_blocked():
-    assert_blocked(run("import os\nos.kill(os.getppid(), 0)\n"), "os.kill")
-    assert run("import os, signal\nos.kill(os.getpid(), 0)\nprint('ok')").ok
+def test_the_kernel_bounds_the_process_tree_without_the_hook(bw):
+    # RLIMIT_NPROC in the sandbox's own user namespace: 1 + max_processes + max_threads tasks.
+    result = run(bw, """
+        import os, time
+        made = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                made += 1
+        except OSError as exc:
+            print(made, exc.errno)
+    """, limits=SandboxLimits(wall_seconds=5, use_audit_hook=False, max_processes=0, max_threads=3))
+    assert result.ok and result.stdout == "3 11\n", result  # EAGAIN after 3 children
 
 
-# ------------------------------------------------------------------------------ hostile: memory/output
+def test_thread_count_is_bounded(bw):
+    result = run(bw, """
+        import threading, time
+        threads = []
+        try:
+            while True:
+                t = threading.Thread(target=time.sleep, args=(5,), daemon=True)
+                t.start()
+                threads.append(t)
+        except RuntimeError as exc:
+            print(len(threads), exc)
+    """, limits=SandboxLimits(wall_seconds=5, max_threads=4))
+    assert result.ok and result.stdout == "4 can't start new thread\n", result
 
 
-def test_huge_allocation_is_a_memory_error():
-    start = time.monotonic()
-    result = run("x = b'x' * 10**10\n")
+def test_signalling_other_processes(bw):
+    victim = Victim()
+    try:
+        assert_blocked(run(bw, f"import os\nos.kill({victim.pid}, 9)\n"), "os.kill")
+        assert_blocked(run(PROCESS, f"import os\nos.kill({victim.pid}, 9)\n"), "os.kill")
+        # Without the hook, the kernel: the host's pids do not exist in the sandbox's namespace.
+        result = run(bw, f"""
+            import os, signal
+            for attempt in (lambda: os.kill({victim.pid}, 9), lambda: signal.pidfd_send_signal(os.pidfd_open({victim.pid}), 9),
+                            lambda: os.kill(-1, 9)):
+                try:
+                    attempt()
+                    print('sent')
+                except OSError as exc:
+                    print(type(exc).__name__)
+        """, limits=KERNEL_ONLY)
+        assert result.stdout.split("\n")[:2] == ["ProcessLookupError", "ProcessLookupError"], result
+        assert victim.alive()
+    finally:
+        victim.close()
+    assert run(bw, "import os, signal\nos.kill(os.getpid(), 0)\nprint('ok')").ok
+
+
+# ------------------------------------------------------------------------------ memory, output, disk
+
+
+def test_huge_allocation_is_a_memory_error(bw):
+    result = run(bw, "x = b'x' * 10**10\n")
     assert result.killed_reason == "memory" and "MemoryError" in result.stderr
-    assert time.monotonic() - start < 2
     # A program that catches it keeps running normally.
-    assert run("try:\n    x = bytearray(10**10)\nexcept MemoryError:\n    print('caught')").stdout == "caught\n"
+    assert run(bw, "try:\n    x = bytearray(10**10)\nexcept MemoryError:\n    print('caught')").stdout == "caught\n"
 
 
-def test_huge_output_is_truncated_and_program_stopped():
+def test_huge_output_is_truncated_and_program_stopped(bw):
     limits = SandboxLimits(wall_seconds=5, max_output_bytes=10_000)
     start = time.monotonic()
-    result = run("while True:\n    print('x' * 1000)\n", limits=limits)
+    result = run(bw, "while True:\n    print('x' * 1000)\n", limits=limits)
     assert result.killed_reason == "output_limit" and result.stdout_truncated
     assert len(result.stdout) == 10_000 and time.monotonic() - start < 2
-    result = run("import sys\nwhile True:\n    sys.stderr.write('e' * 4096)\n", limits=limits)
+    result = run(bw, "import sys\nwhile True:\n    sys.stderr.write('e' * 4096)\n", limits=limits)
     assert result.killed_reason == "output_limit" and result.stderr_truncated and len(result.stderr) == 10_000
 
 
-def test_file_size_limit():
-    result = run("""
+def test_file_size_and_disk_limits(bw):
+    result = run(bw, """
         try:
             with open("big", "wb") as f:
                 f.write(b"x" * (3 * 1024 * 1024))
@@ -254,41 +337,65 @@ def test_file_size_limit():
             print("EFBIG" if exc.errno == 27 else exc)
     """, limits=SandboxLimits(wall_seconds=2, file_size_mb=1))
     assert result.stdout == "EFBIG\n"
+    # Many files, each under the file-size limit, fill the work dir's tmpfs, then ENOSPC; /dev/shm alike.
+    for folder in (".", "/dev/shm"):
+        result = run(bw, f"""
+            written = 0
+            try:
+                for i in range(100):
+                    with open("{folder}/f%d" % i, "wb") as f:
+                        f.write(b"x" * (1 << 20))
+                        f.flush()
+                    written += 1
+            except OSError as exc:
+                print(written, exc.errno)
+        """, limits=SandboxLimits(wall_seconds=5, disk_mb=4, use_audit_hook=False))
+        assert result.ok and result.stdout in ("3 28\n", "4 28\n"), result
 
 
-# ------------------------------------------------------------------------------ hostile: filesystem
+# ------------------------------------------------------------------------------ filesystem
 
 
-def _outside_targets(tmp_path: Path) -> list[Path]:
-    return [tmp_path / "evil.txt", Path("/tmp") / f"ridgeline-sandbox-test-{uuid.uuid4().hex}"]
-
-
-@pytest.mark.parametrize("limits", [FAST, HOOK_ONLY], ids=["all_layers", "audit_hook_only"])
-def test_writing_outside_is_blocked(tmp_path, limits):
-    for target in _outside_targets(tmp_path):
-        for source in (f"open({str(target)!r}, 'w').write('x')",
-                       f"import os\nos.close(os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT))",
-                       f"import os\nos.symlink({str(target)!r}, 'link')\nopen('link', 'w').write('x')",
-                       f"import os\nos.chdir('/')\nopen({str(target)[1:]!r}, 'w').write('x')"):
-            result = run(source, limits=limits)
-            assert_blocked(result, "outside the sandbox")
-            assert not target.exists(), source
-
-
-def test_modifying_outside_files_is_blocked(tmp_path):
+@pytest.fixture()
+def outside(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("precious")
-    for source in (f"import os\nos.remove({str(victim / 'keep.txt')!r})",
-                   f"import shutil\nshutil.rmtree({str(victim)!r})",
-                   f"import os\nos.rename({str(victim / 'keep.txt')!r}, 'stolen')",
-                   f"import os\nos.chmod({str(victim / 'keep.txt')!r}, 0o777)",
-                   f"import os\nos.mkdir({str(victim / 'new')!r})",
-                   f"import os\nfd = os.open({str(victim)!r}, os.O_RDONLY)\nos.unlink('keep.txt', dir_fd=fd)"):
-        assert_blocked(run(source), "sandbox")
-    assert (victim / "keep.txt").read_text() == "precious"
+    return victim
+
+
+def _write_attempts(victim: Path) -> list[str]:
+    keep, new = str(victim / "keep.txt"), str(victim / "new.txt")
+    return [f"open({new!r}, 'w').write('x')",
+            f"import os\nos.close(os.open({new!r}, os.O_WRONLY | os.O_CREAT))",
+            f"import os\nos.symlink({new!r}, 'link')\nopen('link', 'w').write('x')",
+            f"import os\nos.chdir('/')\nopen({new[1:]!r}, 'w').write('x')",
+            f"import os\nos.remove({keep!r})",
+            f"import shutil\nshutil.rmtree({str(victim)!r})",
+            f"import os\nos.rename({keep!r}, 'stolen')",
+            f"import os\nos.chmod({keep!r}, 0o777)",
+            f"import os\nfd = os.open({str(victim)!r}, os.O_RDONLY)\nos.unlink('keep.txt', dir_fd=fd)",
+            f"open({str(REPO / 'pyproject.toml')!r}, 'a').write('x')"]
+
+
+def _intact(victim: Path) -> None:
     assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
-    assert (victim / "keep.txt").stat().st_mode & 0o777 != 0o777
+    assert (victim / "keep.txt").read_text() == "precious" and (victim / "keep.txt").stat().st_mode & 0o777 != 0o777
+    assert not (REPO / "pyproject.toml").read_text().endswith("x")
+
+
+def test_host_files_cannot_be_changed_under_bubblewrap(bw, outside):
+    for source in _write_attempts(outside):
+        for limits in (FAST, KERNEL_ONLY):
+            result = run(bw, source, limits=limits)
+            assert not result.ok, source  # not there (ENOENT), read-only (EROFS) or blocked
+    _intact(outside)
+
+
+def test_process_mode_hook_blocks_writes_outside(outside):
+    for source in _write_attempts(outside):
+        assert_blocked(run(PROCESS, source), "sandbox")
+    _intact(outside)
 
 
 def test_monkeypatching_os_and_builtins_does_not_fool_the_hook(tmp_path):
@@ -307,40 +414,43 @@ def test_monkeypatching_os_and_builtins_does_not_fool_the_hook(tmp_path):
         f"import sqlite3\nsqlite3.connect('file:{target}?mode=rwc', uri=True)",
     ]
     for source in sources:
-        assert_blocked(run(source, limits=HOOK_ONLY), "")
+        assert_blocked(run(PROCESS, source), "")
         assert not target.exists(), source
-    assert_blocked(run("import gc\ngc.get_objects()"), "gc.get_objects")
+    assert_blocked(run(PROCESS, "import gc\ngc.get_objects()"), "gc.get_objects")
 
 
-def test_readonly_filesystem_layer_alone(tmp_path):
-    require_layer("readonly_fs")
-    for target in _outside_targets(tmp_path):
-        result = run(f"""
+def test_root_filesystem_is_read_only_without_the_hook(bw):
+    for target in ("/usr/evil", "/etc/evil", "/evil", "/dev/evil", "/packages/evil"):
+        result = run(bw, f"""
             try:
-                open({str(target)!r}, 'w').write('x')
+                open({target!r}, 'w').write('x')
             except OSError as exc:
                 print(exc.errno)
-            open('inside.txt', 'w').write('fine')
-            print(open('inside.txt').read())
         """, limits=KERNEL_ONLY)
-        assert result.ok and result.stdout == "30\nfine\n", result  # EROFS
-        assert not target.exists()
+        assert result.ok and result.stdout in ("30\n", "13\n"), (target, result)  # EROFS / EACCES
+    assert not Path("/usr/evil").exists() and not Path("/evil").exists()
 
 
-def test_proc_is_hidden_so_parent_environ_cannot_be_read(monkeypatch):
-    require_layer("hidden_proc")
+def test_host_files_are_not_visible(bw, tmp_path, monkeypatch):
+    secret = tmp_path / "train.jsonl"
+    secret.write_text('{"answer": "42"}\n')
     monkeypatch.setenv("RIDGELINE_TEST_SECRET", "hunter2-in-proc")
-    result = run("""
+    paths = [str(secret), str(REPO / "pyproject.toml"), os.path.expanduser("~/.bashrc"), "/etc/shadow", "/etc/passwd",
+             f"/proc/{os.getpid()}/environ", f"/proc/{os.getpid()}/cmdline"]
+    result = run(bw, f"""
         import os
-        try:
-            print(open(f'/proc/{os.getppid()}/environ', 'rb').read())
-        except OSError as exc:
-            print(type(exc).__name__)
+        for path in {paths!r}:
+            try:
+                open(path, 'rb').read()
+                print('read', path)
+            except OSError as exc:
+                print(type(exc).__name__)
+        print(sorted(p for p in os.listdir('/proc') if p.isdigit()))
     """, limits=KERNEL_ONLY)
-    assert "hunter2" not in result.stdout and result.stdout == "FileNotFoundError\n"
+    assert result.ok and result.stdout == "FileNotFoundError\n" * len(paths) + "['1']\n", result
 
 
-# ------------------------------------------------------------------------------ hostile: network
+# ------------------------------------------------------------------------------ network
 
 
 @pytest.fixture()
@@ -358,59 +468,161 @@ def assert_no_connection(server: socket.socket) -> None:
         server.accept()
 
 
-@pytest.mark.parametrize("limits", [FAST, HOOK_ONLY], ids=["all_layers", "audit_hook_only"])
-def test_connecting_to_a_local_listener_is_blocked(listener, limits):
+def test_sockets_are_blocked_by_the_hook(bw, listener):
     port = listener.getsockname()[1]
-    for source, event in ((f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", "socket"),
-                          ("import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))", "socket"),
-                          ("import urllib.request\nurllib.request.urlopen('http://example.com', timeout=1)", "socket")):
-        assert_blocked(run(source, limits=limits), event)
+    for source in (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)",
+                   "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))",
+                   "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=1)"):
+        for isolation in (bw, PROCESS):
+            assert_blocked(run(isolation, source), "socket")
     assert_no_connection(listener)
 
 
-def test_network_namespace_layer_alone(listener):
-    require_layer("netns")
+def test_network_namespace_alone(bw, listener):
     port = listener.getsockname()[1]
-    result = run(f"""
+    result = run(bw, f"""
         import socket
-        try:
-            socket.create_connection(('127.0.0.1', {port}), timeout=1)
-            print('connected')
-        except OSError as exc:
-            print(type(exc).__name__)
+        for attempt in (lambda: socket.create_connection(('127.0.0.1', {port}), timeout=1),
+                        lambda: socket.getaddrinfo('example.com', 80)):
+            try:
+                attempt()
+                print('connected')
+            except OSError as exc:
+                print(type(exc).__name__)
     """, limits=KERNEL_ONLY)
-    assert result.ok and "connected" not in result.stdout, result
+    assert result.ok and "connected" not in result.stdout and len(result.stdout.split()) == 2, result
     assert_no_connection(listener)
 
 
-# ------------------------------------------------------------------------------ hostile: misc
+# ------------------------------------------------------------------------------ misc
 
 
-def test_secret_environment_variable_is_not_visible(monkeypatch):
+def test_secret_environment_variable_is_not_visible(bw, monkeypatch):
     monkeypatch.setenv("RIDGELINE_TEST_SECRET", "hunter2")
-    for limits in (FAST, HOOK_ONLY):
-        result = run("import os\nprint(dict(os.environ))\nprint(os.environ.get('RIDGELINE_TEST_SECRET'))", limits=limits)
+    for isolation in (bw, PROCESS):
+        result = run(isolation, "import os\nprint(dict(os.environ))\nprint(os.environ.get('RIDGELINE_TEST_SECRET'))")
         assert result.ok and "hunter2" not in result.stdout and result.stdout.endswith("None\n")
 
 
-def test_ctypes_and_rlimit_raising_are_blocked():
-    assert_blocked(run("import ctypes\nctypes.CDLL(None).getpid()"), "ctypes")
-    assert_blocked(run("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))"), "resource.setrlimit")
+def test_ctypes_imports_but_foreign_calls_and_rlimit_raising_are_blocked(bw):
+    for isolation in (bw, PROCESS):
+        assert run(isolation, "import ctypes\nprint(ctypes.sizeof(ctypes.c_int))").stdout == "4\n"
+        assert_blocked(run(isolation, "import ctypes\nctypes.CDLL(None).getpid()"), "ctypes.dlsym")
+        assert_blocked(run(isolation, "import ctypes\nctypes.CDLL('libc.so.6')"), "ctypes.dlopen")
+        assert_blocked(run(isolation, "import ctypes\nctypes.string_at(id(1), 8)"), "ctypes")
+        assert_blocked(run(isolation, "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))"),
+                       "resource.setrlimit")
 
 
-def test_audit_hook_cannot_be_dodged_with_a_subinterpreter():
-    result = run("import _xxsubinterpreters as interpreters\ninterpreters.create()")
-    assert_blocked(result, "")
+def test_audit_hook_cannot_be_dodged_with_a_subinterpreter(bw):
+    assert_blocked(run(bw, "import _xxsubinterpreters as interpreters\ninterpreters.create()"), "")
 
 
-def test_probe_reports_layers():
-    layers = probe_layers()
-    assert {"rlimits", "audit_hook"} <= set(layers)
-    assert run("pass", limits=SandboxLimits(use_audit_hook=False, use_namespaces=False)).layers == ("rlimits",)
+def test_layers(bw, policy):
+    assert {"bwrap", "pidns", "rlimits", "nproc", "audit_hook"} <= set(probe_layers())
+    assert run(PROCESS, "pass", limits=SandboxLimits(use_audit_hook=False)).layers == ("rlimits",)
+    if os.geteuid() == 0:  # root: programs run as an unprivileged user, where RLIMIT_NPROC applies
+        result = run(bw, "import os\nprint(os.getuid(), os.geteuid())")
+        assert result.stdout == "65534 65534\n" and "unprivileged_uid" in result.layers
 
 
 def test_invalid_limits_are_rejected():
-    with pytest.raises(ValueError):
-        SandboxLimits(wall_seconds=0)
-    with pytest.raises(ValueError):
-        SandboxLimits(max_processes=-1)
+    for bad in ({"wall_seconds": 0}, {"max_processes": -1}, {"max_threads": 1.5}, {"disk_mb": 0}):
+        with pytest.raises(ValueError):
+            SandboxLimits(**bad)
+
+
+# ------------------------------------------------------------------------------ the policy
+
+
+def _fake_bwrap(folder: Path, script: str) -> None:
+    path = folder / "bwrap"
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+def test_no_sandbox_refuses_with_one_sentence_naming_the_key(tmp_path, monkeypatch, policy):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    with pytest.raises(SandboxUnavailable) as info:
+        resolve_isolation(SandboxSettings())
+    message = str(info.value)
+    assert message.startswith("Model-written code cannot be sandboxed on this machine: bubblewrap (bwrap) is not "
+                              "installed. Fix: install bubblewrap >= 0.8 (`sudo apt-get install bubblewrap`")
+    assert "environment.sandbox.allow_weak_isolation=true" in message and "\n" not in message
+    # The code env refuses to be built: the trainer builds every row's env before training.
+    policy(SandboxSettings())
+    with pytest.raises(SandboxUnavailable, match="allow_weak_isolation"):
+        make("code", extras={"reward_spec": {"ground_truth": [{"input": "", "output": "1"}]}})
+    # Too old, or unable to start a sandbox here: bwrap's own reason is in the sentence.
+    _fake_bwrap(tmp_path, "echo bubblewrap 0.6.1\n")
+    with pytest.raises(SandboxUnavailable, match="bubblewrap 0.6.1, older than the 0.8.0"):
+        resolve_isolation(SandboxSettings())
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+    if setpriv:  # as root, programs drop to an unprivileged user with setpriv
+        (tmp_path / "setpriv").symlink_to(setpriv)
+    _fake_bwrap(tmp_path, 'case "$1" in --version) echo bubblewrap 0.9.0;; *) echo "bwrap: No permissions to '
+                          'create new namespace" >&2; exit 1;; esac\n')
+    with pytest.raises(SandboxUnavailable, match=r"could not start a sandbox here \(bwrap: No permissions"):
+        resolve_isolation(SandboxSettings())
+
+
+def test_weak_mode_only_when_allowed_and_logged_every_run(tmp_path, monkeypatch, policy, caplog):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    weak = SandboxSettings(allow_weak_isolation=True)
+    for _ in range(2):  # two runs in one process: each logs it
+        policy(weak)
+        with caplog.at_level(logging.WARNING, logger="ridgeline.envs.sandbox.policy"):
+            caplog.clear()
+            isolation = current_isolation()
+            current_isolation()
+        assert isinstance(isolation, ProcessOnly)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "environment.sandbox.allow_weak_isolation=true" in warnings[0]
+        assert "WITHOUT isolation" in warnings[0] and "bubblewrap (bwrap) is not installed" in warnings[0]
+    env = make("code", extras={"reward_spec": {"ground_truth": [{"input": "", "output": "1"}]}}, timeout_s=5)
+    out = env.step("```python\nprint(1)\n```")
+    assert out.reward == 1.0 and out.metadata["isolation"] == "process"
+
+
+def test_bubblewrap_run_is_logged_as_such(bw, policy, caplog):
+    policy(SandboxSettings())
+    with caplog.at_level(logging.INFO, logger="ridgeline.envs.sandbox.policy"):
+        assert current_isolation().name == "bwrap"
+    assert any("code sandbox: bubblewrap" in r.getMessage() for r in caplog.records)
+
+
+def test_the_non_root_path_a_single_bwrap(tmp_path_factory):
+    """A normal user's path (one bwrap, the host's paths bound directly), run for real as uid 65534
+    with the system Python: the sandbox package is stdlib-only, so a copy of it runs there."""
+    system_python, setpriv = shutil.which("python3", path="/usr/bin"), shutil.which("setpriv", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not system_python or not setpriv:
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to become an unprivileged user with a readable Python")
+    bubblewrap()
+    folder = Path(tempfile.mkdtemp(prefix="ridgeline-nonroot-"))  # not under pytest's 0700 tmp folders
+    try:
+        shutil.copytree(REPO / "ridgeline" / "envs" / "sandbox", folder / "sandbox")
+        (folder / "check.py").write_text(textwrap.dedent(f"""
+            import os, sys
+            sys.path.insert(0, {str(folder)!r})
+            from sandbox import SandboxLimits, SandboxSettings, resolve_isolation, run_python
+            iso = resolve_isolation(SandboxSettings(packages=()))
+            assert iso.setpriv is None and os.getuid() == 65534
+            r = run_python("import os\\nprint(os.getuid(), os.getpid())", isolation=iso)
+            print(r.stdout.strip(), 'unprivileged_uid' in r.layers)
+            r = run_python("import os, time\\nn = 0\\ntry:\\n    while True:\\n        if os.fork() == 0:\\n"
+                           "            time.sleep(5)\\n            os._exit(0)\\n        n += 1\\nexcept OSError as e:\\n"
+                           "    print(n, e.errno)", limits=SandboxLimits(use_audit_hook=False, max_threads=3), isolation=iso)
+            print(r.stdout.strip())
+            r = run_python("open({str(folder / 'evil')!r}, 'w')", limits=SandboxLimits(use_audit_hook=False), isolation=iso)
+            print(r.stderr.strip().splitlines()[-1].split(':')[0])
+        """))
+        os.chmod(folder, 0o755)
+        for path in folder.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        done = subprocess.run([setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--", system_python,
+                               "-I", str(folder / "check.py")], capture_output=True, text=True, timeout=120, cwd="/")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["65534 1 False", "3 11", "FileNotFoundError"], done.stdout
+        assert not (folder / "evil").exists()
+    finally:
+        shutil.rmtree(folder)

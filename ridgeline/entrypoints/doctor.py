@@ -76,6 +76,7 @@ class MachineFacts:
     ray_address: str | None = None
     ray_cluster: dict[str, Any] | None = None  # {"nodes", "cpus", "gpus"} or {"error"}
     remote: dict[str, str | None] = field(default_factory=dict)  # server URL -> None (answers) or the error
+    sandbox: str | None = None  # the code sandbox: "" when bubblewrap works, else why not; None: not probed
 
 
 @dataclass
@@ -126,6 +127,17 @@ def probe_ray(address: str, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> dict[str,
         return {"error": f"unexpected output: {done.stdout.strip()[-200:]!r}"}
 
 
+def probe_sandbox() -> str:
+    """"" when model-written code can run under bubblewrap here, else the refusal's sentence."""
+    from ridgeline.envs.sandbox import SandboxError, SandboxSettings, resolve_isolation
+
+    try:
+        resolve_isolation(SandboxSettings(packages=()))
+    except SandboxError as exc:
+        return str(exc)
+    return ""
+
+
 def nearest_existing(path: str) -> Path:
     p = Path(path).expanduser().absolute()
     while not p.exists() and p != p.parent:
@@ -168,6 +180,7 @@ def gather_facts(paths: dict[str, str] | None = None) -> MachineFacts:
     for label, path in (paths or {".": "."}).items():
         folder = nearest_existing(path)
         facts.disk[label] = (str(folder), shutil.disk_usage(folder).free / 1e9)
+    facts.sandbox = probe_sandbox()
     facts.ray_address = os.environ.get("RAY_ADDRESS") or None
     if facts.ray_address and facts.packages.get("ray") is not None:
         facts.ray_cluster = probe_ray(facts.ray_address)
@@ -198,7 +211,16 @@ def machine_checks(facts: MachineFacts) -> list[Check]:
     for label, (path, free) in facts.disk.items():
         low = f" (under {MIN_FREE_GB:.0f} GB: checkpoints may not fit)" if free < MIN_FREE_GB else ""
         checks.append(Check(f"disk {label}", WARN if low else OK, f"{free:.1f} GB free at {path}{low}"))
-    return checks + package_checks(facts) + [ray_check(facts)]
+    return checks + package_checks(facts) + [ray_check(facts)] + sandbox_checks(facts)
+
+
+def sandbox_checks(facts: MachineFacts) -> list[Check]:
+    # WARN, not FAIL: only environments that run model-written code (the code env) need it
+    if facts.sandbox is None:
+        return []
+    if facts.sandbox:
+        return [Check("code sandbox", WARN, facts.sandbox)]
+    return [Check("code sandbox", OK, "bubblewrap runs model-written code isolated (docs/security.md)")]
 
 
 def cuda_check(facts: MachineFacts) -> Check:

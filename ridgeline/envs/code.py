@@ -1,7 +1,9 @@
 """Code generation with stdin/stdout tests (LiveCodeBench / CodeContests style).
 
 The response's program (the last ```python fenced block; an untagged ``` block if there is no
-python one) runs once per test case in :func:`ridgeline.envs.sandbox.run_python`, fed the case's
+python one) runs once per test case in :func:`ridgeline.envs.sandbox.run_python` (bubblewrap; the
+env refuses to build where no sandbox can run unless ``environment.sandbox.allow_weak_isolation``
+says otherwise: docs/security.md), fed the case's
 ``input`` on stdin; a case passes when the program exits cleanly and its stdout equals the case's
 ``output`` up to trailing whitespace (per line and at the end).
 
@@ -22,7 +24,7 @@ from typing import Any
 
 from .base import SingleTurnEnv
 from .registry import register
-from .sandbox import SandboxLimits, SandboxResult, run_python
+from .sandbox import SandboxLimits, SandboxResult, current_isolation, run_python
 
 __all__ = ["CodeEnv", "CodeEvaluation", "TestCase", "extract_program", "outputs_match", "parse_test_cases"]
 
@@ -165,6 +167,9 @@ class CodeEnv(SingleTurnEnv):
         self.partial_credit = bool(partial_credit)
         self.total_timeout_s = None if total_timeout_s is None else float(total_timeout_s)
         self.limits = SandboxLimits(wall_seconds=float(timeout_s), cpu_seconds=float(timeout_s), memory_mb=int(memory_mb))
+        # Resolved (and cached) when the env is built, so a machine without a sandbox stops the run
+        # before training (the trainer builds every env once up front) rather than scoring 0.
+        self.isolation = current_isolation()
         self.evaluation: CodeEvaluation | None = None
 
     def parse(self, action: str) -> str | None:
@@ -189,7 +194,7 @@ class CodeEnv(SingleTurnEnv):
             if self.total_timeout_s is not None and time.monotonic() - start >= self.total_timeout_s:
                 self._record_failure(result, index, "total_timeout", "")
                 break
-            run = run_python(program, case.input, self.limits)
+            run = run_python(program, case.input, self.limits, self.isolation)
             outcome = self._outcome(run, case)
             result.run += 1
             result.outcomes.append(outcome)
@@ -235,6 +240,7 @@ class CodeEnv(SingleTurnEnv):
             "stderr_tail": result.stderr_tail,
             "outcomes": list(result.outcomes),
             "duration_s": round(result.duration_s, 3),
+            "isolation": self.isolation.name,
         }
 
     def get_metrics(self) -> dict[str, float]:

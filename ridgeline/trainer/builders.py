@@ -15,6 +15,7 @@ from ridgeline import envs
 from ridgeline.data import (PromptDataset, PromptRow, prepare_arithmetic, prepare_code, prepare_gsm8k, prepare_multiply,
                             prepare_text2sql)
 from ridgeline.data.sources import is_data_file
+from ridgeline.envs import sandbox
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
 from ridgeline.generation.env_steps import EnvRunner
 from ridgeline.generation.generator import Generator, build_env
@@ -54,9 +55,11 @@ def prepare_data_if_missing(data_cfg: DictConfig) -> None:
 
 
 def load_environments(env_cfg: DictConfig) -> str | None:
-    """Import `environment.env_modules` (their envs register themselves) and register
-    `environment.reward_fn` as the env `reward_fn`; returns the env name every row must use
-    instead of its own env_class (the reward function's), or None."""
+    """Set the code sandbox from `environment.sandbox`, import `environment.env_modules` (their
+    envs register themselves) and register `environment.reward_fn` as the env `reward_fn`; returns
+    the env name every row must use instead of its own env_class (the reward function's), or None."""
+    sandbox.configure(sandbox.SandboxSettings(allow_weak_isolation=bool(env_cfg.sandbox.allow_weak_isolation),
+                                              packages=tuple(env_cfg.sandbox.packages)))
     for module in env_cfg.env_modules:
         envs.load_env_module(module)
     if env_cfg.reward_fn is None:

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
 from ridgeline.config.fields import Report, Section, one_of, setting, show
+
+
+@dataclass
+class SandboxConfig(Section):
+    """Ridgeline extension: how model-written code runs (the code env, ``ridgeline.envs.sandbox``)."""
+
+    # Programs run under bubblewrap; where it cannot run, envs that run code refuse to start unless
+    # this is true: then they run with only rlimits and an audit hook (a warning in the run's log).
+    allow_weak_isolation: bool = setting(False)
+    # Top-level modules a program may import besides the stdlib, each bound read-only into the sandbox.
+    packages: List[str] = setting(["numpy"])
+
+    def check(self, at: str, report: Report) -> None:
+        from ridgeline.envs.sandbox.bubblewrap import package_paths
+
+        for name in self.packages:
+            try:
+                package_paths(name)
+            except ValueError as exc:
+                report.add(str(exc))
 
 
 @dataclass
@@ -25,11 +45,13 @@ class EnvironmentConfig(Section):
     # score(response_text, extras) -> float; every prompt then becomes a single-turn episode
     # scored by it, whatever its env_class.
     reward_fn: Optional[str] = setting(None)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def check(self, at: str, report: Report) -> None:
         from ridgeline.envs import load_env_module
         from ridgeline.envs.reward_fn import load_reward_fn
 
+        self.sandbox.check(f"{at}.sandbox", report)
         key, workers = f"{at}.skyrl_gym.max_env_workers", self.skyrl_gym.get("max_env_workers")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             report.add(f"{key}={show(workers)} must be a whole number >= 0 (0: environment calls run one by one, "
