@@ -386,6 +386,16 @@ def test_limit_settings_are_checked(db):
         SQLLimits(max_value_bytes=0)
 
 
+def test_workers_get_no_environment_of_the_trainer(db, monkeypatch):
+    monkeypatch.setenv("RIDGELINE_TEST_SECRET", "hunter2")
+    limits = SQLLimits(max_value_bytes=3 * 1024 * 1024 + 7)  # a pool of its own: its worker starts now
+    run_query(db, "SELECT 1", limits=limits)
+    [worker] = sql_executor._pool(sql_executor.worker_memory_bytes(limits))._idle
+    environ = Path(f"/proc/{worker.proc.pid}/environ").read_bytes().split(b"\0")
+    assert not any(b"hunter2" in entry for entry in environ)
+    assert {entry.split(b"=")[0] for entry in environ if entry} <= {b"MALLOC_ARENA_MAX", b"TMPDIR", b"SQLITE_TMPDIR"}
+
+
 def test_a_frame_cannot_name_a_class():
     """Replies are decoded without loading any class or function, so a worker that was taken
     over cannot run code in the trainer through pickle."""

@@ -48,7 +48,7 @@ MiB = 1024 * 1024
 KILL_GRACE_S = 0.5          # after timeout_s, how long a worker has to answer before it is killed
 _START_TIMEOUT_S = 30.0     # a fresh worker says it is ready within this (a busy machine is slow)
 _MAX_FILE_BYTES = 2048 * MiB  # RLIMIT_FSIZE of a worker: any one SQLite temp file
-_WORKER_BASE_MEMORY = 512 * MiB
+_WORKER_BASE_MEMORY = 256 * MiB  # an idle worker maps ~100 MiB (interpreter, SQLite, one thread)
 _MAX_IDLE_WORKERS = 32
 _WORKER_SCRIPT = str(Path(sql_worker.__file__).resolve())
 

@@ -9,8 +9,9 @@ what any statement can allocate, in a process whose loss costs nothing.
 Inside, each statement gets a fresh connection with:
 
 * SQLite's own limits: no value (string, blob, row record) longer than ``max_value_bytes``
-  (``SQLITE_LIMIT_LENGTH``; giant ``printf``/``zeroblob``/``randomblob``/``group_concat`` results
-  fail with "string or blob too big"), no attached databases;
+  (``SQLITE_LIMIT_LENGTH``: giant ``zeroblob``/``randomblob``/``group_concat``/``replace``
+  results fail with "string or blob too big", a giant ``printf`` gives NULL), no attached
+  databases;
 * a progress handler that aborts the statement at the deadline (the usual case; the kill is for
   single long calls);
 * rows read one at a time: each row's Python size is added to the budget (``max_result_bytes``)
