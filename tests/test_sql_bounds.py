@@ -312,6 +312,21 @@ def _alive(pid: int) -> bool:
     return status.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def test_a_forked_child_starts_its_own_workers(db):
+    """A child forked while workers exist (a data loader, say) must not talk to the parent's."""
+    assert run_query(db, "SELECT 1").rows == [(1,)]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own worker answers
+        ok = run_query(db, "SELECT count(*) FROM t").rows == [(2000,)]
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    os.close(read), os.close(write)
+    assert run_query(db, "SELECT 2").rows == [(2,)]
+
+
 def test_concurrent_statements_each_get_a_worker(db):
     """Bombs and normal queries from many threads at once: the normal ones are answered."""
     results: dict[int, object] = {}
@@ -375,6 +390,21 @@ def test_text2sql_env_scores_bombs_zero_and_counts_them(zoo, monkeypatch):
     env = make("text2sql", env_config={"db_path": str(zoo), "max_value_bytes": 1024}, extras=row)
     out = env.step(f"{think}<sql>SELECT zeroblob(2000)</sql>")
     assert "too big" in out.observations[0]["content"]
+
+
+def test_text2sql_tables_past_4500_rows_render_as_skyrl_gym_does(zoo):
+    """More than 4500 rows are never rendered whole (each row line is at least 2 characters, so
+    the table is over 9000): the cut table must still be skyrl-gym's, column types included."""
+    pd = pytest.importorskip("pandas")
+    from ridgeline.envs.text2sql import _table
+
+    for last in (4500, 4501, 6000):
+        rows = frozenset((n, None if n % 7 else n * 0.5, f"r{n}") for n in range(1, last + 1))
+        text = pd.DataFrame(rows).to_string(index=False)
+        if len(text) > 9000:
+            text = "Truncated to 50 lines since returned response too long: " + \
+                pd.DataFrame(rows).head(50).to_string(index=False)
+        assert _table(rows) == text
 
 
 def test_limit_settings_are_checked(db):

@@ -224,6 +224,7 @@ class _Worker:
                 [_interpreter(), "-I", "-S", "-B", _WORKER_SCRIPT, str(memory_bytes), str(_MAX_FILE_BYTES)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                 start_new_session=True,  # a terminal's Ctrl-C goes to the trainer, which ends them
+                bufsize=0,  # unbuffered: closing a copy (in a forked child) can never flush half a frame
             )
         except OSError as exc:
             raise RuntimeError(f"cannot start the SQL worker process ({exc}). Fix: the SQL envs run queries in a "
@@ -237,9 +238,10 @@ class _Worker:
     def call(self, frame: bytes, deadline: float, max_reply: int) -> bytes | None:
         """Send a request, return the reply body; None when the worker died or missed ``deadline``
         (it is killed then)."""
+        view = memoryview(frame)
         try:
-            self.proc.stdin.write(frame)
-            self.proc.stdin.flush()
+            while view:
+                view = view[os.write(self.proc.stdin.fileno(), view):]
         except OSError:
             return None
         return self._read(deadline, max_reply)
@@ -331,7 +333,8 @@ class _Pool:
             worker.kill()
 
     def forget(self) -> None:
-        """In a forked child: the workers belong to the parent; close our copies of the pipes only."""
+        """In a forked child: the workers belong to the parent; close our copies of the pipes only
+        (unbuffered, so nothing is flushed into the parent's conversation)."""
         for worker in self._idle:
             for stream in (worker.proc.stdin, worker.proc.stdout):
                 try:
