@@ -527,7 +527,8 @@ def old_first_token(sql: str) -> str:
     return sql[position:]
 
 
-PIECES = ["--", "/*", "*/", "*", "-", "DROP", "<think>", "</think>", "<THINK>", "</Think>", "<sql>", "</sql>", "<SQL>", "</Sql>", "<solution>",
+PIECES = ["--", "/*", "*/", "*", "-", "DROP",
+          "<think>", "</think>", "<THINK>", "</Think>", "<sql>", "</sql>", "<SQL>", "</Sql>", "<solution>",
           "</solution>", "<Solution>", "</observation>", "</OBSERVATION>", "```", "```sql", "\n", " ", "\t", ";",
           "\u00a0", "\u2028", "SELECT 1", "x", "<", ">", "/", "`", "\u212athink>", "<th\u0130nk>", "<\u212a"]
 

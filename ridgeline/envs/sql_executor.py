@@ -41,8 +41,8 @@ from typing import Any
 from . import sql_worker
 from .sql_worker import CRASHED, READ_ONLY, ROLLED_BACK, TIMEOUT, Reply, Request, RowDigest
 
-__all__ = ["KILL_GRACE_S", "QueryResult", "SQLCounts", "SQLLimits", "has_top_level_order_by", "results_match", "run_in_rollback",
-           "run_query", "same_result", "worker_memory_bytes"]
+__all__ = ["KILL_GRACE_S", "QueryResult", "SQLCounts", "SQLLimits", "has_top_level_order_by", "results_match",
+           "run_in_rollback", "run_query", "same_result", "worker_memory_bytes"]
 
 MiB = 1024 * 1024
 KILL_GRACE_S = 0.5          # after timeout_s, how long a worker has to answer before it is killed
@@ -203,8 +203,9 @@ def _run(mode: str, db_path: str | Path, sql: str, limits: SQLLimits, *, keep_ro
                       int(limits.max_result_bytes), digest)
     reply = _pool(worker_memory_bytes(limits)).run(request, limits)
     return QueryResult(rows=reply.rows, columns=list(reply.columns), row_count=reply.row_count,
-                       complete=reply.complete, ordered=reply.ordered, unordered=reply.unordered, failure=reply.failure, error=reply.error,
-                       error_type=reply.error_type, elapsed_s=time.monotonic() - started)
+                       complete=reply.complete, ordered=reply.ordered, unordered=reply.unordered,
+                       failure=reply.failure, error=reply.error, error_type=reply.error_type,
+                       elapsed_s=time.monotonic() - started)
 
 
 # ---------------------------------------------------------------------------------------------
