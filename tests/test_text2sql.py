@@ -13,7 +13,7 @@ import pytest
 from ridgeline.data import PromptDataset
 from ridgeline.data.prepare_text2sql import DB_ID, prepare_text2sql, shop_questions
 from ridgeline.envs import make
-from ridgeline.envs.sql_executor import has_top_level_order_by, results_match, run_query
+from ridgeline.envs.sql_executor import SQLLimits, has_top_level_order_by, results_match, run_query
 from ridgeline.envs.text2sql_lenient import extract_tag
 
 ENDLESS = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
@@ -69,7 +69,7 @@ def test_row_limit_truncates(db):
 
 def test_endless_recursive_cte_times_out(db):
     started = time.monotonic()
-    result = run_query(db, ENDLESS, timeout_s=0.3)
+    result = run_query(db, ENDLESS, limits=SQLLimits(timeout_s=0.3))
     elapsed = time.monotonic() - started
     assert result.timed_out and result.rows is None and "timed out" in result.error
     assert elapsed < 1.3
@@ -77,8 +77,12 @@ def test_endless_recursive_cte_times_out(db):
 
 def test_endless_cte_with_row_limit_stops_at_the_limit(db):
     result = run_query(db, "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n FROM r",
-                       max_rows=5, timeout_s=1.0)
+                       max_rows=5, limits=SQLLimits(timeout_s=1.0), digest=False)
     assert result.ok and result.truncated and result.rows == [(1,), (2,), (3,), (4,), (5,)]
+    # an answer is read in full (for its digest), so an endless one runs into the time limit
+    result = run_query(db, "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n FROM r",
+                       max_rows=5, limits=SQLLimits(timeout_s=0.5))
+    assert result.timed_out and result.rows is None
 
 
 @pytest.mark.parametrize("sql", ["SELECT * FROM nope", "SELEC 1", "SELECT (", "", "   ", "-- nothing", "SELECT '\x00'",
@@ -253,7 +257,8 @@ def test_correct_solution_scores_one(db):
     assert not out.done
     out = env.step("<think>maybe <solution>SELECT 1</solution></think>\n<solution>\nSELECT name FROM pets WHERE species = 'cat'\n</solution>")
     assert out.done and out.reward == 1.0 and out.observations == []
-    assert env.get_metrics() == {"sql_calls": 2.0, "sql_errors": 0.0, "timeouts": 0.0, "solved": 1.0}
+    assert env.get_metrics() == {"sql_calls": 2.0, "sql_errors": 0.0, "timeouts": 0.0, "refused": 0.0,
+                                 "too_large": 0.0, "crashed": 0.0, "solved": 1.0}
 
 
 def test_wrong_solution_scores_zero(db):
@@ -317,14 +322,16 @@ def test_default_max_turns_is_five(db):
 
 
 def test_metrics_count_calls_errors_and_timeouts(db):
-    env = env_for(db, GOLD_CATS, timeout_s=0.2)
+    env = env_for(db, GOLD_CATS, timeout_s=0.2, max_turns=6)
     env.step("<sql>SELECT 1</sql>")
     env.step("<sql>SELECT * FROM missing</sql>")
     out = env.step(f"<sql>{ENDLESS}</sql>")
     assert "timed out" in out.observations[0]["content"] and out.metadata["timed_out"]
     env.step("no tags")  # not a SQL call
-    env.step("<solution>SELECT name FROM pets WHERE species = 'dog'</solution>")
-    assert env.get_metrics() == {"sql_calls": 4.0, "sql_errors": 2.0, "timeouts": 1.0, "solved": 0.0}
+    env.step("<sql>DELETE FROM pets</sql>")
+    assert env.step("<solution>SELECT name FROM pets WHERE species = 'dog'</solution>").done
+    assert env.get_metrics() == {"sql_calls": 5.0, "sql_errors": 3.0, "timeouts": 1.0, "refused": 1.0,
+                                 "too_large": 0.0, "crashed": 0.0, "solved": 0.0}
 
 
 GARBAGE = [
@@ -343,7 +350,8 @@ def test_garbage_never_raises(db, text):
     if not first.done:
         assert env.step(text).done
     assert digest(db) == before
-    assert set(env.get_metrics()) == {"sql_calls", "sql_errors", "timeouts", "solved"}
+    assert set(env.get_metrics()) == {"sql_calls", "sql_errors", "timeouts", "refused", "too_large", "crashed",
+                                      "solved"}
 
 
 def test_extract_tag():

@@ -1,260 +1,416 @@
-"""Run model-written SQL against a real SQLite file, safely, and compare result sets.
+"""Run model-written SQL against a real SQLite file, bounded, and compare result sets.
 
-Model text is untrusted, so :func:`run_query` stacks independent guards, any one of which is
-enough to keep the database file unchanged:
+Model text is untrusted: it may try to write, to create files, to run for minutes inside one
+function call or to build gigabytes. :func:`run_query` (``text2sql_lenient``: read-only) and
+:func:`run_in_rollback` (skyrl-gym's ``text2sql``: any statement, inside a transaction that is
+always rolled back) hand each statement to a worker process (:mod:`ridgeline.envs.sql_worker`,
+where the SQLite-level guards are described) and wait for it until the time limit plus
+``KILL_GRACE_S``; a worker still busy then is killed and replaced. So:
 
-1. the file is opened read-only (URI ``mode=ro``), so SQLite itself refuses to write it;
-2. ``PRAGMA query_only=ON`` refuses every statement that would change a database;
-3. an authorizer allows only reads (SELECT, reading columns, calling functions, recursive CTEs
-   and a short list of schema-introspection pragmas) and denies everything else at compile time,
-   including ATTACH (which VACUUM INTO also goes through: it can *create* a file even on a
-   read-only connection) and PRAGMA writes that ``query_only`` lets through
-   (``PRAGMA journal_mode=...``);
-4. the attached-database limit is 0 and the statement must start with SELECT, WITH, VALUES or
-   PRAGMA, so nothing that is not a query reaches SQLite's compiler at all (EXPLAIN included).
+* time: a statement ends at ``timeout_s`` (SQLite's progress handler) or, inside one long
+  function call where SQLite never checks, the process dies at ``timeout_s + KILL_GRACE_S``;
+* memory: SQLite refuses any value longer than ``max_value_bytes``; rows are charged one at a
+  time against ``max_result_bytes`` before they are kept; the worker process is capped at
+  ``worker_memory_bytes(limits)`` (RLIMIT_AS) and its files (SQLite's temp files) at 2 GiB each;
+  this process only ever receives a reply of bounded size, decoded without running any code;
+* the database: see the worker's modes; the file's bytes never change in either.
 
-For schema questions, ``SELECT ... FROM sqlite_master`` and ``PRAGMA table_info(t)`` (and the
-other introspection pragmas listed below) work; the table-valued form ``pragma_table_info('t')``
-is refused, because SQLite reports it to the authorizer as touching ``sqlite_master`` for update.
-
-Runaway queries are bounded too: a progress handler aborts a statement after ``timeout_s`` of
-wall time (endless recursive CTEs included), at most ``max_rows`` rows are fetched, and single
-values and whole results have byte caps so a ``zeroblob(1e9)`` cannot exhaust memory.
-
-Standard library only (like the rest of ``ridgeline.envs``).
+Workers are reused (one per statement in flight, started on demand, ~15 ms each), die with this
+process (EOF on their stdin, and a parent check each second), and are dropped in a forked child.
+Answers are compared in full: :class:`QueryResult` carries digests over every row, whatever
+``max_rows`` it keeps for display (:func:`same_result`).
 """
 
 from __future__ import annotations
 
-import math
+import atexit
+import os
+import pickle
 import re
-import sqlite3
+import selectors
+import shutil
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QueryResult", "run_query", "results_match", "has_top_level_order_by"]
+from . import sql_worker
+from .sql_worker import CRASHED, READ_ONLY, ROLLED_BACK, TIMEOUT, Reply, Request, RowDigest
 
-# Statement kinds a query may start with; anything else is refused before SQLite parses it.
-_ALLOWED_FIRST_WORDS = frozenset({"select", "with", "values", "pragma"})
+__all__ = ["KILL_GRACE_S", "QueryResult", "SQLCounts", "SQLLimits", "has_top_level_order_by", "results_match",
+           "run_in_rollback", "run_query", "same_result", "worker_memory_bytes"]
 
-# Pragmas that only describe the schema; their argument is a table or index name, so they cannot
-# change anything whatever it is. Every other pragma (including plain reads like user_version,
-# because some no-argument pragmas such as optimize or wal_checkpoint do write) is denied.
-_INTROSPECTION_PRAGMAS = frozenset(
-    {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
-)
+MiB = 1024 * 1024
+KILL_GRACE_S = 0.5          # after timeout_s, how long a worker has to answer before it is killed
+_START_TIMEOUT_S = 30.0     # a fresh worker says it is ready within this (a busy machine is slow)
+_MAX_FILE_BYTES = 2048 * MiB  # RLIMIT_FSIZE of a worker: any one SQLite temp file
+_WORKER_BASE_MEMORY = 256 * MiB  # an idle worker maps ~100 MiB (interpreter, SQLite, one thread)
+_MAX_IDLE_WORKERS = 32
+_WORKER_SCRIPT = str(Path(sql_worker.__file__).resolve())
 
-# SQLITE_RECURSIVE (33) is missing from some Python builds' constant list.
-_SQLITE_RECURSIVE = getattr(sqlite3, "SQLITE_RECURSIVE", 33)
-_READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, _SQLITE_RECURSIVE})
-_DENIED_FUNCTIONS = frozenset({"load_extension"})
 
-# Authorizer action codes -> readable names for error messages. Listed explicitly because other
-# sqlite3 constants (limits, error codes) reuse the same small integers.
-_ACTION_NAMES = dict(enumerate(
-    "CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER "
-    "CREATE_TEMP_VIEW CREATE_TRIGGER CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX "
-    "DROP_TEMP_TABLE DROP_TEMP_TRIGGER DROP_TEMP_VIEW DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ "
-    "SELECT TRANSACTION UPDATE ATTACH DETACH ALTER_TABLE REINDEX ANALYZE CREATE_VTABLE DROP_VTABLE "
-    "FUNCTION SAVEPOINT RECURSIVE".split(),
-    start=1,
-))
+@dataclass(frozen=True)
+class SQLLimits:
+    """Bounds of one statement.
 
-_PROGRESS_EVERY_OPS = 1000  # VM instructions between deadline checks: ~microseconds, cheap
-_MAX_VALUE_BYTES = 8 * 1024 * 1024  # largest single string/blob SQLite may build or read
-_MAX_RESULT_BYTES = 64 * 1024 * 1024  # text characters + blob bytes one result may hold in memory
-_FETCH_CHUNK = 256
+    timeout_s: wall time; max_value_bytes: the longest string/blob/row record SQLite may build
+    or read (``SQLITE_LIMIT_LENGTH``); max_result_bytes: the memory the kept rows may take
+    (Python object sizes, counted row by row).
+    """
 
-_COMMENT_OR_SPACE = re.compile(r"(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?(?:\*/|\Z))", re.DOTALL)
-_FIRST_WORD = re.compile(r"[A-Za-z_]+")
-_TRAILING_TERMINATORS = re.compile(r"[\s;]+\Z")
+    timeout_s: float = 5.0
+    max_value_bytes: int = 8 * MiB
+    max_result_bytes: int = 64 * MiB
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"SQL timeout_s must be positive, got {self.timeout_s!r}. Fix: e.g. timeout_s: 5")
+        if not 1024 <= self.max_value_bytes <= 1_000_000_000:
+            raise ValueError(f"SQL max_value_bytes must be between 1024 and 1e9, got {self.max_value_bytes!r}. "
+                             f"Fix: e.g. max_value_bytes: {8 * MiB} (8 MiB)")
+        if not MiB <= self.max_result_bytes <= 4096 * MiB:
+            raise ValueError(f"SQL max_result_bytes must be between 1 MiB and 4 GiB, got {self.max_result_bytes!r}. "
+                             f"Fix: e.g. max_result_bytes: {64 * MiB} (64 MiB)")
+
+
+def worker_memory_bytes(limits: SQLLimits) -> int:
+    """RLIMIT_AS of the worker that runs statements under ``limits``: the kept rows, their
+    encoded copy and room for SQLite's caches, one large row and the interpreter."""
+    return _WORKER_BASE_MEMORY + 3 * limits.max_result_bytes + 8 * limits.max_value_bytes
 
 
 @dataclass
 class QueryResult:
-    """Outcome of one query; exactly one of ``rows``/``error`` is set.
+    """Outcome of one statement; exactly one of ``rows``/``error`` is set.
 
-    rows: result rows as tuples of Python values (int, float, str, bytes, None), at most
-        ``max_rows`` of them; None when the query failed.
-    columns: result column names (empty when the query failed or returns no columns).
-    error: a one-line message when the query was refused, failed or timed out.
-    truncated: more than ``max_rows`` rows existed; ``rows`` holds the first ``max_rows``.
-    timed_out: the query was aborted at the time limit (``error`` says so too).
-    elapsed_s: wall time spent executing and fetching.
+    rows: the first ``max_rows`` result rows as tuples of Python values (int, float, str, bytes,
+        None); None when the statement failed.
+    columns: result column names (empty when it failed or returns no columns).
+    row_count: how many rows were read: all the statement returned when ``complete``, else
+        ``max_rows + 1`` (there were more; only a digested result reads them all).
+    ordered, unordered: digests of all rows when asked for (:class:`~ridgeline.envs.sql_worker.RowDigest`).
+    failure: None, or why there are no rows: ``sql_error``, ``refused``, ``timeout``, ``too_large``
+        or ``crashed`` (the worker process died).
+    error: a one-line message when it failed; error_type: SQLite's exception class, "" for the
+        executor's own refusals and limits.
+    elapsed_s: wall time, including waiting for a worker.
     """
 
     rows: list[tuple[Any, ...]] | None
     columns: list[str] = field(default_factory=list)
+    row_count: int = 0
+    complete: bool = False
+    ordered: bytes = field(default=b"", repr=False)
+    unordered: bytes = field(default=b"", repr=False)
+    failure: str | None = None
     error: str | None = None
-    truncated: bool = False
-    timed_out: bool = False
+    error_type: str = ""
     elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def timed_out(self) -> bool:
+        return self.failure == TIMEOUT
 
-class _ResultTooLarge(Exception):
-    pass
+    @property
+    def truncated(self) -> bool:
+        """More rows existed than were kept."""
+        return self.rows is not None and self.row_count > len(self.rows)
 
 
-def run_query(db_path: str | Path, sql: str, *, timeout_s: float = 5.0, max_rows: int = 1000) -> QueryResult:
+@dataclass
+class SQLCounts:
+    """Per-episode counts of the model's queries, for an env's ``get_metrics``: ``sql_calls``,
+    ``sql_errors`` (every failed one) and the failures by reason: ``timeouts``, ``refused``,
+    ``too_large``, ``crashed`` (an ``sql_error`` proper is the rest)."""
+
+    calls: int = 0
+    errors: int = 0
+    by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_REASON_METRICS.values(), 0))
+
+    def add(self, failure: str | None) -> None:
+        self.calls += 1
+        if failure is not None:
+            self.errors += 1
+            metric = _REASON_METRICS.get(failure)
+            if metric is not None:
+                self.by_reason[metric] += 1
+
+    def metrics(self) -> dict[str, float]:
+        return {"sql_calls": float(self.calls), "sql_errors": float(self.errors),
+                **{name: float(count) for name, count in self.by_reason.items()}}
+
+
+_REASON_METRICS = {TIMEOUT: "timeouts", sql_worker.REFUSED: "refused", sql_worker.TOO_LARGE: "too_large",
+                   CRASHED: "crashed"}
+
+
+def run_query(db_path: str | Path, sql: str, *, max_rows: int = 1000, limits: SQLLimits = SQLLimits(),
+              digest: bool = True) -> QueryResult:
     """Execute one read-only statement on the SQLite file ``db_path``.
 
-    Guarantees: the file's bytes are never changed and no other file is created by anything the
-    SQL does (see the module docstring for the layers); only one statement runs (a second one is
-    an error, trailing semicolons and comments are fine); the call returns within about
-    ``timeout_s`` plus the time to open the file; at most ``max_rows`` rows come back
-    (``truncated`` says whether more existed). Bad, refused or slow SQL gives a result with
-    ``error`` set; it never raises for anything in ``sql``.
+    Guarantees: the file's bytes are never changed and no file is created by anything the SQL
+    does; only one statement runs (a second one is an error, trailing semicolons and comments
+    are fine; it must start with SELECT, WITH, VALUES or PRAGMA); the call returns within about
+    ``limits.timeout_s + KILL_GRACE_S``; the first ``max_rows`` rows come back. With ``digest``
+    every row is read and digested (an answer to compare: :func:`same_result`); without, reading
+    stops after ``max_rows + 1`` rows (a look at the data). Bad, refused, slow or oversized SQL
+    gives a result with ``error`` and ``failure`` set; it never raises for anything in ``sql``.
 
     Raises:
         FileNotFoundError: ``db_path`` is not an existing file (a configuration error, not the
             model's fault, so it must not turn into a quiet zero reward).
         OSError: the file exists but SQLite cannot open it (permissions).
-        ValueError: ``timeout_s`` or ``max_rows`` is not positive.
+        ValueError: ``max_rows`` is not positive.
+        RuntimeError: no worker process can be started.
     """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be at least 1, got {max_rows!r}")
+    result = _run(READ_ONLY, db_path, sql, limits, keep_rows=max_rows, digest=digest)
+    if result.failure == sql_worker.UNOPENABLE:
+        raise OSError(f"cannot open SQLite database {db_path} read-only: {result.error}")
+    return result
+
+
+def run_in_rollback(db_path: str | Path, sql: str, limits: SQLLimits) -> QueryResult:
+    """Execute one statement of any kind inside ``BEGIN TRANSACTION`` ... rollback, as skyrl-gym's
+    SQL env does, keeping every row (more than ``limits.max_result_bytes`` of them is a
+    ``too_large`` failure). Writes run but never reach the file; ATTACH, extension loading and
+    process-wide pragmas are refused. No digests (skyrl-gym compares the rows as sets).
+
+    Raises FileNotFoundError / RuntimeError as :func:`run_query` does.
+    """
+    return _run(ROLLED_BACK, db_path, sql, limits, keep_rows=None, digest=False)
+
+
+def _run(mode: str, db_path: str | Path, sql: str, limits: SQLLimits, *, keep_rows: int | None,
+         digest: bool) -> QueryResult:
+    started = time.monotonic()
     path = Path(db_path)
     if not path.is_file():
         raise FileNotFoundError(f"SQLite database not found: {path} (resolved to {path.resolve()})")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
-    if max_rows < 1:
-        raise ValueError(f"max_rows must be at least 1, got {max_rows!r}")
-
     if not isinstance(sql, str):
-        return QueryResult(rows=None, error=f"query must be a string, got {type(sql).__name__}")
-    statement = _strip_trailing_terminators(sql)
-    refusal = _check_statement_kind(statement)
-    if refusal is not None:
-        return QueryResult(rows=None, error=refusal)
+        return QueryResult(rows=None, failure=sql_worker.SQL_ERROR,
+                           error=f"query must be a string, got {type(sql).__name__}")
+    request = Request(mode, str(path.resolve()), sql, float(limits.timeout_s), keep_rows, int(limits.max_value_bytes),
+                      int(limits.max_result_bytes), digest)
+    reply = _pool(worker_memory_bytes(limits)).run(request, limits)
+    return QueryResult(rows=reply.rows, columns=list(reply.columns), row_count=reply.row_count,
+                       complete=reply.complete, ordered=reply.ordered, unordered=reply.unordered,
+                       failure=reply.failure, error=reply.error, error_type=reply.error_type,
+                       elapsed_s=time.monotonic() - started)
 
-    started = time.monotonic()
-    conn = _open_read_only(path)
-    denials: list[str] = []
-    timed_out = [False]
-    deadline = started + float(timeout_s)
 
-    def on_progress() -> int:
-        # A non-zero return makes SQLite abort the running statement with "interrupted".
-        if time.monotonic() > deadline:
-            timed_out[0] = True
-            return 1
-        return 0
+# ---------------------------------------------------------------------------------------------
+# Worker processes
 
-    conn.set_authorizer(_make_authorizer(denials))
-    conn.set_progress_handler(on_progress, _PROGRESS_EVERY_OPS)
+
+class _Worker:
+    """One ``sql_worker.py`` process and its pipes; used by one thread at a time."""
+
+    def __init__(self, memory_bytes: int) -> None:
+        env = {"MALLOC_ARENA_MAX": "2"}  # fewer malloc arenas: less address space under RLIMIT_AS
+        for name in ("TMPDIR", "SQLITE_TMPDIR"):  # where SQLite puts its temp files
+            if name in os.environ:
+                env[name] = os.environ[name]
+        try:
+            self.proc = subprocess.Popen(
+                [_interpreter(), "-I", "-S", "-B", _WORKER_SCRIPT, str(memory_bytes), str(_MAX_FILE_BYTES)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                start_new_session=True,  # a terminal's Ctrl-C goes to the trainer, which ends them
+                bufsize=0,  # unbuffered: closing a copy (in a forked child) can never flush half a frame
+            )
+        except OSError as exc:
+            raise RuntimeError(f"cannot start the SQL worker process ({exc}). Fix: the SQL envs run queries in a "
+                               "child process of the same Python; check the process limit (ulimit -u) and "
+                               "memory") from exc
+        if self._read(time.monotonic() + _START_TIMEOUT_S, 0) != b"":
+            code = self.kill()
+            raise RuntimeError(f"the SQL worker process did not start (exit code {code}). Fix: run "
+                               f"`{_interpreter()} -I -S {_WORKER_SCRIPT} 1073741824 1073741824` to see its error")
+
+    def call(self, frame: bytes, deadline: float, max_reply: int) -> bytes | None:
+        """Send a request, return the reply body; None when the worker died or missed ``deadline``
+        (it is killed then)."""
+        view = memoryview(frame)
+        try:
+            while view:
+                view = view[os.write(self.proc.stdin.fileno(), view):]
+        except OSError:
+            return None
+        return self._read(deadline, max_reply)
+
+    def _read(self, deadline: float, max_reply: int) -> bytes | None:
+        header = self._read_exact(sql_worker.HEADER.size, deadline)
+        if header is None:
+            return None
+        size = sql_worker.HEADER.unpack(header)[0]
+        if size > max_reply:  # the worker charges every row; a bigger frame means it misbehaves
+            return None
+        return self._read_exact(size, deadline)
+
+    def _read_exact(self, size: int, deadline: float) -> bytes | None:
+        stdout = self.proc.stdout
+        chunks, received = [], 0
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            while received < size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    return None
+                chunk = os.read(stdout.fileno(), min(size - received, MiB))
+                if not chunk:  # EOF: the process died
+                    return None
+                chunks.append(chunk)
+                received += len(chunk)
+        return b"".join(chunks)
+
+    def kill(self) -> int | None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # stuck in the kernel; the OS reaps it later
+            return None
+
+
+class _Pool:
+    """Idle workers of one memory limit; a thread takes one per statement and returns it."""
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.memory_bytes = memory_bytes
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def run(self, request: Request, limits: SQLLimits) -> Reply:
+        worker = self._take()
+        if worker is None:
+            worker = _Worker(self.memory_bytes)
+        frame = sql_worker.encode(request)
+        deadline = time.monotonic() + limits.timeout_s + KILL_GRACE_S
+        body = worker.call(frame, deadline, 2 * limits.max_result_bytes + 16 * MiB + 4 * len(request.sql))
+        reply = _decode(body) if body is not None else None
+        if reply is None:
+            timed_out = time.monotonic() >= deadline
+            code = worker.kill()
+            if timed_out:
+                return _failure(TIMEOUT, f"query timed out after {limits.timeout_s:g} s")
+            return _failure(CRASHED, f"the SQL worker process died (exit code {code}) running this statement")
+        with self._lock:
+            if len(self._idle) < _MAX_IDLE_WORKERS:
+                self._idle.append(worker)
+                worker = None
+        if worker is not None:
+            worker.kill()
+        return reply
+
+    def _take(self) -> _Worker | None:
+        """An idle worker that is still alive (one may have been killed from outside), or None."""
+        while True:
+            with self._lock:
+                worker = self._idle.pop() if self._idle else None
+            if worker is None or worker.proc.poll() is None:
+                return worker
+            worker.kill()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()
+
+    def forget(self) -> None:
+        """In a forked child: the workers belong to the parent; close our copies of the pipes only
+        (unbuffered, so nothing is flushed into the parent's conversation)."""
+        for worker in self._idle:
+            for stream in (worker.proc.stdin, worker.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self._idle = []
+        self._lock = threading.Lock()
+
+
+def _decode(body: bytes) -> Reply | None:
     try:
-        cursor = conn.execute(statement)
-        columns = [d[0] for d in cursor.description] if cursor.description else []
-        rows, truncated = _fetch(cursor, max_rows)
-    except _ResultTooLarge:
-        return _failure(f"result too large (over {_MAX_RESULT_BYTES // (1024 * 1024)} MiB of text/blob data)", started)
-    except Exception as exc:  # noqa: BLE001 - any failure caused by the SQL text is a result, not a crash
-        if timed_out[0]:
-            return _failure(f"query timed out after {timeout_s:g} s", started, timed_out=True)
-        if denials:
-            return _failure(f"not allowed: {denials[0]} (the database is read-only; only queries may run)", started)
-        return _failure(f"{type(exc).__name__}: {exc}".replace("\n", " "), started)
-    finally:
-        conn.close()
-    return QueryResult(rows=rows, columns=columns, truncated=truncated, elapsed_s=time.monotonic() - started)
+        return Reply(*sql_worker.decode(body))
+    except (pickle.UnpicklingError, TypeError, ValueError, EOFError, IndexError, AttributeError, MemoryError):
+        return None
 
 
-def _failure(message: str, started: float, *, timed_out: bool = False) -> QueryResult:
-    return QueryResult(rows=None, error=message, timed_out=timed_out, elapsed_s=time.monotonic() - started)
+def _failure(failure: str, message: str) -> Reply:
+    return Reply((), None, 0, False, b"", b"", failure, message, "")
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection:
-    # as_uri() percent-encodes the path, so names with '?', '#' or spaces cannot inject URI options.
-    uri = path.resolve().as_uri() + "?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
-    except sqlite3.Error as exc:
-        # Unreadable file or folder permissions: a setup problem, as a missing file is.
-        raise OSError(f"cannot open SQLite database {path} read-only: {exc}") from exc
-    # Invalid UTF-8 stored in a TEXT column would otherwise raise while fetching.
-    conn.text_factory = lambda data: data.decode("utf-8", "replace")
-    conn.execute("PRAGMA query_only=ON")  # before the authorizer, which would deny this pragma
-    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _MAX_VALUE_BYTES)
-    return conn
+_pools: dict[int, _Pool] = {}
+_pools_lock = threading.Lock()
 
 
-def _make_authorizer(denials: list[str]):
-    """Authorizer that allows reads only and records what it denied (for the error message)."""
-
-    def authorize(action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None) -> int:
-        if action in _READ_ACTIONS:
-            if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
-                denials.append(f"function {arg2}()")
-                return sqlite3.SQLITE_DENY
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _INTROSPECTION_PRAGMAS:
-            return sqlite3.SQLITE_OK
-        what = _ACTION_NAMES.get(action, f"action {action}")
-        target = " ".join(str(a) for a in (arg1, arg2) if a)
-        denials.append(f"{what} {target}".strip())
-        return sqlite3.SQLITE_DENY
-
-    return authorize
+def _pool(memory_bytes: int) -> _Pool:
+    with _pools_lock:
+        pool = _pools.get(memory_bytes)
+        if pool is None:
+            pool = _pools[memory_bytes] = _Pool(memory_bytes)
+        return pool
 
 
-def _fetch(cursor: sqlite3.Cursor, max_rows: int) -> tuple[list[tuple[Any, ...]], bool]:
-    """Up to ``max_rows`` rows (reading one more to know whether there were more), in chunks so
-    the byte budget is checked before a huge result is all in memory."""
-    rows: list[tuple[Any, ...]] = []
-    budget = _MAX_RESULT_BYTES
-    while len(rows) <= max_rows:
-        chunk = cursor.fetchmany(min(_FETCH_CHUNK, max_rows + 1 - len(rows)))
-        if not chunk:
-            break
-        for row in chunk:
-            budget -= sum(len(v) for v in row if isinstance(v, (str, bytes)))
-        if budget < 0:
-            raise _ResultTooLarge
-        rows.extend(tuple(row) for row in chunk)
-    truncated = len(rows) > max_rows
-    return rows[:max_rows], truncated
+def _close_pools() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+    for pool in pools:
+        pool.close()
 
 
-def _skip_comments(sql: str) -> str:
-    position = 0
-    while True:
-        match = _COMMENT_OR_SPACE.match(sql, position)
-        if not match or match.end() == position:
-            return sql[position:]
-        position = match.end()
+def _forget_pools() -> None:
+    global _pools_lock
+    _pools_lock = threading.Lock()
+    for pool in _pools.values():
+        pool.forget()
+    _pools.clear()
 
 
-def _strip_trailing_terminators(sql: str) -> str:
-    """``SELECT 1; ;`` -> ``SELECT 1``: models often end with extra semicolons, which sqlite3
-    would otherwise count as a second statement."""
-    return _TRAILING_TERMINATORS.sub("", sql)
+atexit.register(_close_pools)
+os.register_at_fork(after_in_child=_forget_pools)
 
 
-def _check_statement_kind(statement: str) -> str | None:
-    """Refusal message unless the statement starts (after comments) with an allowed keyword."""
-    body = _skip_comments(statement)
-    if not body.strip():
-        return "empty query"
-    word = _FIRST_WORD.match(body)
-    first = word.group(0).lower() if word else body[:1]
-    if first not in _ALLOWED_FIRST_WORDS:
-        return f"not allowed: {first.upper()} statement (the database is read-only; only SELECT/WITH queries may run)"
-    return None
+def _interpreter() -> str:
+    executable = sys.executable or shutil.which("python3")
+    if not executable:
+        raise RuntimeError("no Python interpreter found to run the SQL worker (sys.executable is empty). "
+                           "Fix: run Ridgeline with a normal python executable")
+    return executable
 
 
 # ---------------------------------------------------------------------------------------------
 # Result comparison
 
 
-_REL_TOL = 1e-6
-_ABS_TOL = 1e-9
+def same_result(pred: QueryResult, gold: QueryResult, *, order_matters: bool = False) -> bool:
+    """Whether two statements gave the same answer, over all their rows (the digests), not only
+    the kept ones. Compared as multisets of rows (duplicates count) unless ``order_matters``;
+    values as :func:`~ridgeline.envs.sql_worker.canonical` makes them (``2`` equals ``2.0``, floats
+    to 9 significant digits, ``'1'`` is not ``1``, NULL only NULL); column names are not compared
+    but column order and row width are. A failed statement never matches."""
+    if not (pred.ok and gold.ok and pred.ordered and gold.ordered) or pred.row_count != gold.row_count:
+        return False  # failed, or not digested (run_query(digest=False)): no answer to compare
+    if order_matters:
+        return pred.ordered == gold.ordered
+    return pred.unordered == gold.unordered
 
 
 def results_match(
@@ -262,67 +418,18 @@ def results_match(
     gold_rows: Sequence[Sequence[Any]] | None,
     order_matters: bool = False,
 ) -> bool:
-    """Whether two result sets are the same answer.
-
-    Compared as multisets of rows (duplicates count) unless ``order_matters``, in which case row
-    order must agree too. Column names are not compared (aliases do not matter) but column order
-    and row width are. Values match when equal, except numbers: two ints must be equal exactly;
-    an int and a float, or two floats, match within a relative tolerance of 1e-6 (so ``2`` and
-    ``2.0`` match, and float noise from a different summation order does not matter). A string
-    never matches a number (``'1'`` vs ``1``), and NULL matches only NULL. ``None`` for either
-    side (a failed query) never matches.
-    """
+    """:func:`same_result` for two lists of rows (``None``, a failed query, never matches)."""
     if pred_rows is None or gold_rows is None:
         return False
-    if len(pred_rows) != len(gold_rows):
-        return False
-    pred, gold = list(pred_rows), list(gold_rows)
-    if not order_matters:
-        # Sorting both by a canonical key lines up equal rows. Floats are rounded in the key so
-        # rows that differ only by float noise sort in the same place on both sides.
-        pred.sort(key=_row_sort_key)
-        gold.sort(key=_row_sort_key)
-    return all(_rows_equal(p, g) for p, g in zip(pred, gold))
+    return same_result(_digested(pred_rows), _digested(gold_rows), order_matters=order_matters)
 
 
-def _rows_equal(pred: Sequence[Any], gold: Sequence[Any]) -> bool:
-    return len(pred) == len(gold) and all(_values_equal(p, g) for p, g in zip(pred, gold))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _values_equal(pred: Any, gold: Any) -> bool:
-    if _is_number(pred) and _is_number(gold):
-        if isinstance(pred, int) and isinstance(gold, int):
-            return pred == gold
-        return math.isclose(float(pred), float(gold), rel_tol=_REL_TOL, abs_tol=_ABS_TOL) or (
-            math.isnan(float(pred)) and math.isnan(float(gold))
-        )
-    if type(pred) is not type(gold):
-        return False
-    return pred == gold
-
-
-def _value_sort_key(value: Any) -> tuple[int, Any]:
-    # Type rank first so mixed-type columns never compare str with int.
-    if value is None:
-        return (0, 0)
-    if _is_number(value):
-        number = float(value)
-        if math.isnan(number):
-            return (1, math.inf)
-        return (1, float(f"{number:.9g}"))
-    if isinstance(value, str):
-        return (2, value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return (3, bytes(value))
-    return (4, repr(value))
-
-
-def _row_sort_key(row: Sequence[Any]) -> tuple[Any, ...]:
-    return (len(row),) + tuple(_value_sort_key(v) for v in row)
+def _digested(rows: Sequence[Sequence[Any]]) -> QueryResult:
+    digest = RowDigest()
+    for row in rows:
+        digest.add(tuple(row))
+    ordered, unordered = digest.values()
+    return QueryResult(rows=None, row_count=len(rows), complete=True, ordered=ordered, unordered=unordered)
 
 
 def has_top_level_order_by(sql: str) -> bool:

@@ -18,10 +18,16 @@ else ``extras["max_turns"]``, else 5):
   pandas table inside ``<observation>`` with a reminder of the turns left (or the error, or a note
   that the response had no query).
 
-Queries run as skyrl-gym runs them: inside a transaction that is always rolled back, so the
-database file is unchanged after any statement, but writes do run (and a write's empty result
-can match an empty gold result). ``text2sql_lenient`` runs them on a read-only, guarded
-connection instead (:mod:`ridgeline.envs.sql_executor`).
+Queries run as skyrl-gym runs them, inside a transaction that is always rolled back, so a write
+does run (and its empty result can match an empty gold result) but, here, never reaches the
+file: :func:`ridgeline.envs.sql_executor.run_in_rollback` runs it in a worker process with the
+journal in memory, bounded in time (a single long function call included), value length
+(``max_value_bytes``) and result size (``max_result_bytes``), and refuses ATTACH, extension
+loading and process-wide pragmas. A result over a limit is an error like any other (0 when
+scoring); metrics count each reason. ``text2sql_lenient`` runs queries read-only instead.
+
+Reading is linear in the text's length (``str.find`` and fixed-width checks, no regex that can
+backtrack), so no response can stall the process.
 """
 
 from __future__ import annotations
@@ -29,20 +35,20 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sqlite3
-import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .base import Env, StepOutput
 from .registry import register
 from .skyrl_rules import skyrl_ground_truth, skyrl_max_turns
+from .sql_executor import SQLCounts, SQLLimits, run_in_rollback
 
 __all__ = [
     "DATASET_FOLDERS",
     "DEFAULT_DB_PATH",
     "Text2SQLEnv",
     "TransactionResult",
+    "first_sql_block",
     "run_rolled_back",
     "sql_observation",
     "verified_solution",
@@ -62,86 +68,61 @@ SCORE_TIMEOUT_S = 30.0    # the solution and the gold query, when scoring
 _MAX_TABLE_CHARS = 9000   # a longer table is cut to its first 50 rows
 _CUT_ROWS = 50
 
-_SQL_BLOCK = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
 _TAG_IN_SOLUTION = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
-_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _OBSERVATION_END = re.compile(r"</observation>", re.IGNORECASE)
+_SPACE = re.compile(r"\s*")  # str.lstrip's whitespace (both use Py_UNICODE_ISSPACE)
 
 
 @dataclass(frozen=True)
 class TransactionResult:
     """One statement run in a rolled-back transaction.
 
-    rows: the fetched rows as a set (None when the statement failed); error: the exception text;
-    timed_out: the time limit passed first (the statement was then interrupted, but ``rows`` keeps
-    a result that arrived before the interrupt took effect, as skyrl-gym's scorer does).
+    rows: the rows as a set (None when the statement failed); error: the exception text (or the
+    executor's reason: a limit, a refusal); timed_out: the time limit passed first; failure: the
+    executor's reason (:class:`~ridgeline.envs.sql_executor.QueryResult`).
     """
 
     rows: frozenset[tuple[Any, ...]] | None
     error: str | None
     timed_out: bool
+    failure: str | None = None
 
 
-def run_rolled_back(db_file: str, sql: str, timeout_s: float) -> TransactionResult:
-    """Run one statement in a worker thread inside ``BEGIN TRANSACTION`` ... rollback; after
-    ``timeout_s`` the connection is interrupted and the worker awaited."""
-    outcome: dict[str, Any] = {"rows": None, "error": None}
-    finished = threading.Event()
-    opened: list[sqlite3.Connection] = []
-
-    def work() -> None:
-        connection = None
-        try:
-            connection = sqlite3.connect(db_file, check_same_thread=False)
-            opened.append(connection)
-            cursor = connection.cursor()
-            connection.execute("BEGIN TRANSACTION;")
-            cursor.execute(sql)
-            rows = frozenset(cursor.fetchall())
-            connection.rollback()
-            outcome["rows"] = rows
-        except Exception as exc:  # the model's SQL may fail in any way; that is its result
-            outcome["error"] = str(exc)
-        finally:
-            if connection is not None:
-                for end in (connection.rollback, connection.close):
-                    try:
-                        end()
-                    except Exception:
-                        pass
-            finished.set()
-
-    threading.Thread(target=work, daemon=True).start()
-    timed_out = not finished.wait(timeout_s)
-    if timed_out:
-        for connection in opened:
-            try:
-                connection.interrupt()
-            except Exception:
-                pass
-        finished.wait()
-    return TransactionResult(rows=outcome["rows"], error=outcome["error"], timed_out=timed_out)
+def run_rolled_back(db_file: str, sql: str, limits: SQLLimits) -> TransactionResult:
+    """Run one statement inside ``BEGIN TRANSACTION`` ... rollback under ``limits``; the rows as
+    skyrl-gym keeps them (``frozenset(cursor.fetchall())``)."""
+    result = run_in_rollback(db_file, sql, limits)
+    rows = None if result.rows is None else frozenset(result.rows)
+    return TransactionResult(rows=rows, error=result.error, timed_out=result.timed_out, failure=result.failure)
 
 
 def _table(rows: frozenset[tuple[Any, ...]]) -> str:
-    """Rows as skyrl-gym shows them: pandas' plain-text table (pandas comes with ``datasets``)."""
+    """Rows as skyrl-gym shows them: pandas' plain-text table (pandas comes with ``datasets``),
+    cut to its first 50 rows past 9000 characters. Every row line is at least one character and a
+    newline, so past 4500 rows the whole table is never rendered: the frame is still built from
+    all rows (it sets the column types the first 50 rows print with)."""
     import pandas as pd
 
     frame = pd.DataFrame(rows)
-    text = frame.to_string(index=False)
-    if len(text) > _MAX_TABLE_CHARS:
-        text = "Truncated to 50 lines since returned response too long: " + frame.head(_CUT_ROWS).to_string(index=False)
-    return text
+    if 2 * len(rows) <= _MAX_TABLE_CHARS:
+        text = frame.to_string(index=False)
+        if len(text) <= _MAX_TABLE_CHARS:
+            return text
+    return "Truncated to 50 lines since returned response too long: " + frame.head(_CUT_ROWS).to_string(index=False)
 
 
-def sql_observation(db_file: str, sql: str | None, turns_left: int) -> str:
+def sql_observation(db_file: str, sql: str | None, turns_left: int, limits: SQLLimits,
+                    counts: SQLCounts | None = None) -> str:
     """skyrl-gym's SQL tool output: the query's table, its error or a timeout note, or (no
-    query) a request to follow the format, then a reminder of the turns left."""
+    query) a request to follow the format, then a reminder of the turns left. ``limits`` gives
+    the bounds (its timeout is replaced by :data:`EXPLORE_TIMEOUT_S`); ``counts`` counts the query."""
     if sql is None:
         body = ("Your previous action is invalid. Follow the format of outputting thinking process and sql tool, "
                 "and try again.")
     else:
-        result = run_rolled_back(db_file, sql, EXPLORE_TIMEOUT_S)
+        result = run_rolled_back(db_file, sql, replace(limits, timeout_s=EXPLORE_TIMEOUT_S))
+        if counts is not None:
+            counts.add(result.failure)
         if result.timed_out:
             body = f"SQL Timeout:\n{sql}"
         elif result.rows is not None:
@@ -152,21 +133,43 @@ def sql_observation(db_file: str, sql: str | None, turns_left: int) -> str:
     return f"\n\n<observation>{body}\n{reminder}</observation>\n\n"
 
 
+def first_sql_block(action: str) -> str | None:
+    """skyrl-gym's ``re.search(r"<sql>(.*?)</sql>", action, re.DOTALL)`` group, in linear time:
+    the first ``<sql>`` that has a ``</sql>`` after it is the first ``<sql>`` of all (a later one
+    has fewer closings after it), and the block ends at the first ``</sql>`` after it."""
+    start = action.find("<sql>")
+    if start < 0:
+        return None
+    end = action.find("</sql>", start + len("<sql>"))
+    return None if end < 0 else action[start + len("<sql>"):end]
+
+
 def verified_solution(episode: str) -> str | None:
     """The stripped solution SQL of an episode's joined text, or None when its format is not
-    skyrl-gym's (see the module docstring)."""
+    skyrl-gym's (see the module docstring). Linear time: skyrl-gym's ``<think>(.*?)</think>``
+    search and its copy of the rest of the text after each ``</observation>`` are quadratic."""
     if episode.count("<solution>") != 1:
         return None
     before, after = episode.split("<solution>", 1)
     if after.count("</solution>") != 1:
         return None
     solution = after.split("</solution>", 1)[0]
-    if _TAG_IN_SOLUTION.search(solution) or _THINK_BLOCK.search(episode) is None:
+    if _TAG_IN_SOLUTION.search(solution) or not _has_think_block(episode):
         return None
     for end in _OBSERVATION_END.finditer(before):
-        if not before[end.end():].lstrip().lower().startswith("<think>"):
+        # skyrl-gym: before[end:].lstrip().lower().startswith("<think>"). lower() maps one
+        # character to one or more, so the first 7 characters after the spaces decide it.
+        start = _SPACE.match(before, end.end()).end()
+        if not before[start:start + len("<think>")].lower().startswith("<think>"):
             return None
     return solution.strip()
+
+
+def _has_think_block(text: str) -> bool:
+    """Whether ``<think>(.*?)</think>`` (DOTALL) matches anywhere: the first ``<think>`` has the
+    most text after it, so it decides."""
+    start = text.find("<think>")
+    return start >= 0 and text.find("</think>", start + len("<think>")) >= 0
 
 
 def _check_rows(extras: dict[str, Any]) -> None:
@@ -186,15 +189,23 @@ def _check_rows(extras: dict[str, Any]) -> None:
 
 @register("text2sql")
 class Text2SQLEnv(Env):
-    """skyrl-gym's SQL env; see the module docstring. Setting: ``db_path``."""
+    """skyrl-gym's SQL env; see the module docstring. Settings: ``db_path``, and the bounds
+    ``max_value_bytes`` / ``max_result_bytes`` (:class:`~ridgeline.envs.sql_executor.SQLLimits`).
 
-    accepted_settings = ("db_path",)
+    Metrics per episode: ``sql_calls`` (the model's queries run: explorations and the
+    solution), ``sql_errors`` (of those, the failed ones) and by reason ``timeouts``,
+    ``refused``, ``too_large``, ``crashed``."""
+
+    accepted_settings = ("db_path", "max_value_bytes", "max_result_bytes")
 
     def __init__(self, extras: dict[str, Any] | None = None, *, db_path: str = DEFAULT_DB_PATH,
-                 max_turns: int | None = None, **settings: Any) -> None:
+                 max_turns: int | None = None, max_value_bytes: int = SQLLimits.max_value_bytes,
+                 max_result_bytes: int = SQLLimits.max_result_bytes, **settings: Any) -> None:
         extras = dict(extras or {})
         super().__init__(extras, max_turns=skyrl_max_turns(extras, max_turns), **settings)
         _check_rows(self.extras)
+        self.limits = SQLLimits(timeout_s=SCORE_TIMEOUT_S, max_value_bytes=int(max_value_bytes),
+                                max_result_bytes=int(max_result_bytes))
         self.gold_sql = skyrl_ground_truth(self.extras, "text2sql")
         self.db_id: str = self.extras["db_id"]
         self.db_file = os.path.join(str(db_path), DATASET_FOLDERS[self.extras["data"]], self.db_id,
@@ -205,6 +216,7 @@ class Text2SQLEnv(Env):
                 f"{db_path!r}, the row's data={self.extras['data']!r} and db_id={self.db_id!r})"
             )
         self.messages: list[str] = []  # every response and observation of the episode, in order
+        self.counts = SQLCounts()
 
     def step(self, action: str) -> StepOutput:
         last = self.next_turn()
@@ -213,10 +225,9 @@ class Text2SQLEnv(Env):
             solution = verified_solution("".join(self.messages))
             metadata = {"parsed": solution, "ground_truth": self.gold_sql}
             return StepOutput(observations=[], reward=self._score(solution), done=True, metadata=metadata)
-        block = _SQL_BLOCK.search(action)
-        query = None if block is None else block.group(1)
+        query = first_sql_block(action)
         try:
-            observation = sql_observation(self.db_file, query, self.max_turns - self.turns)
+            observation = sql_observation(self.db_file, query, self.max_turns - self.turns, self.limits, self.counts)
         except Exception as exc:  # skyrl-gym shows a failing tool's error text as the observation
             observation = str(exc)
         if not observation:
@@ -229,9 +240,13 @@ class Text2SQLEnv(Env):
         if solution is None:
             return -1.0
         try:
-            predicted = run_rolled_back(self.db_file, solution, SCORE_TIMEOUT_S).rows
-            gold = run_rolled_back(self.db_file, self.gold_sql, SCORE_TIMEOUT_S).rows
-        except Exception:  # e.g. no thread could be started; skyrl-gym scores 0 then
+            predicted = run_rolled_back(self.db_file, solution, self.limits)
+            self.counts.add(predicted.failure)
+            gold = run_rolled_back(self.db_file, self.gold_sql, self.limits).rows
+        except Exception:  # e.g. no worker could be started; skyrl-gym scores 0 then
             logger.warning("text2sql: scoring failed; reward 0", exc_info=True)
             return 0.0
-        return 1.0 if predicted is not None and gold is not None and predicted == gold else 0.0
+        return 1.0 if predicted.rows is not None and gold is not None and predicted.rows == gold else 0.0
+
+    def get_metrics(self) -> dict[str, float]:
+        return self.counts.metrics()

@@ -9,9 +9,10 @@ Each turn the model either explores or answers:
   replies with ``<observation>...</observation>`` holding the first rows as a small table, or the
   error. Reward 0, the episode goes on.
 * ``<solution>QUERY</solution>``: the final answer. QUERY's result is compared with the gold
-  query's result (:func:`~ridgeline.envs.sql_executor.results_match`: rows as a multiset, in
-  order only when the gold query ends in ORDER BY, numbers within 1e-6). Reward 1.0 on a match,
-  else 0.0; the episode ends.
+  query's result over all their rows (:func:`~ridgeline.envs.sql_executor.same_result`: rows as
+  a multiset, in order only when the gold query ends in ORDER BY, floats to 9 significant
+  digits). Reward 1.0 on a match, else 0.0 (a failed query, a timeout or a result over a limit
+  included); the episode ends.
 * neither: an observation restating the format, reward 0.
 
 On the last allowed turn (``max_turns``, default 5) the episode ends whatever the response; an
@@ -24,8 +25,13 @@ names the database, found as ``<db_root>/<db_id>.sqlite`` or ``<db_root>/<db_id>
 to ``db_root``).
 
 Settings (``environment.skyrl_gym.text2sql_lenient``): ``db_root``, ``timeout_s`` (5: per query),
-``max_rows`` (1000: rows fetched per query, and compared when scoring), ``observation_rows``
-(10: rows shown to the model), ``max_turns``.
+``max_rows`` (1000: rows of each result kept in memory, for the observation and the metadata;
+the answer check covers every row), ``observation_rows`` (10: rows shown to the model),
+``max_value_bytes`` / ``max_result_bytes`` (:class:`~ridgeline.envs.sql_executor.SQLLimits`),
+``max_turns``.
+
+Reading is linear in the response's length (literal searches, no pattern that can backtrack),
+so no response can stall the process.
 """
 
 from __future__ import annotations
@@ -39,19 +45,19 @@ from typing import Any
 
 from .base import Env, StepOutput
 from .registry import register
-from .sql_executor import QueryResult, has_top_level_order_by, results_match, run_query
+from .sql_executor import QueryResult, SQLCounts, SQLLimits, has_top_level_order_by, run_query, same_result
 
 __all__ = ["Text2SQLLenientEnv", "extract_tag", "format_observation"]
 
 logger = logging.getLogger(__name__)
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-# A block may be left open at the end of the response: generation often stops on "</sql>"
-# without including it.
-_TAG_PATTERNS = {
-    tag: re.compile(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", re.DOTALL | re.IGNORECASE) for tag in ("sql", "solution")
-}
-_CODE_FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n?|\n?\s*```\s*$")
+# Literal patterns only: each search is linear, and every loop below moves forward.
+_THINK_OPEN = re.compile("<think>", re.IGNORECASE)
+_THINK_CLOSE = re.compile("</think>", re.IGNORECASE)
+_TAG_OPEN = {tag: re.compile(f"<{tag}>", re.IGNORECASE) for tag in ("sql", "solution")}
+_TAG_CLOSE = {tag: re.compile(f"</{tag}>", re.IGNORECASE) for tag in ("sql", "solution")}
+# Matched at position 0 only; [A-Za-z]* and the spaces after it cannot overlap, so no backtracking.
+_LEADING_FENCE = re.compile(r"\s*```[A-Za-z]*\s*\n?")
 
 _MAX_CELL_CHARS = 60
 _MAX_OBSERVATION_CHARS = 3000
@@ -63,12 +69,47 @@ FORMAT_REMINDER = (
 
 
 def extract_tag(text: str, tag: str) -> str | None:
-    """Content of the last ``<tag>...</tag>`` block outside ``<think>`` (None if there is none),
-    with surrounding whitespace and Markdown code fences removed."""
-    matches = _TAG_PATTERNS[tag].findall(_THINK.sub("", text))
-    if not matches:
-        return None
-    return _CODE_FENCE.sub("", matches[-1]).strip()
+    """Content of the last ``<tag>...</tag>`` block outside ``<think>...</think>`` (None if there
+    is none; a block may be left open at the end: generation often stops on ``</sql>`` without
+    including it), with surrounding whitespace and Markdown code fences removed. Tags match in
+    any case. Linear time in ``len(text)``."""
+    text = _without_think(text)
+    opening, closing = _TAG_OPEN[tag], _TAG_CLOSE[tag]
+    content = None
+    position = 0
+    while (start := opening.search(text, position)) is not None:
+        end = closing.search(text, start.end())
+        if end is None:
+            content = text[start.end():]
+            break
+        content = text[start.end():end.start()]
+        position = end.end()
+    return None if content is None else _strip_fences(content)
+
+
+def _without_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` sections (an unclosed ``<think>`` stays)."""
+    kept = []
+    position = 0
+    while (start := _THINK_OPEN.search(text, position)) is not None:
+        end = _THINK_CLOSE.search(text, start.end())
+        if end is None:
+            break  # no later <think> has a closing tag either
+        kept.append(text[position:start.start()])
+        position = end.end()
+    kept.append(text[position:])
+    return "".join(kept)
+
+
+def _strip_fences(block: str) -> str:
+    """Without a leading ```` ```sql ```` line and a trailing ```` ``` ````, then stripped."""
+    leading = _LEADING_FENCE.match(block)
+    if leading is not None:
+        block = block[leading.end():]
+    trimmed = block.rstrip()
+    if trimmed.endswith("```"):
+        block = trimmed[: -len("```")]
+    return block.strip()
 
 
 def _format_cell(value: Any) -> str:
@@ -88,7 +129,7 @@ def format_observation(result: QueryResult, observation_rows: int) -> str:
     """A query result as the model sees it: a Markdown table of the first ``observation_rows``
     rows plus a line saying how many there were, or the error; at most ~3000 characters."""
     if result.rows is None:
-        body = f"Error: {result.error}"
+        body = f"Error: {result.error_type + ': ' if result.error_type else ''}{result.error}"
     elif not result.rows:
         body = "Query returned no rows."
         if result.columns:
@@ -98,11 +139,11 @@ def format_observation(result: QueryResult, observation_rows: int) -> str:
         lines = ["| " + " | ".join(_format_cell(c) for c in result.columns) + " |",
                  "|" + " --- |" * len(result.columns)]
         lines += ["| " + " | ".join(_format_cell(v) for v in row) + " |" for row in shown]
-        total = f"more than {len(result.rows)}" if result.truncated else str(len(result.rows))
-        if len(shown) < len(result.rows) or result.truncated:
+        total = str(result.row_count) if result.complete else f"more than {len(result.rows)}"
+        if len(shown) < result.row_count:
             lines.append(f"({len(shown)} of {total} rows shown)")
         else:
-            lines.append(f"({total} row{'s' if len(result.rows) != 1 else ''})")
+            lines.append(f"({result.row_count} row{'s' if result.row_count != 1 else ''})")
         body = "\n".join(lines)
     if len(body) > _MAX_OBSERVATION_CHARS:
         body = body[:_MAX_OBSERVATION_CHARS] + "\n... (output cut)"
@@ -118,18 +159,18 @@ _gold_cache: OrderedDict[tuple[Any, ...], QueryResult] = OrderedDict()
 _gold_lock = threading.Lock()
 
 
-def gold_result(db_path: Path, gold_sql: str, *, timeout_s: float, max_rows: int) -> QueryResult:
+def gold_result(db_path: Path, gold_sql: str, *, limits: SQLLimits, max_rows: int) -> QueryResult:
     """The gold query's result, from a process-wide LRU cache. The key includes the file's size
     and modification time, so a rebuilt database is not served stale results. Timeouts are not
     cached: they may come from a busy machine rather than the query."""
     stat = db_path.stat()
-    key = (str(db_path.resolve()), stat.st_size, stat.st_mtime_ns, gold_sql, float(timeout_s), int(max_rows))
+    key = (str(db_path.resolve()), stat.st_size, stat.st_mtime_ns, gold_sql, limits, int(max_rows))
     with _gold_lock:
         cached = _gold_cache.get(key)
         if cached is not None:
             _gold_cache.move_to_end(key)
             return cached
-    result = run_query(db_path, gold_sql, timeout_s=timeout_s, max_rows=max_rows)
+    result = run_query(db_path, gold_sql, max_rows=max_rows, limits=limits)
     if not result.ok:
         logger.warning("text2sql_lenient: gold SQL fails on %s (%s): %s", db_path, result.error, gold_sql)
     if not result.timed_out:
@@ -204,30 +245,36 @@ class Text2SQLLenientEnv(Env):
     model text.
 
     Metrics per episode (:meth:`get_metrics`): ``sql_calls`` (queries of the model that were run,
-    exploration and answer), ``sql_errors`` (of those, the ones that failed, timeouts included),
-    ``timeouts`` and ``solved`` (1.0 when the answer matched).
+    exploration and answer), ``sql_errors`` (of those, the ones that failed), by reason
+    ``timeouts``, ``refused``, ``too_large``, ``crashed``, and ``solved`` (1.0 when the answer
+    matched).
     """
 
-    accepted_settings = ("db_root", "timeout_s", "max_rows", "observation_rows")
+    accepted_settings = ("db_root", "timeout_s", "max_rows", "observation_rows", "max_value_bytes",
+                         "max_result_bytes")
     default_max_turns = 5
 
     def __init__(self, extras: dict[str, Any] | None = None, *, db_root: str | Path | None = None,
                  timeout_s: float = 5.0, max_rows: int = 1000, observation_rows: int = 10,
-                 **settings: Any) -> None:
+                 max_value_bytes: int = SQLLimits.max_value_bytes,
+                 max_result_bytes: int = SQLLimits.max_result_bytes, **settings: Any) -> None:
         super().__init__(extras, **settings)
-        if not float(timeout_s) > 0:
-            raise ValueError(f"text2sql_lenient: timeout_s must be positive, got {timeout_s!r}")
         if int(max_rows) < 1 or int(observation_rows) < 0:
             raise ValueError(f"text2sql_lenient: need max_rows >= 1 and observation_rows >= 0, "
                              f"got {max_rows!r}, {observation_rows!r}")
-        self.timeout_s = float(timeout_s)
+        try:
+            self.limits = SQLLimits(timeout_s=float(timeout_s), max_value_bytes=int(max_value_bytes),
+                                    max_result_bytes=int(max_result_bytes))
+        except ValueError as exc:
+            raise ValueError(f"text2sql_lenient: {exc}") from None
         self.max_rows = int(max_rows)
         self.observation_rows = int(observation_rows)
         self.gold_sql = _gold_sql(self.extras)
         self.db_path = _resolve_db_path(self.extras, db_root)
         self.order_matters = has_top_level_order_by(self.gold_sql)
         self._gold: QueryResult | None = None
-        self._counts = {"sql_calls": 0, "sql_errors": 0, "timeouts": 0, "solved": 0}
+        self.counts = SQLCounts()
+        self.solved = False
 
     # -- protocol ----------------------------------------------------------------------------
 
@@ -249,16 +296,16 @@ class Text2SQLLenientEnv(Env):
                           reward=0.0, done=False, metadata=metadata)
 
     def _explore(self, query: str) -> StepOutput:
-        result = self._run(query)
+        result = self._run(query, digest=False)  # a look at the data: the first max_rows + 1 rows do
         metadata = {"kind": "explore", "sql": query, "turn": self.turns, **self._result_metadata(result)}
         observation = format_observation(result, self.observation_rows)
         return StepOutput(observations=[self._message(observation)], reward=0.0, done=False, metadata=metadata)
 
     def _answer(self, query: str, *, source: str) -> StepOutput:
-        result = self._run(query)
+        result = self._run(query, digest=True)
         gold = self.gold()
-        solved = result.ok and gold.ok and results_match(result.rows, gold.rows, order_matters=self.order_matters)
-        self._counts["solved"] = int(solved)
+        solved = same_result(result, gold, order_matters=self.order_matters)
+        self.solved = solved
         metadata: dict[str, Any] = {
             "kind": source,
             "sql": query,
@@ -276,14 +323,12 @@ class Text2SQLLenientEnv(Env):
     def gold(self) -> QueryResult:
         """The gold query's result (computed on first use, then cached)."""
         if self._gold is None:
-            self._gold = gold_result(self.db_path, self.gold_sql, timeout_s=self.timeout_s, max_rows=self.max_rows)
+            self._gold = gold_result(self.db_path, self.gold_sql, limits=self.limits, max_rows=self.max_rows)
         return self._gold
 
-    def _run(self, query: str) -> QueryResult:
-        result = run_query(self.db_path, query, timeout_s=self.timeout_s, max_rows=self.max_rows)
-        self._counts["sql_calls"] += 1
-        self._counts["sql_errors"] += int(not result.ok)
-        self._counts["timeouts"] += int(result.timed_out)
+    def _run(self, query: str, *, digest: bool) -> QueryResult:
+        result = run_query(self.db_path, query, max_rows=self.max_rows, limits=self.limits, digest=digest)
+        self.counts.add(result.failure)
         return result
 
     def _message(self, observation: str) -> dict[str, str]:
@@ -295,10 +340,11 @@ class Text2SQLLenientEnv(Env):
     def _result_metadata(result: QueryResult) -> dict[str, Any]:
         return {
             "error": result.error,
-            "num_rows": None if result.rows is None else len(result.rows),
+            "failure": result.failure,
+            "num_rows": None if result.rows is None or not result.complete else result.row_count,
             "truncated": result.truncated,
             "timed_out": result.timed_out,
         }
 
     def get_metrics(self) -> dict[str, float]:
-        return {key: float(value) for key, value in self._counts.items()}
+        return {**self.counts.metrics(), "solved": float(self.solved)}

@@ -1,0 +1,562 @@
+"""Hostile SQL and hostile responses against the SQL envs (issue 19): statements that try to
+exhaust memory or time (inside one function call too), oversized values, endless rows, wrong
+answers that share the kept rows with the right one, writes, ATTACH, pragmas, extensions; and
+responses built to make the parsers quadratic. Each must end within its bound, cost this process
+no memory, leave the database file as it was, and score 0 with a counted reason."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ridgeline.envs import make
+from ridgeline.envs import sql_executor
+from ridgeline.envs.sql_executor import KILL_GRACE_S, SQLLimits, run_in_rollback, run_query
+from ridgeline.envs.text2sql import first_sql_block, verified_solution
+from ridgeline.envs.text2sql_lenient import extract_tag
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 0.5
+LIMITS = SQLLimits(timeout_s=TIMEOUT)
+# How long a bounded statement may take here: its limit, the kill grace, and room for a busy
+# one-core machine (starting a fresh worker after a kill included).
+WALL_BOUND = TIMEOUT + KILL_GRACE_S + 2.0
+
+
+def numbers(last: int | None = None) -> str:
+    """A recursive CTE of 1..last (endless when None)."""
+    stop = "" if last is None else f" WHERE n < {last}"
+    return f"WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r{stop})"
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture()
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "toy.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"name{i}") for i in range(1, 2001)])
+    conn.close()
+    return path
+
+
+# --- the statements ------------------------------------------------------------------------------
+
+HALF = 4 * 1024 * 1024 - 16  # half of the default 8 MiB value limit
+# Each: (name, SQL, the failure it must end in). The old executor (fetchmany chunks, a progress
+# handler as the only clock) let the first two allocate ~2 GB and the "one call" ones run for
+# seconds to minutes past the limit.
+BOMBS = [
+    ("blob rows", f"{numbers(300)} SELECT zeroblob(8000000) FROM r", "too_large"),
+    ("random rows", f"{numbers(300)} SELECT randomblob(8000000), n FROM r", "too_large"),
+    ("wide row", "SELECT " + ", ".join(["zeroblob(8000000)"] * 300), "too_large"),
+    ("giant value", "SELECT zeroblob(1000000000)", "too_large"),
+    ("giant group_concat", f"{numbers(20000)} SELECT group_concat(printf('%.*c', 1000, 'x')) FROM r", "too_large"),
+    # SQLite's printf gives NULL past the value limit: bounded, not an error
+    ("giant printf width", "SELECT printf('%900000000d', 1)", None),
+    ("endless CTE", f"{numbers()} SELECT count(*) FROM r", "timeout"),
+    ("cross join", f"{numbers(100000)} SELECT count(*) FROM r AS a, r AS b", "timeout"),
+    ("endless rows", f"{numbers()} SELECT n FROM r", "timeout"),
+    # one function call each: SQLite checks neither its progress handler nor interrupts inside
+    ("one call: printf precision", "SELECT length(printf('%.*c', 2000000000, 'x'))", "timeout"),
+    ("one call: instr", f"SELECT instr(printf('%.*c', {2 * HALF}, 'a'), printf('%.*c', {HALF}, 'a') || 'b')",
+     "timeout"),
+    ("one call: replace", f"SELECT length(replace(printf('%.*c', {2 * HALF}, 'a'), printf('%.*c', {HALF}, 'a') || 'b', "
+     "'x'))", "timeout"),
+]
+# LIKE/GLOB with thousands of wildcards over a long string: this SQLite bails out early, but they
+# must stay bounded on any build.
+WILDCARDS = [
+    f"SELECT printf('%.*c', {2 * HALF}, 'a') LIKE (replace(printf('%.*c', 20000, 'x'), 'x', '%a') || 'b')",
+    f"SELECT printf('%.*c', {2 * HALF}, 'a') GLOB (replace(printf('%.*c', 20000, 'x'), 'x', '*a') || 'b')",
+]
+
+
+@pytest.mark.parametrize("name, sql, failure", BOMBS, ids=[b[0] for b in BOMBS])
+def test_bombs_end_in_time_with_their_reason(db, name, sql, failure):
+    # memory bombs get time to reach their limit; time bombs a short clock
+    limits = LIMITS if failure == "timeout" else SQLLimits(timeout_s=5.0)
+    before = digest(db)
+    for run in (lambda: run_query(db, sql, limits=limits), lambda: run_in_rollback(db, sql, limits)):
+        started = time.monotonic()
+        result = run()
+        elapsed = time.monotonic() - started
+        assert result.failure == failure, (name, result)
+        assert result.rows == [(None,)] if failure is None else result.rows is None, (name, result)
+        assert elapsed < limits.timeout_s + KILL_GRACE_S + 2.0, (name, elapsed)
+    assert digest(db) == before
+    assert run_query(db, "SELECT count(*) FROM t").rows == [(2000,)]  # the next statement is served
+
+
+@pytest.mark.parametrize("sql", WILDCARDS)
+def test_wildcard_patterns_are_bounded(db, sql):
+    started = time.monotonic()
+    result = run_query(db, sql, limits=LIMITS)
+    assert time.monotonic() - started < WALL_BOUND
+    assert result.rows == [(0,)] or result.failure == "timeout"
+
+
+def test_value_limit_is_the_setting(db):
+    small = SQLLimits(timeout_s=2, max_value_bytes=1024)
+    assert run_query(db, "SELECT zeroblob(1024)", limits=small).ok
+    result = run_query(db, "SELECT zeroblob(1025)", limits=small)
+    assert result.failure == "too_large" and "too big" in result.error
+    # reading a stored value over the limit fails too, not only building one
+    assert run_query(db, "SELECT group_concat(name) FROM t", limits=small).failure == "too_large"
+
+
+def test_result_limit_is_checked_per_row(db):
+    limits = SQLLimits(timeout_s=5, max_result_bytes=1024 * 1024)
+    one_row = 1024 * 1024 // 4  # four of these rows fit in the budget, not five
+    fits = run_query(db, f"{numbers(3)} SELECT zeroblob({one_row - 200}) FROM r", limits=limits)
+    assert fits.ok and fits.row_count == 3
+    result = run_query(db, f"{numbers(5)} SELECT zeroblob({one_row}) FROM r", limits=limits)
+    assert result.failure == "too_large" and "max_result_bytes" in result.error
+    # only kept rows count: with max_rows=2 the same rows are read and digested, not kept
+    assert run_query(db, f"{numbers(5)} SELECT zeroblob({one_row}) FROM r", max_rows=2, limits=limits).ok
+
+
+MEMORY_SCRIPT = """
+import json, resource, sys
+from ridgeline.envs.sql_executor import SQLLimits, run_in_rollback, run_query
+db, sqls = sys.argv[1], json.loads(sys.argv[2])
+run_query(db, "SELECT 1")  # the worker, imports and caches exist before the baseline
+run_in_rollback(db, "SELECT 1", SQLLimits())
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+failures = [run_query(db, sql, limits=SQLLimits(timeout_s=5)).failure for sql in sqls]
+failures += [run_in_rollback(db, sql, SQLLimits(timeout_s=5)).failure for sql in sqls]
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"grown_kib": grown, "failures": failures}))
+"""
+
+
+def test_memory_bombs_do_not_grow_this_process(db):
+    """Peak RSS of a fresh process running every memory bomb both ways. The old executor grew
+    by ~2 GB on the first one (256 rows of 8 MB fetched before the byte count was checked)."""
+    import json
+
+    bombs = [(sql, failure) for name, sql, failure in BOMBS if failure != "timeout"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(db), json.dumps([sql for sql, _ in bombs])],
+                         env=env, capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["failures"] == [failure for _, failure in bombs] * 2
+    assert report["grown_kib"] < 64 * 1024, report  # MiB-scale noise, not a result
+
+
+def test_worker_memory_is_capped(db):
+    """The worker's RLIMIT_AS stops SQLite itself: one row of 300 random 8 MB values is built in
+    SQLite's memory (2.4 GB) before any row reaches Python. The next statement is served."""
+    limits = SQLLimits(timeout_s=20)
+    assert sql_executor.worker_memory_bytes(limits) < 1024 * 1024 * 1024
+    for run in (lambda sql: run_query(db, sql, limits=limits), lambda sql: run_in_rollback(db, sql, limits)):
+        result = run("SELECT " + ", ".join(["randomblob(8000000)"] * 300))
+        assert result.failure == "too_large" and "out of memory" in result.error, result
+        assert run("SELECT 1").rows == [(1,)]
+
+
+# --- answers are compared in full ---------------------------------------------------------------
+
+
+def env_for(db: Path, gold: str, **settings):
+    extras = {"reward_spec": {"method": "rule", "ground_truth": gold}, "extra_info": {"db_id": db.stem}}
+    return make("text2sql_lenient", extras=extras, db_root=str(db.parent), **settings)
+
+
+@pytest.mark.parametrize("answer", [
+    "SELECT id FROM t WHERE id <= 1501",                           # one row more
+    "SELECT id FROM t WHERE id <= 1499",                           # one row fewer
+    "SELECT CASE WHEN id = 1500 THEN -1 ELSE id END FROM t WHERE id <= 1500",  # the last row differs
+    "SELECT id FROM t WHERE id <= 1500 UNION ALL SELECT 1",        # a duplicate
+])
+def test_wrong_answers_that_share_the_kept_rows_score_zero(db, answer):
+    """The old env compared the first max_rows rows only: each of these scored 1.0."""
+    gold = "SELECT id FROM t WHERE id <= 1500"
+    assert env_for(db, gold, max_rows=1000).step(f"<solution>{answer}</solution>").reward == 0.0
+    assert env_for(db, gold, max_rows=1000).step(f"<solution>{gold} ORDER BY id DESC</solution>").reward == 1.0
+    assert env_for(db, gold + " ORDER BY id", max_rows=10).step(
+        f"<solution>{gold} ORDER BY id DESC</solution>").reward == 0.0
+
+
+def test_digests_cover_every_row_and_count_duplicates(db):
+    full = run_query(db, "SELECT id, name FROM t", max_rows=5)
+    shuffled = run_query(db, "SELECT id, name FROM t ORDER BY random()", max_rows=5)
+    assert full.complete and full.row_count == 2000 and full.truncated and len(full.rows) == 5
+    assert sql_executor.same_result(full, shuffled) and not sql_executor.same_result(full, shuffled, order_matters=True)
+    doubled = run_query(db, "SELECT id, name FROM t UNION ALL SELECT 1, 'name1' EXCEPT SELECT 2, 'name2'")
+    assert not sql_executor.same_result(full, doubled)
+    peek = run_query(db, "SELECT id, name FROM t", max_rows=5, digest=False)
+    assert not peek.complete and peek.row_count == 6 and not sql_executor.same_result(peek, peek)
+
+
+# --- the database cannot be changed or escaped ---------------------------------------------------
+
+ROLLED_BACK_REFUSED = [
+    "ATTACH DATABASE '{p}' AS other",
+    "ATTACH 'file:{p}?mode=rwc' AS other",
+    "VACUUM INTO '{p}'",
+    "SELECT load_extension('{p}')",
+    "SELECT fts3_tokenizer('simple')",  # leaks a function pointer; the two-argument form sets one
+    "PRAGMA temp_store_directory = '{d}'",
+    "PRAGMA hard_heap_limit = 1000",
+    "PRAGMA soft_heap_limit = 1000",
+    "PRAGMA journal_mode = DELETE",
+    "PRAGMA wal_checkpoint",
+]
+
+
+@pytest.mark.parametrize("template", ROLLED_BACK_REFUSED)
+def test_text2sql_refuses_what_reaches_past_the_transaction(db, tmp_path, template):
+    """skyrl-gym's executor runs ATTACH inside its transaction (creating the file) and every
+    pragma; here they are refused, and no file appears."""
+    target = tmp_path / "created.sqlite"
+    before, files = digest(db), sorted(os.listdir(tmp_path))
+    result = run_in_rollback(db, template.format(p=target, d=tmp_path), LIMITS)
+    assert result.failure in ("refused", "sql_error") and not result.ok, result
+    assert not target.exists() and sorted(os.listdir(tmp_path)) == files and digest(db) == before
+    assert run_in_rollback(db, "SELECT count(*) FROM t", LIMITS).rows == [(2000,)]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT load_extension('/nonexistent/lib')", "SELECT fts3_tokenizer('simple')",
+    "PRAGMA hard_heap_limit = 1000", "PRAGMA temp_store_directory = '/tmp'", "PRAGMA query_only = OFF",
+    "WITH RECURSIVE r(n) AS (SELECT 1) DELETE FROM t",
+])
+def test_read_only_refuses_extensions_pragmas_and_writes(db, sql):
+    before = digest(db)
+    result = run_query(db, sql, limits=LIMITS)
+    assert result.failure == "refused" and "not allowed" in result.error, result
+    assert digest(db) == before
+
+
+def test_text2sql_writes_never_touch_the_file(db):
+    """A write runs (skyrl-gym's semantics) but its pages stay in memory: no journal file, the
+    bytes unchanged, and a growth past 64 MiB is refused by SQLite."""
+    before, files = digest(db), sorted(os.listdir(db.parent))
+    for sql in ["DELETE FROM t", "UPDATE t SET name = 'x'", "CREATE TABLE u AS SELECT * FROM t",
+                "DROP TABLE t", "INSERT INTO t (name) SELECT name FROM t"]:
+        result = run_in_rollback(db, sql, LIMITS)
+        assert result.ok and result.rows == [], (sql, result)
+        assert digest(db) == before and sorted(os.listdir(db.parent)) == files
+    grow = run_in_rollback(db, f"CREATE TABLE big AS {numbers(100)} SELECT zeroblob(1000000) FROM r", LIMITS)
+    assert grow.failure == "sql_error" and "full" in grow.error
+    assert digest(db) == before and sorted(os.listdir(db.parent)) == files
+
+
+def test_killing_a_worker_mid_write_leaves_the_file_intact(db):
+    """The worker runs a long write; it is killed from outside (as the time limit does): the
+    statement reports the crash, the file is unchanged, and the next statement works."""
+    before = digest(db)
+    pool = sql_executor._pool(sql_executor.worker_memory_bytes(LIMITS))
+    run_in_rollback(db, "SELECT 1", LIMITS)  # one idle worker now exists
+    [worker] = pool._idle[-1:]
+    slow_write = "UPDATE t SET name = (SELECT count(*) FROM t AS a, t AS b WHERE a.id > t.id)"  # minutes
+    results = []
+    thread = threading.Thread(target=lambda: results.append(run_in_rollback(db, slow_write, SQLLimits(timeout_s=20))))
+    thread.start()
+    time.sleep(1.0)
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    thread.join(30)
+    [result] = results
+    assert result.failure == "crashed" and "died" in result.error
+    assert digest(db) == before and not any(name.endswith("-journal") for name in os.listdir(db.parent))
+    assert run_in_rollback(db, "SELECT count(*) FROM t", LIMITS).rows == [(2000,)]
+
+
+WORKER_ORPHAN_SCRIPT = """
+import sys, threading
+from ridgeline.envs import sql_executor
+from ridgeline.envs.sql_executor import SQLLimits, run_query
+run_query(sys.argv[1], "SELECT 1")
+[pool] = sql_executor._pools.values()
+print(pool._idle[0].proc.pid, flush=True)
+run_query(sys.argv[1], "SELECT length(printf('%.*c', 2000000000, 'x'))", limits=SQLLimits(timeout_s=60))
+"""
+
+
+def test_workers_die_with_the_trainer(db):
+    """A trainer killed with -9 while its worker is inside one long call: the worker exits within
+    about a second (it watches its parent), not when the call ends."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_ORPHAN_SCRIPT, str(db)], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    worker_pid = int(proc.stdout.readline())
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(worker_pid):
+        time.sleep(0.1)
+    assert not _alive(worker_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return status.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_forked_child_starts_its_own_workers(db):
+    """A child forked while workers exist (a data loader, say) must not talk to the parent's."""
+    assert run_query(db, "SELECT 1").rows == [(1,)]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own worker answers
+        ok = run_query(db, "SELECT count(*) FROM t").rows == [(2000,)]
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    os.close(read), os.close(write)
+    assert run_query(db, "SELECT 2").rows == [(2,)]
+
+
+def test_concurrent_statements_each_get_a_worker(db):
+    """Bombs and normal queries from many threads at once: the normal ones are answered."""
+    results: dict[int, object] = {}
+
+    def query(index: int) -> None:
+        sql = "SELECT count(*) FROM t" if index % 2 else "SELECT length(printf('%.*c', 2000000000, 'x'))"
+        results[index] = run_query(db, sql, limits=LIMITS)
+
+    threads = [threading.Thread(target=query, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert all(results[i].rows == [(2000,)] for i in range(1, 8, 2))
+    assert all(results[i].failure == "timeout" for i in range(0, 8, 2))
+
+
+# --- the envs: bad SQL scores 0 with a counted reason, never raises -------------------------------
+
+
+def test_lenient_env_counts_each_reason(db):
+    env = env_for(db, "SELECT id FROM t", timeout_s=TIMEOUT, max_turns=5)
+    env.step("<sql>SELECT zeroblob(1000000000)</sql>")
+    env.step(f"<sql>{numbers()} SELECT count(*) FROM r</sql>")
+    env.step("<sql>ATTACH 'x.sqlite' AS x</sql>")
+    env.step("<sql>SELECT * FROM missing</sql>")
+    out = env.step("<solution>SELECT length(printf('%.*c', 2000000000, 'x'))</solution>")
+    assert out.done and out.reward == 0.0 and out.metadata["failure"] == "timeout"
+    assert env.get_metrics() == {"sql_calls": 5.0, "sql_errors": 5.0, "timeouts": 2.0, "refused": 1.0,
+                                 "too_large": 1.0, "crashed": 0.0, "solved": 0.0}
+
+
+@pytest.fixture()
+def zoo(tmp_path: Path, db: Path) -> Path:
+    """``db`` in skyrl-gym's layout, ``<db_path>/spider/database/toy/toy.sqlite``."""
+    target = tmp_path / "sql_data" / "spider" / "database" / "toy" / "toy.sqlite"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(db.read_bytes())
+    return tmp_path / "sql_data"
+
+
+def test_text2sql_env_scores_bombs_zero_and_counts_them(zoo, monkeypatch):
+    from ridgeline.envs import text2sql
+
+    monkeypatch.setattr(text2sql, "EXPLORE_TIMEOUT_S", TIMEOUT)
+    monkeypatch.setattr(text2sql, "SCORE_TIMEOUT_S", TIMEOUT)
+    row = {"db_id": "toy", "data": "spider", "reward_spec": {"method": "rule", "ground_truth": "SELECT 1"}}
+    env = make("text2sql", env_config={"db_path": str(zoo), "max_turns": 5}, extras=row)
+    think = "<think>t</think>"
+    out = env.step(f"{think}<sql>SELECT zeroblob(1000000000)</sql>")
+    assert "Error executing SQL: string or blob too big" in out.observations[0]["content"]
+    out = env.step(f"{think}<sql>SELECT length(printf('%.*c', 2000000000, 'x'))</sql>")
+    assert "SQL Timeout" in out.observations[0]["content"]
+    out = env.step(f"{think}<sql>ATTACH 'x.sqlite' AS x</sql>")
+    assert "not allowed: ATTACH" in out.observations[0]["content"]
+    started = time.monotonic()
+    out = env.step(f"{think}<solution>{numbers()} SELECT n FROM r</solution>")
+    assert out.done and out.reward == 0.0 and time.monotonic() - started < WALL_BOUND
+    assert env.get_metrics() == {"sql_calls": 4.0, "sql_errors": 4.0, "timeouts": 2.0, "refused": 1.0,
+                                 "too_large": 1.0, "crashed": 0.0}
+    env = make("text2sql", env_config={"db_path": str(zoo), "max_value_bytes": 1024}, extras=row)
+    out = env.step(f"{think}<sql>SELECT zeroblob(2000)</sql>")
+    assert "too big" in out.observations[0]["content"]
+
+
+def test_text2sql_tables_past_4500_rows_render_as_skyrl_gym_does(zoo):
+    """More than 4500 rows are never rendered whole (each row line is at least 2 characters, so
+    the table is over 9000): the cut table must still be skyrl-gym's, column types included."""
+    pd = pytest.importorskip("pandas")
+    from ridgeline.envs.text2sql import _table
+
+    for last in (4500, 4501, 6000):
+        rows = frozenset((n, None if n % 7 else n * 0.5, f"r{n}") for n in range(1, last + 1))
+        text = pd.DataFrame(rows).to_string(index=False)
+        if len(text) > 9000:
+            text = "Truncated to 50 lines since returned response too long: " + \
+                pd.DataFrame(rows).head(50).to_string(index=False)
+        assert _table(rows) == text
+
+
+def test_limit_settings_are_checked(db):
+    with pytest.raises(ValueError, match="max_result_bytes.*Fix"):
+        env_for(db, "SELECT 1", max_result_bytes=10)
+    with pytest.raises(ValueError, match="timeout_s.*Fix"):
+        env_for(db, "SELECT 1", timeout_s=0)
+    with pytest.raises(ValueError, match="max_value_bytes.*Fix"):
+        SQLLimits(max_value_bytes=0)
+
+
+def test_workers_get_no_environment_of_the_trainer(db, monkeypatch):
+    monkeypatch.setenv("RIDGELINE_TEST_SECRET", "hunter2")
+    limits = SQLLimits(max_value_bytes=3 * 1024 * 1024 + 7)  # a pool of its own: its worker starts now
+    run_query(db, "SELECT 1", limits=limits)
+    [worker] = sql_executor._pool(sql_executor.worker_memory_bytes(limits))._idle
+    environ = Path(f"/proc/{worker.proc.pid}/environ").read_bytes().split(b"\0")
+    assert not any(b"hunter2" in entry for entry in environ)
+    assert {entry.split(b"=")[0] for entry in environ if entry} <= {b"MALLOC_ARENA_MAX", b"TMPDIR", b"SQLITE_TMPDIR"}
+
+
+def test_a_frame_cannot_name_a_class():
+    """Replies are decoded without loading any class or function, so a worker that was taken
+    over cannot run code in the trainer through pickle."""
+    import pickle
+
+    from ridgeline.envs import sql_worker
+
+    evil = pickle.dumps((os.system, ("true",)))
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        sql_worker.decode(evil)
+    assert sql_executor._decode(evil) is None
+
+
+# --- parsers: linear time on hostile responses ----------------------------------------------------
+
+MB = 1024 * 1024
+PARSER_BOUND_S = 1.0  # generous: each call below takes milliseconds; the old code took seconds to minutes
+
+LENIENT_BOMBS = {
+    "unclosed thinks": "<think>" * (MB // 7) + "<sql>SELECT 1</sql>",
+    "spaces before a fence": "<sql>SELECT 1" + " " * MB + "x</sql>",
+    "newlines before a fence": "<sql>```sql\n" + "\n" * MB + "SELECT 1 x",
+    "open tags": "<sql>" * (MB // 5),
+    "open solutions": "<solution>" * (MB // 10),
+    "think case soup": "<THINK><think>" * (MB // 14) + "</sql>",
+}
+SKYRL_BOMBS = {
+    "unclosed thinks": "<think>" * (MB // 7) + "<solution>SELECT 1</solution>",
+    "observation ends": "<think>x</think>" + "</observation>" * (MB // 14) + "<solution>SELECT 1</solution>",
+    "observation ends and spaces": ("</observation>" + " " * 50) * (MB // 64) + "<solution>x</solution><think></think>",
+    "open sql tags": "<sql>" * (MB // 5),
+}
+STATEMENT_BOMBS = {
+    "trailing spaces mid-text": "SELECT 1" + " " * MB + "x",
+    "semicolons": "SELECT 1" + ";" * MB + "x",
+    "open comment": "/*" + "*" * MB,
+    "line comments": "--\n" * (MB // 3) + "SELECT 1",
+}
+
+
+def timed(call) -> float:
+    started = time.monotonic()
+    call()
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("name", LENIENT_BOMBS)
+def test_lenient_reading_is_linear(name):
+    text = LENIENT_BOMBS[name]
+    assert timed(lambda: (extract_tag(text, "sql"), extract_tag(text, "solution"))) < PARSER_BOUND_S
+
+
+@pytest.mark.parametrize("name", SKYRL_BOMBS)
+def test_skyrl_reading_is_linear(name):
+    text = SKYRL_BOMBS[name]
+    assert timed(lambda: (verified_solution(text), first_sql_block(text))) < PARSER_BOUND_S
+
+
+@pytest.mark.parametrize("name", STATEMENT_BOMBS)
+def test_statement_checks_are_linear(db, name):
+    from ridgeline.envs.sql_worker import statement_refusal, strip_terminators
+
+    sql = STATEMENT_BOMBS[name]
+    assert timed(lambda: statement_refusal(strip_terminators(sql))) < PARSER_BOUND_S
+    result = run_query(db, sql, limits=SQLLimits(timeout_s=5))
+    assert result.failure in ("sql_error", "refused") or result.ok
+
+
+def test_lenient_env_steps_on_hostile_responses_quickly(db):
+    env = env_for(db, "SELECT 1", max_turns=len(LENIENT_BOMBS) + 1)
+    for text in LENIENT_BOMBS.values():
+        assert timed(lambda: env.step(text)) < PARSER_BOUND_S + WALL_BOUND
+
+
+# The reading rules, written the old way (regular expressions that backtrack): the linear
+# versions must agree with them on every input. skyrl-gym's own functions are the reference for
+# text2sql where it is installed.
+_OLD_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_OLD_TAG = {tag: re.compile(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", re.DOTALL | re.IGNORECASE) for tag in ("sql", "solution")}
+_OLD_FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n?|\n?\s*```\s*$")
+
+
+def old_extract_tag(text: str, tag: str) -> str | None:
+    matches = _OLD_TAG[tag].findall(_OLD_THINK.sub("", text))
+    return None if not matches else _OLD_FENCE.sub("", matches[-1]).strip()
+
+
+def old_strip_terminators(sql: str) -> str:
+    return re.sub(r"[\s;]+\Z", "", sql)
+
+
+_OLD_COMMENT_OR_SPACE = re.compile(r"(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?(?:\*/|\Z))", re.DOTALL)
+
+
+def old_first_token(sql: str) -> str:
+    position = 0
+    while (match := _OLD_COMMENT_OR_SPACE.match(sql, position)) and match.end() > position:
+        position = match.end()
+    return sql[position:]
+
+
+PIECES = ["--", "/*", "*/", "*", "-", "DROP",
+          "<think>", "</think>", "<THINK>", "</Think>", "<sql>", "</sql>", "<SQL>", "</Sql>", "<solution>",
+          "</solution>", "<Solution>", "</observation>", "</OBSERVATION>", "```", "```sql", "\n", " ", "\t", ";",
+          "\u00a0", "\u2028", "SELECT 1", "x", "<", ">", "/", "`", "\u212athink>", "<th\u0130nk>", "<\u212a"]
+
+
+def soups(seed: int, count: int = 3000):
+    rng = random.Random(seed)
+    for _ in range(count):
+        yield "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 14)))
+
+
+def test_lenient_reading_agrees_with_the_old_rules():
+    for text in soups(0):
+        for tag in ("sql", "solution"):
+            assert extract_tag(text, tag) == old_extract_tag(text, tag), (text, tag)
+
+
+def test_statement_checks_agree_with_the_old_rules():
+    from ridgeline.envs.sql_worker import _LEADING_NOISE, strip_terminators
+
+    for text in soups(1):
+        assert strip_terminators(text) == old_strip_terminators(text), text
+        assert text[_LEADING_NOISE.match(text).end():] == old_first_token(text), text
+
+
+def test_skyrl_reading_agrees_with_skyrl_gym():
+    utils = pytest.importorskip("skyrl_gym.envs.sql.utils")
+    for text in soups(2, count=5000):
+        ok, _, solution, _ = utils.verify_format_and_extract(text)
+        assert verified_solution(text) == (solution if ok else None), text
+        match = re.search(r"<sql>(.*?)</sql>", text, re.DOTALL)
+        assert first_sql_block(text) == (match.group(1) if match else None), text
