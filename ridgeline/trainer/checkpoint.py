@@ -47,6 +47,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from ridgeline.errors import UserError
 from ridgeline.models import lora
 from ridgeline.models.loading import critic_spec, load_model, policy_spec, read_safetensors, ref_spec, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE, load_value_model
@@ -69,7 +70,7 @@ FORMAT = 1
 _NAME = re.compile(rf"^{CKPT_PREFIX}(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint could not be written, found, or resumed from; the message says why and what to do."""
 
 
