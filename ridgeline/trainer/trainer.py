@@ -32,7 +32,7 @@ from ridgeline.algorithms import (ADVANTAGE_ESTIMATORS, count_singleton_groups, 
                                   whiten_advantages)
 from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
-from ridgeline.data import PromptDataset, PromptRow
+from ridgeline.data import DatasetError, PromptDataset, PromptRow
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
@@ -52,7 +52,8 @@ from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_tracke
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
-                                        check_environments, generator_input, load_environments, policy_spec,
+                                        check_environments, check_model_paths, generator_input, load_environments,
+                                        policy_spec,
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype,
                                         training_precision, truncation_policy)
 from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, mask_signal_less_groups, num_groups,
@@ -128,6 +129,7 @@ class Trainer:
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        check_model_paths(cfg)  # every model path (policy, ref, critic) before anything loads
 
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
@@ -141,8 +143,9 @@ class Trainer:
                                   config_key="data.val_data")
                     if cfg.data.val_data else None)
         if len(train_data) < t.train_batch_size:
-            raise ValueError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
-                             f"trainer.train_batch_size={t.train_batch_size}")
+            raise DatasetError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
+                               f"trainer.train_batch_size={t.train_batch_size}. Fix: more rows, or a smaller "
+                               "trainer.train_batch_size")
         # environments before any model loads: a row whose env cannot be built stops the run here
         env_override = load_environments(cfg.environment)
         check_environments(cfg, {"data.train_data": train_data, **({"data.val_data": val_data} if val_data else {})},
