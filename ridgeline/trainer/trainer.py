@@ -60,6 +60,7 @@ from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, ma
                                                replace_rollout)
 from ridgeline.trainer.evaluation import run_eval
 from ridgeline.trainer.metrics import advantage_metrics, reward_metrics, rollout_metrics
+from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch, data_parallel_rows
 from ridgeline.training.protocols import Workers
@@ -86,14 +87,15 @@ class Trainer:
                  trackers: list[Tracker], run_dir: Path, run: RunState, checkpointer: Checkpointer,
                  weight_sync: WeightSync, device: torch.device, colocated: bool = False,
                  shutdown: Callable[[], None] | None = None, env_override: str | None = None,
-                 endpoint: HttpEndpoint | None = None):
+                 endpoint: HttpEndpoint | None = None, run_lock: RunLock | None = None):
         """`workers` are the one-process workers, or with trainer.strategy=fsdp2 the Ray groups of
         ridgeline.distributed.ray_workers (the same protocols); `weight_sync.sync(step)` brings the
         engine(s) the policy's weights; `device` is where this process computes (its engine and
         workers when they are local; the host for a Ray driver); `colocated`: the engines share the
         training GPUs, so they sleep while the trainer trains; `shutdown()` (if any) stops the
         workers and engines; `endpoint` (generator.enable_http_endpoint) serves `engine`, its
-        SharedEngine, over HTTP from the start of `train()` to its end."""
+        SharedEngine, over HTTP from the start of `train()` to its end; `run_lock`: the run's folders,
+        held until `close()`."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.workers = workers
@@ -109,6 +111,7 @@ class Trainer:
         self.device = device
         self._shutdown = shutdown
         self.endpoint = endpoint
+        self.run_lock = run_lock
         self.env_override = env_override  # environment.reward_fn: one env for every row
         self.colocated = colocated
         self.history: list[dict[str, float]] = []
@@ -117,6 +120,18 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
+        """The trainer of `cfg`, resumed when `trainer.resume_mode` finds a checkpoint. The run's
+        folders (trainer.run_dir, trainer.ckpt_path) are locked first, before anything is written
+        in them (RunLockedError while another command holds one), and stay locked until `close()`."""
+        run_lock = RunLock.acquire(run_folders(cfg.trainer))
+        try:
+            return cls._build(cfg, run_lock)
+        except BaseException:
+            run_lock.release()
+            raise
+
+    @classmethod
+    def _build(cls, cfg: DictConfig, run_lock: RunLock) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
         seed_everything(t.seed)
         load_algorithm_modules(alg.algorithm_modules)  # the user's estimators and losses, by name
@@ -209,7 +224,7 @@ class Trainer:
             checkpointer = Checkpointer(cfg, tokenizer, fingerprint, run_dir)
             trainer = cls(cfg, tokenizer, workers, engine, generator, train_data, val_data, trackers, run_dir, run,
                           checkpointer, weight_sync, device, colocated=colocated, shutdown=shutdown,
-                          env_override=env_override, endpoint=endpoint)
+                          env_override=env_override, endpoint=endpoint, run_lock=run_lock)
             if resume_from is not None:
                 checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
                 weight_sync.sync(run.global_step)   # the engines get the resumed policy
@@ -253,12 +268,17 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the HTTP endpoint (first: no request reaches an engine being shut down) and the
-        workers of other processes (Ray actors and their placement groups); idempotent."""
-        if self.endpoint is not None:
-            self.endpoint.close()
-        if self._shutdown is not None:
-            shutdown, self._shutdown = self._shutdown, None
-            shutdown()
+        workers of other processes (Ray actors and their placement groups), then release the run's
+        folders; idempotent."""
+        try:
+            if self.endpoint is not None:
+                self.endpoint.close()
+            if self._shutdown is not None:
+                shutdown, self._shutdown = self._shutdown, None
+                shutdown()
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
 
     def _train(self) -> dict[str, Any]:
         t = self.cfg.trainer
@@ -612,12 +632,7 @@ class Trainer:
         return metrics
 
     def save_final_model(self) -> Path:
-        """`final_model` (the policy, loadable with plain transformers) and `final_critic`."""
-        out = self.run_dir / "final_model"
-        self.workers.policy.export_weights(out)
-        self.tokenizer.save_pretrained(out)
-        if self.workers.critic is not None:
-            self.workers.critic.export_weights(self.run_dir / "final_critic")
-            self.tokenizer.save_pretrained(self.run_dir / "final_critic")
-        return out
+        """`final_model` (the policy, loadable with plain transformers) and `final_critic`, each
+        written whole or not at all (Checkpointer.save_final)."""
+        return self.checkpointer.save_final(self.workers, self.run_dir)
 
