@@ -35,7 +35,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretr
 
 from ridgeline.models.architectures import is_random_path, random_config, seeded_model
 from ridgeline.models.config_overrides import ConfigOverride, apply_overrides, overrides_of
-from ridgeline.models.source import ModelLoadError, check_tokenizer_files, gguf_key, loading, locate_model
+from ridgeline.models.source import ModelLoadError, gguf_key, loading, locate_model
 from ridgeline.models.tiny import build_char_tokenizer, tiny_config
 
 log = logging.getLogger(__name__)
@@ -176,13 +176,22 @@ def _dequantized_gguf_folder(folder: str, gguf_file: str, key: str) -> Path:
 
 
 def model_folder(spec: ModelSpec) -> str:
-    """The folder or hub id that `from_pretrained` should read for this spec; a ModelLoadError
-    naming `spec.config_key` when there is none (source.locate_model)."""
+    """The folder or hub id that `from_pretrained` should read for this spec. A hub id is not
+    looked up (engines of other libraries are handed it as it is); `located_folder` checks."""
     folder = resolve_path(spec.path, spec.config_key)
-    locate_model(folder, spec.config_key, spec.gguf_file)
     if spec.gguf_file:
+        locate_model(folder, spec.config_key, spec.gguf_file)  # the file, before dequantizing it
         return str(_dequantized_gguf_folder(folder, spec.gguf_file, spec.config_key))
     return folder
+
+
+def located_folder(spec: ModelSpec, *, tokenizer_only: bool = False) -> str:
+    """`model_folder(spec)` once a model (or, `tokenizer_only`, a tokenizer) was found there: a
+    ModelLoadError naming `spec.config_key` for a path that is no model folder and no hub model
+    (source.locate_model)."""
+    locate_model(resolve_path(spec.path, spec.config_key), spec.config_key, spec.gguf_file,
+                 tokenizer_only=tokenizer_only)
+    return model_folder(spec)
 
 
 def is_built_locally(spec: ModelSpec) -> bool:
@@ -245,8 +254,7 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     if is_built_locally(spec):
         tokenizer = build_char_tokenizer()
     else:
-        folder = model_folder(spec)
-        check_tokenizer_files(folder, spec.config_key)
+        folder = located_folder(spec, tokenizer_only=True)
         with loading(spec.path, spec.config_key, "tokenizer"):
             tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=spec.use_fast_tokenizer)
     if not spec.use_fast_tokenizer and tokenizer.is_fast:
@@ -303,7 +311,7 @@ def model_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase | None = No
         elif is_random_path(spec.path):
             config = random_config(spec.path, tokenizer or build_char_tokenizer())
         else:
-            config = AutoConfig.from_pretrained(model_folder(spec))
+            config = AutoConfig.from_pretrained(located_folder(spec))
     apply_overrides(config, spec.config_overrides)
     return config
 
@@ -315,7 +323,7 @@ def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
     config = model_config(spec, tokenizer)
     if is_built_locally(spec):
         return seeded_model(config, spec.seed).to(dtype)
-    folder = model_folder(spec)
+    folder = located_folder(spec)
     with loading(spec.path, spec.config_key, "model weights"):
         return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
 

@@ -36,9 +36,11 @@ def gguf_key(path_key: str) -> str:
     return path_key.rsplit(".", 1)[0] + ".gguf_file"
 
 
-def locate_model(path: str, key: str, gguf_file: str | None = None) -> None:
+def locate_model(path: str, key: str, gguf_file: str | None = None, *, tokenizer_only: bool = False) -> None:
     """Refuse `path` (the value of config key `key`) unless it is a model folder, a folder holding
-    `gguf_file`, or a hub model (cached, or on a reachable hub). See the module docstring."""
+    `gguf_file`, or a hub model (cached, or on a reachable hub). See the module docstring.
+    `tokenizer_only`: only a tokenizer is read from it, so a local folder needs tokenizer files,
+    not config.json (a LoRA checkpoint's adapter folder holds its tokenizer)."""
     local = Path(path).expanduser()
     if gguf_file:
         gguf = local / gguf_file
@@ -51,7 +53,9 @@ def locate_model(path: str, key: str, gguf_file: str | None = None) -> None:
                 else "the folder holding config.json and the weights, or a Hugging Face model id")
         raise ModelLoadError(f"{key}={path} is a file, not a model folder. Fix: {hint}")
     if local.is_dir():
-        if not (local / "config.json").is_file():
+        if tokenizer_only:
+            check_tokenizer_files(path, key)
+        elif not (local / "config.json").is_file():
             raise ModelLoadError(f"{key}={path}: the folder has no config.json, so it is no Hugging Face model "
                                  f"folder. Fix: {_folder_hint(local, key)}")
         return

@@ -22,8 +22,8 @@ from ridgeline.generation.generator import Generator, build_env
 from ridgeline.generation.truncation import TruncationPolicy
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
-from ridgeline.models.loading import (cpu_has_fast_bf16, critic_spec, engine_dtype, is_built_locally, model_config,
-                                      model_folder, ref_spec)
+from ridgeline.models.loading import (cpu_has_fast_bf16, critic_spec, engine_dtype, is_built_locally, located_folder,
+                                      model_config, ref_spec)
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, forward_options, needs_ref,
                                      policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype,
@@ -78,7 +78,7 @@ def check_model_paths(cfg: DictConfig) -> None:
         if is_built_locally(spec):
             model_config(spec)  # an unknown tiny:// or random:// name
         else:
-            model_folder(spec)
+            located_folder(spec)
 
 
 class EnvironmentCheckError(UserError, ValueError):

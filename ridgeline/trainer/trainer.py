@@ -123,6 +123,8 @@ class Trainer:
         """The trainer of `cfg`, resumed when `trainer.resume_mode` finds a checkpoint. The run's
         folders (trainer.run_dir, trainer.ckpt_path) are locked first, before anything is written
         in them (RunLockedError while another command holds one), and stay locked until `close()`."""
+        if cfg.generator.enable_http_endpoint:  # a taken port stops the run before anything is written
+            check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
         run_lock = RunLock.acquire(run_folders(cfg.trainer))
         try:
             return cls._build(cfg, run_lock)
@@ -139,8 +141,6 @@ class Trainer:
             log.warning("advantage_estimator=no_op with use_kl_in_reward and on_policy_distillation=false: the "
                         "environment's reward minus beta * KL to trainer.ref.model.path, not on-policy distillation "
                         "(SkyRL's main_on_policy_distill.py); for that, add +experiment=on_policy_distillation")
-        if cfg.generator.enable_http_endpoint:  # a taken port stops the run before any model loads
-            check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
