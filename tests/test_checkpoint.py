@@ -16,8 +16,10 @@ from pathlib import Path
 import torch
 
 from ridgeline.config import load_config
+from ridgeline.errors import DiskFullError
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.checkpoint import CheckpointError
+from ridgeline.trainer.run_lock import LOCK_FILE
 from ridgeline.trainer.trainer import Trainer
 from ridgeline.training.worker import NonFiniteLossError
 
@@ -27,6 +29,11 @@ CRITIC = ["trainer.critic.model.path=tiny://llama", "trainer.algorithm.advantage
           "trainer.critic_mini_batch_size=16", "trainer.algorithm.use_kl_loss=false",
           "trainer.algorithm.use_kl_in_reward=true", "trainer.algorithm.kl_ctrl.type=adaptive",
           "trainer.algorithm.normalize_reward=true"]
+
+
+def listing(root: Path) -> list[str]:
+    """The names in a ckpt_path, without the run's lock file (ridgeline.trainer.run_lock)."""
+    return sorted(p.name for p in root.iterdir() if p.name != LOCK_FILE)
 
 
 def tiny(out, *extra):
@@ -48,7 +55,7 @@ def test_a_checkpoint_holds_everything_and_loads_back_exactly(critic_run):
     out, cfg, done = critic_run
     root = out / "tiny" / "ckpts"
     assert (root / "latest_ckpt_global_step.txt").read_text() == "2"  # SkyRL's content: the step, no newline
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "global_step_2", "latest_ckpt_global_step.txt"]
+    assert listing(root) == ["global_step_1", "global_step_2", "latest_ckpt_global_step.txt"]
     folder = root / "global_step_2"
     names = {p.name for p in folder.iterdir()}
     assert names == {"policy", "policy_optim.pt", "critic", "critic_optim.pt", "trainer_state.json", "rng_state.pt",
@@ -89,14 +96,14 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_stops_the_run(tmp_path
         save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", disk_full_on_the_second_checkpoint)
-    with pytest.raises(CheckpointError) as info:
+    with pytest.raises(DiskFullError) as info:
         trainer.train()
     root = tmp_path / "tiny" / "ckpts"
     msg = str(info.value)
-    assert str(root / "global_step_2") in msg and "No space left on device" in msg
+    assert str(root / "global_step_2") in msg and msg.startswith("no space left on device writing checkpoint")
     assert "global_step_1" in msg  # the checkpoint to resume from
     # temp folder removed, the pointer untouched
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "latest_ckpt_global_step.txt"]
+    assert listing(root) == ["global_step_1", "latest_ckpt_global_step.txt"]
     assert (root / "latest_ckpt_global_step.txt").read_text() == "1" and checkpoint.is_complete(root / "global_step_1")
     assert trainer.run.global_step == 2  # stopped right there
 
@@ -181,7 +188,7 @@ def test_max_ckpts_to_keep_prunes_after_the_pointer_moves(tmp_path):
     (root / "latest").write_text("global_step_3\n")  # the older pointer: replaced by SkyRL's file
     Trainer.from_config(tiny(tmp_path, "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=1",
                              "trainer.epochs=2")).train()
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_4", "latest_ckpt_global_step.txt"]
+    assert listing(root) == ["global_step_4", "latest_ckpt_global_step.txt"]
     assert (root / "latest_ckpt_global_step.txt").read_text() == "4"
 
 
@@ -271,7 +278,7 @@ def test_ctrl_c_finishes_the_step_then_checkpoints_it(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     root = tmp_path / "tiny" / "ckpts"
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_2", "latest_ckpt_global_step.txt"]
+    assert listing(root) == ["global_step_2", "latest_ckpt_global_step.txt"]
     assert trainer.run.global_step == 2 and signal.getsignal(signal.SIGINT) is handler
     steps = [json.loads(line)["step"] for line in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
@@ -287,5 +294,5 @@ def test_an_interrupt_inside_a_step_saves_no_half_done_state(tmp_path, caplog):
             trainer.train()
     finally:
         CtrlCAt.raise_now = False
-    assert not (tmp_path / "tiny" / "ckpts").exists()
+    assert listing(tmp_path / "tiny" / "ckpts") == []  # the folder is locked (it may be written), holds nothing
     assert "interrupted inside step 2" in caplog.text

@@ -490,7 +490,7 @@ def test_train_command_names_an_unreachable_hub_dataset_without_a_traceback(tmp_
     code = cli.main(["train", "+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=16",
                      "data.train_data=[openai/gsm8k:train]"])
     err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
     assert err.startswith("ridgeline: data.train_data lists 'openai/gsm8k:train': neither a local")
 
 
@@ -574,7 +574,7 @@ def test_cli_prepare_arithmetic(tmp_path, capsys) -> None:
     assert str(out / "train.parquet") in printed and "30 rows" in printed and "5 rows" in printed
     assert 'after "####"' in read_table(out / "train.parquet")[0]["prompt"][0]["content"]
 
-    assert cli_main(["prepare", "arithmetic", "--output", str(out), "--max-operand", "2"]) == 1
+    assert cli_main(["prepare", "arithmetic", "--output", str(out), "--max-operand", "2"]) == 2
     assert "distinct problems" in capsys.readouterr().err
 
 

@@ -323,13 +323,13 @@ def test_bad_config_and_bad_checkpoint(tmp_path, capsys):
     assert eval_cli.main(tiny(tmp_path, "trainer.epochz=2")) == 2
     assert "invalid configuration" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert eval_cli.main(tiny(tmp_path, "--checkpoint", str(tmp_path / "empty"))) == 1
+    assert eval_cli.main(tiny(tmp_path, "--checkpoint", str(tmp_path / "empty"))) == 2
     assert "neither a Hugging Face model" in capsys.readouterr().err
     # safetensors of another architecture than the config's model
     from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
     build_tiny_model("llama-small", build_char_tokenizer()).save_pretrained(tmp_path / "small")
     (tmp_path / "small" / "config.json").unlink()
-    assert eval_cli.main(tiny(tmp_path, "--checkpoint", str(tmp_path / "small"))) == 1
+    assert eval_cli.main(tiny(tmp_path, "--checkpoint", str(tmp_path / "small"))) == 2
     assert "do not fit the model" in capsys.readouterr().err
 
 
@@ -362,6 +362,6 @@ def test_eval_checks_every_rows_environment_before_scoring(tmp_path):
     pq.write_table(pa.Table.from_pylist([{"data_source": "x", "prompt": [{"role": "user", "content": "1+1?"}],
                                           "env_class": "no_such_env",
                                           "reward_spec": {"method": "rule", "ground_truth": "2"}}]), data)
-    with pytest.raises(EnvironmentCheckError, match=rf"{data} row 0: environment 'no_such_env' could not be built"):
+    with pytest.raises(EnvironmentCheckError, match=rf"{data} row 0, column 'env_class': unknown env 'no_such_env'"):
         eval_cli.evaluate_model(load_config(tiny(tmp_path, f"data.val_data=[{data}]")), output=tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ridgeline import cli
 from ridgeline.config import load_config
 from ridgeline.data import encode_chat_prompt
 from ridgeline.entrypoints import export
@@ -82,7 +83,8 @@ def test_export_command_writes_the_same_folders_from_a_checkpoint(run, tmp_path,
     assert_same_logprobs(tmp_path / "out" / "policy", run)
     # an explicit checkpoint folder works too; an occupied OUT or a missing checkpoint is refused
     assert export.run(parser.parse_args(["export", f"{ckpt_path}/global_step_1", str(tmp_path / "one")])) == 0
-    assert export.run(parser.parse_args(["export", f"{ckpt_path}/global_step_1", str(tmp_path / "out")])) == 2
-    assert export.run(parser.parse_args(["export", str(tmp_path / "nothing"), str(tmp_path / "x")])) == 2
+    # refusals go through the command's one error path: exit 2, one message each
+    assert cli.main(["export", f"{ckpt_path}/global_step_1", str(tmp_path / "out")]) == 2
+    assert cli.main(["export", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "already exists and is not empty" in err and "does not exist" in err

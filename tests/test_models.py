@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ridgeline.models.loading import ModelSpec, load_model, load_tokenizer, model_folder, resolve_path
+from ridgeline.models.source import ModelLoadError
 
 
 def test_missing_package_path_says_how_to_install():
-    with pytest.raises(FileNotFoundError, match="not installed"):
+    with pytest.raises(ModelLoadError, match="trainer.policy.model.path=pkg://no_such_package_ridgeline: .* not installed"):
         resolve_path("pkg://no_such_package_ridgeline")
 
 

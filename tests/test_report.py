@@ -153,7 +153,8 @@ def test_cli_report(tmp_path, capsys):
     run_dir = make_run(tmp_path / "run", steps=3)
     assert run(parser.parse_args(["report", str(run_dir)])) == 0
     assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
-    assert run(parser.parse_args(["report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html")])) == 2
+    from ridgeline import cli
+    assert cli.main(["report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html")]) == 2  # one message
     assert "no run folder" in capsys.readouterr().err
 
 

@@ -218,7 +218,9 @@ def test_rows_whose_env_cannot_be_built_stop_the_run_before_any_model_loads(tmp_
         trainer_module.Trainer.from_config(_tiny(tmp_path, data, module))
     message = str(info.value)
     row = 5 if case == "missing_field" else 0
-    assert message.startswith(f"data.train_data: {data} row {row}: environment {env_class!r} could not be built")
+    where = f"data.train_data: {data} row {row}"
+    assert message.startswith(f"{where}, column 'env_class': unknown env" if case == "unknown"
+                              else f"{where}: environment {env_class!r} could not be built")
     assert {"unknown": "unknown env 'no_such_env'", "failing_constructor": "cannot reach the task server",
             "missing_field": "ground_truth is required in reward_spec field"}[case] in message
     assert loaded == []  # no model was built, so no step ran

@@ -10,12 +10,13 @@ import importlib
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar, overload
 
+from ridgeline.errors import UserError
 from ridgeline.user_modules import load_user_module
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class UnknownNameError(KeyError, ValueError):
+class UnknownNameError(UserError, KeyError, ValueError):
     """Raised by `Registry.get` for a name nobody registered.
 
     It is both a KeyError (a failed lookup) and a ValueError (a bad config value),

@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ridgeline.config.fields import Report, field_type, one_of, section_fields, section_type, show
 from ridgeline.config.schema import RidgelineConfig, all_keys, default_of, free_form_keys, leaf_fields
 from ridgeline.config.support import UNREAD_KEYS
+from ridgeline.errors import UserError
 
 __all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "suggest_key", "under_free_form",
            "configures_unbuilt"]
@@ -52,8 +53,10 @@ log = logging.getLogger(__name__)
 _MISSING = object()  # a value that could not be resolved (already reported)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config Ridgeline cannot run. ``problems`` holds one paragraph per problem."""
+
+    headline = "invalid configuration"
 
     def __init__(self, problems: str | Iterable[str]):
         if isinstance(problems, str):

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ridgeline.errors import report_user_errors
+
 from .prepare_arithmetic import PROMPT_STYLES, prepare_arithmetic
 from .prepare_code import prepare_code
 from .prepare_gsm8k import HUB_ID, prepare_gsm8k
@@ -121,9 +123,10 @@ def run_prepare(args: argparse.Namespace) -> int:
         else:
             print(f"error: unknown dataset {args.prepare_dataset!r}", file=sys.stderr)
             return 2
-    except (DatasetError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except DatasetError:
+        raise
+    except ValueError as exc:  # the preparers' refusals of their arguments: the user's to fix
+        raise DatasetError(str(exc)) from exc
     for split, path in written.items():
         if path.is_dir():  # text2sql's databases folder
             print(f"{split}: {path} (set environment.skyrl_gym.text2sql_lenient.db_root to this folder)")
@@ -138,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_prepare_parser(subparsers)
     args = parser.parse_args(argv)
-    return run_prepare(args)
+    return report_user_errors(lambda: run_prepare(args), "ridgeline prepare")
 
 
 if __name__ == "__main__":

@@ -59,8 +59,8 @@ class PromptDataset(Sequence[PromptRow]):
             prompt (with generation prompt) is longer; the count is in
             ``num_dropped_too_long`` and logged as a warning.
         tokenizer: a Hugging Face tokenizer with a chat template.
-        config_key: the config key listing the sources (e.g. ``data.train_data``), named in the
-            messages about sources that are not local files.
+        config_key: the config key listing the sources (e.g. ``data.train_data``), named in
+            front of every error message.
 
     Raises:
         DatasetError: a file is missing/unreadable, a row is invalid (all
@@ -79,44 +79,53 @@ class PromptDataset(Sequence[PromptRow]):
         if isinstance(files, (str, Path)):
             files = [files]
         self.files: list[str] = [str(f) for f in files]
-        if not self.files:
-            raise DatasetError("no dataset files given")
         self.default_env_class = default_env_class
         self.max_prompt_tokens = max_prompt_tokens
         self.num_dropped_too_long = 0
+        self._loaded_digests: dict[str, SourceDigest] = {}  # sources that are not files, by their rows
+        try:
+            rows, origins = self._load(config_key)
+            if max_prompt_tokens is not None and tokenizer is not None:
+                rows, origins = self._drop_long(rows, origins, tokenizer, max_prompt_tokens)
+        except DatasetError as err:
+            keyed = err.under_key(config_key)
+            if keyed is err:
+                raise
+            raise keyed from err
+        self._rows = rows
+        self._origins = origins
 
+    def _load(self, config_key: str | None) -> tuple[list[PromptRow], list[tuple[str, int]]]:
+        """Every validated row of the sources, with its (source, row index)."""
+        if not self.files:
+            raise DatasetError("no dataset files given. Fix: list at least one file or dataset name")
         rows: list[PromptRow] = []
         origins: list[tuple[str, int]] = []
-        self._loaded_digests: dict[str, SourceDigest] = {}  # sources that are not files, by their rows
         for file in self.files:
             raw_rows = read_rows(file, config_key)
             if not is_data_file(file):
                 self._loaded_digests[file] = rows_digest(file, raw_rows)
             for index, raw in enumerate(raw_rows):
-                rows.append(validate_row(raw, file=file, index=index, default_env_class=default_env_class))
+                rows.append(validate_row(raw, file=file, index=index, default_env_class=self.default_env_class))
                 origins.append((file, index))
         if not rows:
-            raise DatasetError(f"dataset has no rows: {', '.join(self.files)}")
+            raise DatasetError(f"dataset has no rows: {', '.join(self.files)}. Fix: files with at least one row")
+        return rows, origins
 
-        if max_prompt_tokens is not None and tokenizer is not None:
-            keep = [len(encode_chat_prompt(tokenizer, row.prompt)) <= max_prompt_tokens for row in rows]
-            kept = [row for row, k in zip(rows, keep) if k]
-            origins = [origin for origin, k in zip(origins, keep) if k]
-            self.num_dropped_too_long = len(rows) - len(kept)
-            if self.num_dropped_too_long:
-                logger.warning(
-                    "dropped %d of %d prompts longer than max_prompt_tokens=%d (files: %s)",
-                    self.num_dropped_too_long,
-                    len(rows),
-                    max_prompt_tokens,
-                    ", ".join(self.files),
-                )
-            if not kept:
-                raise DatasetError(
-                    f"all {len(rows)} prompts are longer than max_prompt_tokens={max_prompt_tokens} "
-                    f"(files: {', '.join(self.files)}); raise the limit"
-                )
-            rows = kept
+    def _drop_long(self, rows: list[PromptRow], origins: list[tuple[str, int]], tokenizer: Any,
+                   max_prompt_tokens: int) -> tuple[list[PromptRow], list[tuple[str, int]]]:
+        """The rows whose chat-templated prompt fits `max_prompt_tokens` (the others are counted)."""
+        keep = [len(_prompt_ids(tokenizer, row, origin)) <= max_prompt_tokens for row, origin in zip(rows, origins)]
+        kept = [row for row, k in zip(rows, keep) if k]
+        self.num_dropped_too_long = len(rows) - len(kept)
+        if self.num_dropped_too_long:
+            logger.warning("dropped %d of %d prompts longer than max_prompt_tokens=%d (files: %s)",
+                           self.num_dropped_too_long, len(rows), max_prompt_tokens, ", ".join(self.files))
+        if not kept:
+            raise DatasetError(f"all {len(rows)} prompts are longer than max_prompt_tokens={max_prompt_tokens} "
+                               f"(files: {', '.join(self.files)}); raise the limit")
+        return kept, [origin for origin, k in zip(origins, keep) if k]
+
         self._rows = rows
         self._origins = origins
 
@@ -188,6 +197,21 @@ class PromptDataset(Sequence[PromptRow]):
             if drop_last and len(indices) < batch_size:
                 return
             yield [self._rows[i] for i in indices]
+
+
+def _prompt_ids(tokenizer: Any, row: PromptRow, origin: tuple[str, int]) -> list[int]:
+    """`encode_chat_prompt` of one row; a chat template that refuses its messages (a Jinja
+    `raise_exception`, e.g. "roles must alternate") is a DatasetError naming the row."""
+    from jinja2 import TemplateError
+
+    try:
+        return encode_chat_prompt(tokenizer, row.prompt)
+    except TemplateError as exc:
+        file, index = origin
+        raise DatasetError(f"{file} row {index}, column 'prompt': the chat template refuses these messages "
+                           f"({type(exc).__name__}: {exc}). Fix: the row's messages, or a chat template that "
+                           "takes them (generator.chat_template)", file=file, index=index,
+                           problems=[("prompt", str(exc))]) from exc
 
 
 def _check_batch_size(batch_size: int) -> None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ridgeline.errors import UserError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -31,7 +33,7 @@ ROLES = ("system", "user", "assistant")
 _PROMPT_EXPECTED = "expected a non-empty list of {role, content} messages"
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset file or row does not match the expected schema.
 
     Attributes:
@@ -58,6 +60,13 @@ class DatasetError(ValueError):
     def column(self) -> str | None:
         """The first offending column, if any."""
         return self.problems[0][0] if self.problems else None
+
+    def under_key(self, config_key: str | None) -> "DatasetError":
+        """This error with the config key that lists the source in front (`data.train_data: ...`),
+        once; itself without a key."""
+        if config_key is None or str(self).startswith(config_key):
+            return self
+        return DatasetError(f"{config_key}: {self}", file=self.file, index=self.index, problems=self.problems)
 
 
 @dataclass

@@ -69,13 +69,39 @@ def read_rows(spec: str | Path, config_key: str | None = None) -> list[dict[str,
 # ------------------------------------------------------------------------------------ local files
 def _read_file(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
-        raise DatasetError(f"dataset file not found: {path} (resolved to {path.resolve()})", file=str(path))
+        raise DatasetError(f"dataset file not found: {path} (resolved to {path.resolve()}). Fix: the path of an "
+                           "existing file (relative paths are read from the folder the command runs in)",
+                           file=str(path))
     if path.is_dir():
         raise DatasetError(f"dataset path is a directory, expected a file: {path} (list the files, e.g. "
                            f"{path / 'train.parquet'})", file=str(path))
     if path.suffix.lower() == ".parquet":
         return _read_parquet(path)
-    return _read_json(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:  # permissions, a vanished file, an I/O error: the file, not the code
+        raise DatasetError(f"{path}: could not read the file ({exc.strerror or exc})", file=str(path)) from exc
+    return _read_json(path, _utf8_text(path, data))
+
+
+def _utf8_text(path: Path, data: bytes) -> str:
+    """`data` decoded as UTF-8 (a byte-order mark is not data); DatasetError naming the line, the
+    row and the byte where it is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start]
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):  # one JSON array: rows are not lines
+            row, where = None, f"{path} line {line}"
+        else:  # JSON lines: the rows (non-blank lines) before it
+            row = sum(1 for text in before.split(b"\n")[:-1] if text.strip())
+            where = f"{path} row {row} (line {line})"
+        raise DatasetError(
+            f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}). Fix: save the file as "
+            f"UTF-8 (e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}; JSON files must be "
+            "UTF-8)", file=str(path), index=row, problems=[(None, "not UTF-8 text")]) from None
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -92,10 +118,9 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def _read_json(path: Path) -> list[dict[str, Any]]:
+def _read_json(path: Path, text: str) -> list[dict[str, Any]]:
     """JSON lines (one row object per line), or a whole file holding one JSON array of rows: the
     two layouts `datasets.load_dataset("json", ...)` reads for SkyRL, whatever the suffix."""
-    text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not data
     if text.lstrip().startswith("["):
         try:
             return json.loads(text)
@@ -103,7 +128,8 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
             raise DatasetError(f"{path} (a JSON array): invalid JSON at line {exc.lineno}, column {exc.colno}: "
                                f"{exc.msg}", file=str(path), problems=[(None, f"invalid JSON: {exc.msg}")]) from exc
     rows: list[dict[str, Any]] = []
-    for line_number, line in enumerate(text.splitlines(), start=1):
+    # split on "\n" only: str.splitlines also splits on U+2028 and other characters JSON strings may hold
+    for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue  # tolerate blank lines, e.g. a trailing newline
         try:

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ridgeline.errors import UserError
 from ridgeline.inference.parallelism import EngineParallelism
 
 COLOCATED_SHARE = 0.2
 ROLES = ("policy", "ref", "critic")
 
 
-class PlacementConfigError(ValueError):
+class PlacementConfigError(UserError, ValueError):
     """The placement keys contradict each other; the message names the keys and the fix."""
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ridgeline.errors import UserError
+
 # torch, transformers and the rest load inside the functions: `ridgeline --help` and
 # `ridgeline prepare` build this parser too and should not pay for them.
 if TYPE_CHECKING:
@@ -92,26 +94,17 @@ def _options_among_overrides(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the config from `args.overrides`, evaluate, print the table; the exit code."""
-    from ridgeline.config import ConfigError, load_config
-    from ridgeline.data import DatasetError
+    """Load the config from `args.overrides`, evaluate, print the table; the exit code. What the
+    user fixes (config, data, model, --checkpoint) raises a `UserError` the caller reports
+    (`ridgeline.errors.report_user_errors`)."""
+    from ridgeline.config import load_config
     from ridgeline.entrypoints.run import setup_logging
-    from ridgeline.trainer.builders import EnvironmentCheckError
 
     args = _options_among_overrides(args)
-    try:
-        cfg = load_config(args.overrides)
-    except ConfigError as err:
-        print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.overrides)
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        report = evaluate_model(cfg, checkpoint=args.checkpoint, output=args.output)
-    except (DatasetError, FileNotFoundError, CheckpointArgumentError, EnvironmentCheckError) as err:
-        # what a user can fix (a missing file, a wrong folder) without a traceback
-        print(f"ridgeline eval: {err}", file=sys.stderr)
-        return 1
+    report = evaluate_model(cfg, checkpoint=args.checkpoint, output=args.output)
     print(format_table(report.metrics))
     print(f"{report.num_samples} samples in {report.seconds:.1f} s; metrics and samples (one file per data "
           f"source) in {report.output}")
@@ -120,11 +113,12 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ridgeline.entrypoints.eval [--checkpoint DIR] [--output DIR] [overrides...]`."""
-    return run(parse_args(list(sys.argv[1:] if argv is None else argv)))
+    from ridgeline import cli
+    return cli.main(["eval", *(sys.argv[1:] if argv is None else argv)])
 
 
 # ------------------------------------------------------------------------------------ evaluation
-class CheckpointArgumentError(ValueError):
+class CheckpointArgumentError(UserError, ValueError):
     """`--checkpoint` names no folder, one without model weights, or weights of another model."""
 
 
@@ -306,13 +300,13 @@ def _training_checkpoint_policy(folder: Path) -> Path:
 
 def val_datasets(cfg: DictConfig, tokenizer) -> dict[str, PromptDataset]:
     """Each entry of `data.val_data` (file or dataset name) -> its usable rows."""
-    from ridgeline.data import PromptDataset
+    from ridgeline.data import DatasetError, PromptDataset
 
     t = cfg.trainer
     files = list(cfg.data.val_data)
     if not files:
-        raise FileNotFoundError("data.val_data is empty: name the dataset files to score, "
-                                "e.g. data.val_data=[data/validation.parquet]")
+        raise DatasetError("data.val_data is empty: name the dataset files to score, "
+                           "e.g. data.val_data=[data/validation.parquet]")
     return {f: PromptDataset([f], default_env_class=cfg.environment.env_class, max_prompt_tokens=t.max_prompt_length,
                              tokenizer=tokenizer, config_key="data.val_data") for f in files}
 

@@ -12,7 +12,6 @@ run named (docs/lora.md).
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,13 +27,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ridgeline.trainer.checkpoint import CheckpointError, export_checkpoint
+    from ridgeline.trainer.checkpoint import export_checkpoint
 
-    try:
-        folder = export_checkpoint(args.checkpoint, args.out)
-    except CheckpointError as err:
-        print(f"ridgeline export: {err}", file=sys.stderr)
-        return 2
+    folder = export_checkpoint(args.checkpoint, args.out)  # CheckpointError: reported by the command
     out = Path(args.out)
     written = ", ".join(str(p) for p in sorted(out.iterdir()))
     print(f"exported {folder} -> {written}")

@@ -12,26 +12,28 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from ridgeline.config import CONFIG_DIR, ConfigError, validate_config
+from ridgeline.config import CONFIG_DIR, validate_config
 from ridgeline.config.loader import CONFIG_NAME
+from ridgeline.errors import report_user_errors
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=CONFIG_NAME)
 def main(cfg: DictConfig) -> None:
     from ridgeline.entrypoints.run import run_training
 
-    try:
-        typed = validate_config(cfg)
-    except ConfigError as err:
-        print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
-        sys.exit(2)
-    run_training(typed)
+    def train() -> int:
+        run_training(validate_config(cfg))
+        return 0
+
+    code = report_user_errors(train, "ridgeline")  # the same one message per user error as `ridgeline train`
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
     from ridgeline.allocator import reexec_with_tcmalloc
     reexec_with_tcmalloc()
-    if any(arg.startswith("-") for arg in sys.argv[1:]):
+    if any(arg.startswith("-") and arg != "--debug" for arg in sys.argv[1:]):
         main()  # Hydra's flags
     else:
         from ridgeline import cli

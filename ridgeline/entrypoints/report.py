@@ -21,19 +21,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from ridgeline.tracking.report import write_report
 
-    try:
-        path = write_report(args.run_dir, args.output)
-    except FileNotFoundError as err:
-        print(f"ridgeline report: {err}", file=sys.stderr)
-        return 2
-    print(path)
+    print(write_report(args.run_dir, args.output))  # RunFolderError: reported by the command
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ridgeline")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)]))
+    from ridgeline import cli
+    return cli.main(["report", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

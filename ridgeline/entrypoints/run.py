@@ -19,6 +19,17 @@ def setup_logging() -> None:
 
 
 def run_training(cfg: DictConfig) -> dict:
+    from ridgeline.trainer.run_lock import RunLock, run_folders
+
+    # the run's folders first, before torch and the rest load: a second command on them stops at once
+    run_lock = RunLock.acquire(run_folders(cfg.trainer))
+    try:
+        return _train(cfg)
+    finally:
+        run_lock.release()
+
+
+def _train(cfg: DictConfig) -> dict:
     from ridgeline.config import unbuilt_defaults
     from ridgeline.trainer.trainer import Trainer
 

@@ -13,7 +13,7 @@ from .base import Env, SingleTurnEnv, StepOutput
 from .feedback import FeedbackEnv, Grade
 from .reward_fn import RewardFunctionEnv, load_reward_fn, reward_fn_env
 from .tools import ToolCall, ToolCallError, ToolEnv, ToolGroup, ToolResult, tool
-from .registry import UnknownEnvError, load_env_module, make, register, registered_envs
+from .registry import UnknownEnvError, check_env_name, load_env_module, make, register, registered_envs
 from .skyrl_gym_env import PREFIX as SKYRL_GYM_PREFIX, SkyRLGymEnv, SkyRLGymNotInstalled
 
 # Imported for their side effect: registering the built-in envs.
@@ -43,6 +43,7 @@ __all__ = [
     "SkyRLGymNotInstalled",
     "StepOutput",
     "UnknownEnvError",
+    "check_env_name",
     "load_env_module",
     "make",
     "register",

@@ -24,7 +24,8 @@ from ridgeline.user_modules import load_user_module
 from .base import Env
 from .skyrl_gym_env import INSTALL_HINT, SkyRLGymEnv, skyrl_gym_source
 
-__all__ = ["register", "make", "registered_envs", "load_env_module", "EnvFactory", "UnknownEnvError"]
+__all__ = ["register", "make", "check_env_name", "registered_envs", "load_env_module", "EnvFactory",
+           "UnknownEnvError"]
 
 
 class UnknownEnvError(KeyError):
@@ -113,11 +114,30 @@ def make(name: str, env_config: dict[str, Any] | None = None, extras: dict[str, 
     factory) without registering it.
     """
     settings = {**dict(env_config or {}), **settings}
+    gym_id, factory = _resolve(name)
+    if gym_id is not None:
+        return SkyRLGymEnv(gym_id, extras, **settings)
+    assert factory is not None
+    env = factory(extras=extras, **settings)
+    if not isinstance(env, Env):
+        raise TypeError(f"env factory for {name!r} returned {type(env).__name__}, not a ridgeline.envs.Env")
+    return env
+
+
+def check_env_name(name: str) -> None:
+    """Resolve `name` as :func:`make` does, without building anything: UnknownEnvError (listing
+    the envs there are) for a name no registry knows."""
+    _resolve(name)
+
+
+def _resolve(name: str) -> tuple[str | None, EnvFactory | None]:
+    """(skyrl-gym id, None) for an env skyrl-gym builds, else (None, the factory); UnknownEnvError
+    for a name nobody registered."""
     factory = _REGISTRY.get(name)
     gym_id = skyrl_gym_source(name, in_ridgeline=factory is not None,
                               ridgeline_builtin=factory is not None and _is_builtin(factory))
     if gym_id is not None:
-        return SkyRLGymEnv(gym_id, extras, **settings)
+        return gym_id, None
     if factory is None and ":" in name:
         factory = _import_factory(name)
     if factory is None:
@@ -127,14 +147,10 @@ def make(name: str, env_config: dict[str, Any] | None = None, extras: dict[str, 
                      else f"; skyrl-gym is not installed (for its envs: {INSTALL_HINT})"
                      if importlib.util.find_spec("skyrl_gym") is None else "")
         raise UnknownEnvError(
-            f"unknown env {name!r}; registered envs: {known}{gym_known}. "
-            "Custom envs must be registered with ridgeline.envs.register or skyrl_gym.register, in a "
-            "module listed in environment.env_modules."
-        )
-    env = factory(extras=extras, **settings)
-    if not isinstance(env, Env):
-        raise TypeError(f"env factory for {name!r} returned {type(env).__name__}, not a ridgeline.envs.Env")
-    return env
+            f"unknown env {name!r}; registered envs: {known}{gym_known}. Fix: one of those, or register "
+            "a custom env with ridgeline.envs.register or skyrl_gym.register, in a module listed in "
+            "environment.env_modules.")
+    return None, factory
 
 
 def _is_builtin(factory: EnvFactory) -> bool:

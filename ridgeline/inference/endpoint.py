@@ -25,6 +25,7 @@ from typing import Iterable, Iterator
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from ridgeline.errors import UserError
 from ridgeline.inference.server import EngineService, make_http_server
 from ridgeline.inference.types import (WAKE_TAGS, EngineError, EngineOutput, EngineRequest, InferenceEngine,
                                        MemoryTag, wake_order)
@@ -32,7 +33,7 @@ from ridgeline.inference.types import (WAKE_TAGS, EngineError, EngineOutput, Eng
 log = logging.getLogger(__name__)
 
 
-class EndpointError(RuntimeError):
+class EndpointError(UserError, RuntimeError):
     """The endpoint cannot listen where the config says."""
 
 

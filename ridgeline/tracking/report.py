@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ridgeline.errors import UserError
 from ridgeline.tracking import charts
 from ridgeline.tracking.dumps import EVAL_DUMPS, eval_dump_step, read_eval_dump
 from ridgeline.tracking.jsonl import read_jsonl
 from ridgeline.tracking.samples import SAMPLES_FILE, write_samples
 
-__all__ = ["RunData", "build_charts", "load_run", "render_report", "write_report", "write_samples"]
+__all__ = ["RunData", "RunFolderError", "build_charts", "load_run", "render_report", "write_report",
+           "write_samples"]
 
 REPORT_FILE = "report.html"
 MAX_TEXT = 3000           # characters of a prompt / response shown in a table cell
@@ -351,12 +353,16 @@ def render_report(data: RunData) -> str:
             + "</body></html>\n")
 
 
+class RunFolderError(UserError, FileNotFoundError):
+    """The folder given as a run folder is not one."""
+
+
 def write_report(run_dir: str | Path, out_path: str | Path | None = None) -> Path:
     """Write the report of the run in `run_dir` (to `run_dir/report.html` unless `out_path`);
-    returns its path. Raises FileNotFoundError when `run_dir` is not a folder."""
+    returns its path. Raises RunFolderError (a FileNotFoundError) when `run_dir` is not a folder."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"no run folder at {run_dir}")
+        raise RunFolderError(f"no run folder at {run_dir}")
     out = Path(out_path) if out_path is not None else run_dir / REPORT_FILE
     out.write_text(render_report(load_run(run_dir)), encoding="utf-8")
     return out

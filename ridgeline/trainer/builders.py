@@ -17,18 +17,21 @@ from ridgeline.data import (PromptDataset, PromptRow, prepare_arithmetic, prepar
 from ridgeline.data.sources import is_data_file
 from ridgeline.envs import sandbox
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
+from ridgeline.errors import UserError
 from ridgeline.generation.env_steps import EnvRunner
 from ridgeline.generation.generator import Generator, build_env
 from ridgeline.generation.truncation import TruncationPolicy
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
-from ridgeline.models.loading import cpu_has_fast_bf16, engine_dtype
+from ridgeline.models.loading import (cpu_has_fast_bf16, critic_spec, engine_dtype, is_built_locally, located_folder,
+                                      model_config, ref_spec)
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, forward_options, needs_ref,
                                      policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype,
                                      training_precision)
 
-__all__ = ["PREPARERS", "EnvironmentCheckError", "build_critic", "check_environments", "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
+__all__ = ["PREPARERS", "EnvironmentCheckError", "build_critic", "check_environments", "check_model_paths",
+           "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
            "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
            "policy_spec", "policy_train_config", "prepare_data_if_missing", "seed_everything",
            "training_autocast_dtype", "training_precision", "truncation_policy"]
@@ -69,21 +72,38 @@ def load_environments(env_cfg: DictConfig) -> str | None:
     return "reward_fn"
 
 
-class EnvironmentCheckError(ValueError):
-    """A dataset row's environment cannot be built or started (raised before any training step)."""
+def check_model_paths(cfg: DictConfig) -> None:
+    """Every model the run loads (the policy, the reference when a KL term needs it, the critic when
+    set) located before any of them loads: a ModelLoadError naming the key (`trainer.ref.model.path`,
+    ...) for a path that is no model folder and no hub model (ridgeline.models.source)."""
+    specs = [policy_spec(cfg), *([ref_spec(cfg)] if needs_ref(cfg) else []), critic_spec(cfg)]
+    for spec in filter(None, specs):
+        if is_built_locally(spec):
+            model_config(spec)  # an unknown tiny:// or random:// name
+        else:
+            located_folder(spec)
+
+
+class EnvironmentCheckError(UserError, ValueError):
+    """An environment named by the config or a dataset row cannot be built or started (raised
+    before any model loads)."""
 
 
 def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], env_override: str | None) -> None:
-    """Build and `init` (then close) the environment of the rows, as the generator will, before
-    any model loads: an env_class unknown to Ridgeline and to skyrl-gym, an env whose constructor
-    fails, or a row missing what its env reads stops the run here, naming the env, the file and the
-    row, instead of a run of zero rewards with every trajectory in `generate/env_errors`.
+    """Before any model loads, refuse what would give a run of zero rewards with every trajectory in
+    `generate/env_errors`: an `environment.env_class` (the rows' default) or an
+    `environment.skyrl_gym.<name>` settings block naming an env that neither Ridgeline nor skyrl-gym
+    knows (a misspelled name), and a row whose env cannot be built and started (an unknown
+    env_class, settings its constructor refuses, a row missing what its env reads, e.g. the ground
+    truth): each env is built and `init`-ed (then closed) as the generator will, naming the env, the
+    file and the row.
 
     One build per distinct (env_class, shape of the row's extras: keys and value types, nested):
     rows of one shape carry the same fields, so a large dataset costs a handful of builds.
     `datasets`: config key (`data.train_data`) -> its rows.
     """
     env_settings = per_env_settings(cfg)
+    _check_env_names(cfg, env_settings, env_override)
     seen: set[tuple[str, object]] = set()
     for key, data in datasets.items():
         for i, row in enumerate(data):
@@ -98,11 +118,28 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
                     env.init(row.prompt)
                 finally:
                     env.close()
+            except envs.UnknownEnvError as exc:
+                file, index = data.origin(i)
+                column = "" if env_override else ", column 'env_class'"
+                raise EnvironmentCheckError(f"{key}: {file} row {index}{column}: {exc}") from exc
             except Exception as exc:
                 file, index = data.origin(i)
                 raise EnvironmentCheckError(
                     f"{key}: {file} row {index}: environment {env_class!r} could not be built and started "
-                    f"({type(exc).__name__}: {exc}); fix the row or the env before training") from exc
+                    f"({type(exc).__name__}: {exc}). Fix: the row (the columns its env reads) or the env's "
+                    f"settings (environment.skyrl_gym.{env_class}), before training") from exc
+
+
+def _check_env_names(cfg: DictConfig, env_settings: Mapping[str, Any], env_override: str | None) -> None:
+    """`environment.env_class` and each `environment.skyrl_gym.<name>` must name a known env."""
+    named = {f"environment.skyrl_gym.{name}": name for name in env_settings}
+    if env_override is None:  # with environment.reward_fn the rows' env (and its default) is not used
+        named = {"environment.env_class": cfg.environment.env_class, **named}
+    for key, name in named.items():
+        try:
+            envs.check_env_name(name)
+        except Exception as exc:
+            raise EnvironmentCheckError(f"{key}: {exc}") from exc
 
 
 def _shape(value: Any) -> object:

@@ -40,13 +40,14 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from ridgeline.errors import UserError, disk_full_error, is_disk_full
 from ridgeline.models import lora
 from ridgeline.models.loading import critic_spec, load_model, policy_spec, read_safetensors, ref_spec, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE, load_value_model
@@ -69,7 +70,7 @@ FORMAT = 1
 _NAME = re.compile(rf"^{CKPT_PREFIX}(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint could not be written, found, or resumed from; the message says why and what to do."""
 
 
@@ -502,13 +503,14 @@ class Checkpointer:
             _fsync_path(root, directory=True)
             _write_pointer(root, run.global_step)
         except Exception as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
             previous = self.last or (latest_checkpoint(root) if root.is_dir() else None)
-            raise CheckpointError(
-                f"could not write checkpoint {final} at step {run.global_step}: {type(exc).__name__}: {exc}. "
-                f"The run stops; the previous checkpoint ({previous or 'none'}) and the pointer {root / POINTER} "
-                "are untouched. Fix the cause (e.g. free disk space, or a trainer.ckpt_path on a larger disk) and "
-                "rerun with trainer.resume_mode=latest.") from exc
+            err = write_failure(exc, final, f"checkpoint (step {run.global_step})",
+                                f"The run stops; the previous checkpoint ({previous or 'none'}) and the pointer "
+                                f"{root / POINTER} are untouched.",
+                                "free disk space, or a trainer.ckpt_path on a larger disk, then rerun with "
+                                "trainer.resume_mode=latest")
+            shutil.rmtree(tmp, ignore_errors=True)  # after write_failure: it may measure the space left
+            raise err from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -572,29 +574,43 @@ class Checkpointer:
     def save_model(self, workers: Workers, out: Path) -> None:
         """`out/policy` (and `out/critic` with a critic): folders `from_pretrained` loads, with the
         tokenizer; a LoRA policy has its adapters merged in."""
-        workers.policy.export_weights(out / "policy")
-        self.tokenizer.save_pretrained(out / "policy")
+        self._write_policy(workers, out / "policy")
         if workers.critic is not None:
-            workers.critic.export_weights(out / "critic")
-            self.tokenizer.save_pretrained(out / "critic")
+            self._write_critic(workers, out / "critic")
+
+    def _write_policy(self, workers: Workers, folder: Path) -> None:
+        workers.policy.export_weights(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    def _write_critic(self, workers: Workers, folder: Path) -> None:
+        workers.critic.export_weights(folder)
+        self.tokenizer.save_pretrained(folder)
 
     def export(self, workers: Workers, out: Path, step: int) -> Path:
         """`save_model` into `out`, written to a temp sibling and renamed when complete."""
         out = Path(out)
-        tmp = out.with_name(f".tmp_{out.name}_{secrets.token_hex(4)}")
-        try:
-            tmp.mkdir(parents=True)
-            self.save_model(workers, tmp)
-            _fsync_tree(tmp)
-            _publish(tmp, out)
-        except Exception as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"could not export the model to {out} at step {step}: "
-                                  f"{type(exc).__name__}: {exc}. The run stops.") from exc
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        publish_folder(out, lambda tmp: self.save_model(workers, tmp), f"the step-{step} export",
+                       f"The run stops; nothing half-written is left at {out} (an older folder there is untouched).",
+                       "free disk space, or a trainer.export_path on a larger disk (or a larger "
+                       "trainer.hf_save_interval)")
         log.info("exported %s", out)
+        return out
+
+    def save_final(self, workers: Workers, run_dir: Path) -> Path:
+        """`run_dir/final_model` (the policy, loadable with plain transformers) and, with a critic,
+        `run_dir/final_critic`: each written to a temp sibling and renamed when complete, so a
+        failure (a full disk) never leaves a folder that does not load. Returns final_model."""
+        out = Path(run_dir) / "final_model"
+        fix = ("free disk space, or a trainer.export_path on a larger disk; with trainer.ckpt_interval set, "
+               "`ridgeline export <trainer.ckpt_path> OUT` exports the last checkpoint")
+        publish_folder(out, lambda tmp: self._write_policy(workers, tmp), "the final model",
+                       f"Training is over, but the final model is not saved: nothing half-written is left at {out}.",
+                       fix)
+        if workers.critic is not None:
+            critic = Path(run_dir) / "final_critic"
+            publish_folder(critic, lambda tmp: self._write_critic(workers, tmp), "the final critic",
+                           f"Training is over and {out} is written, but the critic is not: nothing half-written is "
+                           f"left at {critic}.", fix)
         return out
 
 
@@ -610,6 +626,36 @@ def _publish(tmp: Path, final: Path) -> None:
     os.rename(tmp, final)
 
 
+def write_failure(exc: Exception, final: Path, what: str, consequence: str, fix: str) -> UserError:
+    """The one error for a folder that could not be written: DiskFullError ("no space left on
+    device", the path, the space left) for a full disk, else a CheckpointError with the cause. Call
+    it before removing what was written: a full disk is also told by the space left."""
+    if is_disk_full(exc, final.parent):
+        return disk_full_error(final, what, consequence, fix)
+    return CheckpointError(f"could not write {what} to {final}: {type(exc).__name__}: {exc}. {consequence} Fix: {fix}")
+
+
+def publish_folder(final: Path, write: Callable[[Path], None], what: str, consequence: str, fix: str) -> None:
+    """`write(tmp)` into a temp sibling `.tmp_<name>_<random>` of `final`, every file fsynced, then
+    renamed to `final` (an older `final` moved aside and deleted first): a reader finds the whole
+    folder or the one that was there before, never a part. On failure the temp folder is removed and
+    `write_failure` says what happened (`consequence`, `fix`: the message's last sentences)."""
+    tmp = final.with_name(f".tmp_{final.name}_{secrets.token_hex(4)}")
+    try:
+        tmp.mkdir(parents=True)
+        write(tmp)
+        _fsync_tree(tmp)
+        _publish(tmp, final)
+        _fsync_path(final.parent, directory=True)
+    except Exception as exc:
+        err = write_failure(exc, final, what, consequence, fix)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise err from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 # ------------------------------------------------------------------------------------ exports of a checkpoint
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     """The same folders as a periodic export (`out/policy`, `out/critic`), copied from a checkpoint
@@ -619,26 +665,21 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not empty; name a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp_{out.name}_{secrets.token_hex(4)}")
-    try:
-        tmp.mkdir()
-        if lora.is_adapter_folder(folder / "policy"):
-            _export_adapters(folder, tmp / "policy")
-        else:
-            shutil.copytree(folder / "policy", tmp / "policy")
-        if lora.is_adapter_folder(folder / "critic"):
-            _export_critic_adapters(folder, tmp / "critic")
-        elif (folder / "critic").is_dir():
-            shutil.copytree(folder / "critic", tmp / "critic")
-        _fsync_tree(tmp)
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    publish_folder(out, lambda tmp: _copy_models(folder, tmp), f"the export of {folder}",
+                   f"Nothing half-written is left at {out}.", "free disk space, or name a folder on a larger disk")
     return folder
+
+
+def _copy_models(folder: Path, out: Path) -> None:
+    """A checkpoint's policy (and critic) as Hugging Face folders under `out`."""
+    if lora.is_adapter_folder(folder / "policy"):
+        _export_adapters(folder, out / "policy")
+    else:
+        shutil.copytree(folder / "policy", out / "policy")
+    if lora.is_adapter_folder(folder / "critic"):
+        _export_critic_adapters(folder, out / "critic")
+    elif (folder / "critic").is_dir():
+        shutil.copytree(folder / "critic", out / "critic")
 
 
 def _export_adapters(folder: Path, out: Path) -> None:

@@ -31,7 +31,7 @@ from ridgeline.allocator import active_allocator
 from ridgeline.algorithms import load_algorithm_modules
 from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
-from ridgeline.data import PromptDataset, PromptRow
+from ridgeline.data import DatasetError, PromptDataset, PromptRow
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.step_wise import training_samples
@@ -52,7 +52,8 @@ from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_tracke
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
-                                        check_environments, generator_input, load_environments, policy_spec,
+                                        check_environments, check_model_paths, generator_input, load_environments,
+                                        policy_spec,
                                         prepare_data_if_missing, seed_everything, training_autocast_dtype,
                                         training_precision, truncation_policy)
 from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, mask_signal_less_groups, num_groups,
@@ -60,6 +61,7 @@ from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, ma
 from ridgeline.trainer.advantages import compute_advantages
 from ridgeline.trainer.evaluation import run_eval
 from ridgeline.trainer.metrics import reward_metrics, rollout_metrics
+from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.protocols import Workers
@@ -86,14 +88,15 @@ class Trainer:
                  trackers: list[Tracker], run_dir: Path, run: RunState, checkpointer: Checkpointer,
                  weight_sync: WeightSync, device: torch.device, colocated: bool = False,
                  shutdown: Callable[[], None] | None = None, env_override: str | None = None,
-                 endpoint: HttpEndpoint | None = None):
+                 endpoint: HttpEndpoint | None = None, run_lock: RunLock | None = None):
         """`workers` are the one-process workers, or with trainer.strategy=fsdp2 the Ray groups of
         ridgeline.distributed.ray_workers (the same protocols); `weight_sync.sync(step)` brings the
         engine(s) the policy's weights; `device` is where this process computes (its engine and
         workers when they are local; the host for a Ray driver); `colocated`: the engines share the
         training GPUs, so they sleep while the trainer trains; `shutdown()` (if any) stops the
         workers and engines; `endpoint` (generator.enable_http_endpoint) serves `engine`, its
-        SharedEngine, over HTTP from the start of `train()` to its end."""
+        SharedEngine, over HTTP from the start of `train()` to its end; `run_lock`: the run's folders,
+        held until `close()`."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.workers = workers
@@ -109,6 +112,7 @@ class Trainer:
         self.device = device
         self._shutdown = shutdown
         self.endpoint = endpoint
+        self.run_lock = run_lock
         self.env_override = env_override  # environment.reward_fn: one env for every row
         self.colocated = colocated
         self.history: list[dict[str, float]] = []
@@ -117,6 +121,20 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
+        """The trainer of `cfg`, resumed when `trainer.resume_mode` finds a checkpoint. The run's
+        folders (trainer.run_dir, trainer.ckpt_path) are locked first, before anything is written
+        in them (RunLockedError while another command holds one), and stay locked until `close()`."""
+        if cfg.generator.enable_http_endpoint:  # a taken port stops the run before anything is written
+            check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
+        run_lock = RunLock.acquire(run_folders(cfg.trainer))
+        try:
+            return cls._build(cfg, run_lock)
+        except BaseException:
+            run_lock.release()
+            raise
+
+    @classmethod
+    def _build(cls, cfg: DictConfig, run_lock: RunLock) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
         seed_everything(t.seed)
         load_algorithm_modules(alg.algorithm_modules)  # the user's estimators and losses, by name
@@ -124,11 +142,10 @@ class Trainer:
             log.warning("advantage_estimator=no_op with use_kl_in_reward and on_policy_distillation=false: the "
                         "environment's reward minus beta * KL to trainer.ref.model.path, not on-policy distillation "
                         "(SkyRL's main_on_policy_distill.py); for that, add +experiment=on_policy_distillation")
-        if cfg.generator.enable_http_endpoint:  # a taken port stops the run before any model loads
-            check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        check_model_paths(cfg)  # every model path (policy, ref, critic) before anything loads
 
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
@@ -142,8 +159,9 @@ class Trainer:
                                   config_key="data.val_data")
                     if cfg.data.val_data else None)
         if len(train_data) < t.train_batch_size:
-            raise ValueError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
-                             f"trainer.train_batch_size={t.train_batch_size}")
+            raise DatasetError(f"data.train_data holds {len(train_data)} usable prompts, fewer than "
+                               f"trainer.train_batch_size={t.train_batch_size}. Fix: more rows, or a smaller "
+                               "trainer.train_batch_size")
         # environments before any model loads: a row whose env cannot be built stops the run here
         env_override = load_environments(cfg.environment)
         check_environments(cfg, {"data.train_data": train_data, **({"data.val_data": val_data} if val_data else {})},
@@ -207,7 +225,7 @@ class Trainer:
             checkpointer = Checkpointer(cfg, tokenizer, fingerprint, run_dir)
             trainer = cls(cfg, tokenizer, workers, engine, generator, train_data, val_data, trackers, run_dir, run,
                           checkpointer, weight_sync, device, colocated=colocated, shutdown=shutdown,
-                          env_override=env_override, endpoint=endpoint)
+                          env_override=env_override, endpoint=endpoint, run_lock=run_lock)
             if resume_from is not None:
                 checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
                 weight_sync.sync(run.global_step)   # the engines get the resumed policy
@@ -251,12 +269,17 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the HTTP endpoint (first: no request reaches an engine being shut down) and the
-        workers of other processes (Ray actors and their placement groups); idempotent."""
-        if self.endpoint is not None:
-            self.endpoint.close()
-        if self._shutdown is not None:
-            shutdown, self._shutdown = self._shutdown, None
-            shutdown()
+        workers of other processes (Ray actors and their placement groups), then release the run's
+        folders; idempotent."""
+        try:
+            if self.endpoint is not None:
+                self.endpoint.close()
+            if self._shutdown is not None:
+                shutdown, self._shutdown = self._shutdown, None
+                shutdown()
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
 
     def _train(self) -> dict[str, Any]:
         t = self.cfg.trainer
@@ -586,12 +609,7 @@ class Trainer:
         return metrics
 
     def save_final_model(self) -> Path:
-        """`final_model` (the policy, loadable with plain transformers) and `final_critic`."""
-        out = self.run_dir / "final_model"
-        self.workers.policy.export_weights(out)
-        self.tokenizer.save_pretrained(out)
-        if self.workers.critic is not None:
-            self.workers.critic.export_weights(self.run_dir / "final_critic")
-            self.tokenizer.save_pretrained(self.run_dir / "final_critic")
-        return out
+        """`final_model` (the policy, loadable with plain transformers) and `final_critic`, each
+        written whole or not at all (Checkpointer.save_final)."""
+        return self.checkpointer.save_final(self.workers, self.run_dir)
 

@@ -18,6 +18,7 @@ from ridgeline.models.forward import enable_activation_checkpointing, select_att
 from ridgeline.models.loading import (ModelSpec, cpu_has_fast_bf16, critic_spec, load_model, load_tokenizer,
                                       policy_spec, ref_spec)
 from ridgeline.models.lora import lora_settings, reference_is_base, wrap
+from ridgeline.models.source import ModelLoadError
 from ridgeline.models.value_model import load_value_model
 from ridgeline.seeding import derive_seed
 from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
@@ -229,15 +230,15 @@ def check_same_tokenizer(spec: ModelSpec, tokenizer, key: str) -> None:
     try:
         own = load_tokenizer(spec).get_vocab()
     except (OSError, ValueError) as err:
-        raise ValueError(f"{key}={spec.path}: its tokenizer, needed to check that it is the policy's, could not be "
-                         f"loaded ({err}). Fix: a model folder or hub id with its tokenizer") from None
+        raise ModelLoadError(f"{key}={spec.path}: its tokenizer, needed to check that it is the policy's, could not "
+                             f"be loaded ({err}). Fix: a model folder or hub id with its tokenizer") from err
     policy = tokenizer.get_vocab()
     if own != policy:
         differ = sum(1 for token, i in own.items() if policy.get(token) != i)
-        raise ValueError(f"{key}={spec.path} has another tokenizer than the policy's ({len(own)} tokens against "
-                         f"{len(policy)}, {differ} with another or no id): its logprobs of the policy's token ids "
-                         "would be of other text. Fix: a model with the policy's tokenizer, or leave "
-                         f"{key} at its default (the policy's model)")
+        raise ModelLoadError(f"{key}={spec.path} has another tokenizer than the policy's ({len(own)} tokens "
+                             f"against {len(policy)}, {differ} with another or no id): its logprobs of the policy's "
+                             "token ids would be of other text. Fix: a model with the policy's tokenizer, or leave "
+                             f"{key} at its default (the policy's model)")
 
 
 def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel: DataParallel | None = None,
