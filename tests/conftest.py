@@ -54,3 +54,18 @@ def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, 
             return proc, url
     proc.kill()
     raise RuntimeError("ridgeline serve did not start:\n" + "".join(lines))
+
+
+def in_thread(fn):
+    """Run `fn` in a daemon thread; returns (thread, box): box gets ("ok", value) or ("error", exc)."""
+    box = []
+
+    def run():
+        try:
+            box.append(("ok", fn()))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            box.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box

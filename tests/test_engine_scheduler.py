@@ -9,21 +9,8 @@ import time
 
 import pytest
 
+from conftest import in_thread
 from ridgeline.inference.scheduler import EngineScheduler, RequestTimedOut, ServerBusy, single_step
-
-
-def _in_thread(fn):
-    box: list = []
-
-    def run():
-        try:
-            box.append(("ok", fn()))
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            box.append(("error", exc))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
 
 
 def _wait_for(predicate, timeout_s: float = 10.0) -> None:
@@ -55,10 +42,10 @@ def test_shared_work_takes_turns_step_by_step_and_returns_its_result():
         yield
 
     try:
-        threads = [_in_thread(lambda: sched.shared(gated, "gate"))]
+        threads = [in_thread(lambda: sched.shared(gated, "gate"))]
         _wait_for(lambda: sched.load == (1, 0))
-        threads += [_in_thread(lambda: sched.shared(_counting("a", 3, log), "a")),
-                    _in_thread(lambda: sched.shared(_counting("b", 3, log), "b"))]
+        threads += [in_thread(lambda: sched.shared(_counting("a", 3, log), "a")),
+                    in_thread(lambda: sched.shared(_counting("b", 3, log), "b"))]
         _wait_for(lambda: sched.load[1] == 2)
         gate.set()
         for thread, _ in threads:
@@ -74,11 +61,11 @@ def test_exclusive_work_waits_for_running_work_and_later_work_waits_for_it():
     sched = EngineScheduler(max_running=4, max_queued=8, timeout_s=30)
     log: list[str] = []
     try:
-        long, long_box = _in_thread(lambda: sched.shared(_counting("L", 20, log, pause_s=0.01), "long"))
+        long, long_box = in_thread(lambda: sched.shared(_counting("L", 20, log, pause_s=0.01), "long"))
         _wait_for(lambda: len(log) >= 2)
-        excl, excl_box = _in_thread(lambda: sched.exclusive(lambda: log.append("X") or "x", "exclusive"))
+        excl, excl_box = in_thread(lambda: sched.exclusive(lambda: log.append("X") or "x", "exclusive"))
         _wait_for(lambda: sched.load[1] == 1)
-        later, later_box = _in_thread(lambda: sched.shared(_counting("S", 1, log), "later"))
+        later, later_box = in_thread(lambda: sched.shared(_counting("S", 1, log), "later"))
         for thread in (long, excl, later):
             thread.join(10)
         assert (long_box, excl_box, later_box) == ([("ok", "L")], [("ok", "x")], [("ok", "S")])
@@ -97,9 +84,9 @@ def test_a_full_queue_refuses_at_once():
             yield
 
     try:
-        running, _ = _in_thread(lambda: sched.shared(endless, "running"))
+        running, _ = in_thread(lambda: sched.shared(endless, "running"))
         _wait_for(lambda: sched.load == (1, 0))
-        queued, _ = _in_thread(lambda: sched.shared(endless, "queued"))
+        queued, _ = in_thread(lambda: sched.shared(endless, "queued"))
         _wait_for(lambda: sched.load == (1, 1))
         t0 = time.monotonic()
         with pytest.raises(ServerBusy, match=r"1 requests are already waiting .*--max-queued-requests 1"):
@@ -120,8 +107,8 @@ def test_deadlines_hold_for_running_and_queued_work():
 
     try:
         t0 = time.monotonic()
-        running, running_box = _in_thread(lambda: sched.shared(endless, "a long generation"))
-        queued, queued_box = _in_thread(lambda: sched.shared(endless, "a queued one"))
+        running, running_box = in_thread(lambda: sched.shared(endless, "a long generation"))
+        queued, queued_box = in_thread(lambda: sched.shared(endless, "a queued one"))
         running.join(10)
         queued.join(10)
         assert time.monotonic() - t0 < 3.0
@@ -152,7 +139,7 @@ def test_errors_reach_their_caller_and_close_fails_what_is_left():
             time.sleep(0.01)
             yield
 
-    thread, box = _in_thread(lambda: sched.shared(endless, "endless"))
+    thread, box = in_thread(lambda: sched.shared(endless, "endless"))
     _wait_for(lambda: sched.load == (1, 0))
     sched.close()
     thread.join(10)

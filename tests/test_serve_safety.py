@@ -8,7 +8,6 @@ silent peer fails within its timeout."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
