@@ -19,7 +19,7 @@ import pytest
 import requests
 import torch
 
-from conftest import REPO, chat_ids, start_serve
+from conftest import REPO, chat_ids, in_thread, start_serve
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.http_app import ExposureError
 from ridgeline.inference.server import EngineService, ServeLimits, make_http_server
@@ -328,28 +328,35 @@ def test_fifty_concurrent_connections_are_all_answered(served):
 
 
 def test_a_request_past_its_deadline_or_a_full_queue_gets_503():
+    """The engine loop is held by exclusive work (as a long weight load would hold it) while
+    requests arrive: one waits in the queue, the next is refused at once, the waiting one is
+    dropped at its deadline."""
     tok = build_char_tokenizer()
     engine = HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32)
-    service = _service(engine, tok, limits=ServeLimits(request_timeout_s=1.0, max_running_requests=1,
-                                                       max_queued_requests=1))
+    service = _service(engine, tok, limits=ServeLimits(request_timeout_s=1.0, max_queued_requests=1))
     httpd, url = _serve_in_thread(service)
-    prompt = chat_ids(tok, "Say hi.")
+    holding, release = threading.Event(), threading.Event()
+    body = {"input_ids": chat_ids(tok, "Say hi."), "sampling_params": _greedy(2)}
     try:
+        holder, _ = in_thread(lambda: service.scheduler.exclusive(lambda: holding.set() or release.wait(30),
+                                                                  "holding the engine"))
+        assert holding.wait(30)
         t0 = time.perf_counter()
-        r = requests.post(f"{url}/v1/completions", timeout=60, json={
-            "model": MODEL, "prompt": [prompt] * 16, "max_tokens": 480, "temperature": 0.0})
-        assert r.status_code == 503 and time.perf_counter() - t0 < 6
-        assert "ran past its deadline of 1s (running; --request-timeout)" in r.json()["error"]["message"]
-        # one running, one queued: the third is refused at once
-        body = {"input_ids": [prompt] * 16, "sampling_params": _greedy(480)}
-        for want in ((1, 0), (1, 1)):
-            threading.Thread(target=requests.post, args=(f"{url}/generate",), daemon=True,
-                             kwargs={"json": body, "timeout": 60}).start()
-            while service.scheduler.load != want:
-                time.sleep(0.005)
+        waiting, box = in_thread(lambda: requests.post(f"{url}/generate", json=body, timeout=60))
+        while service.scheduler.load != (0, 1):
+            time.sleep(0.005)
         r = requests.post(f"{url}/generate", json=body, timeout=60)
-        assert r.status_code == 503 and "--max-queued-requests 1" in r.json()["error"]["message"]
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        assert "1 requests are already waiting for the engine (--max-queued-requests 1)" in r.json()["error"]["message"]
+        waiting.join(30)
+        r = box[0][1]
+        assert r.status_code == 503 and 1.0 <= time.perf_counter() - t0 < 10
+        assert "ran past its deadline of 1s (waiting for the engine; --request-timeout)" in r.json()["error"]["message"]
+        release.set()
+        holder.join(30)
+        assert requests.post(f"{url}/generate", json=body, timeout=60).status_code == 200
     finally:
+        release.set()
         _stop(httpd, service)
 
 

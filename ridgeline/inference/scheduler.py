@@ -10,8 +10,9 @@ cannot hold the others and a weight change never lands inside a generation.
 - Exclusive work (loading weights, sleep / wake, cache flush) runs alone: it waits for the
   running requests to end, and requests that arrive after it wait for it (first come, first served).
 - The queue is bounded (`max_queued`: beyond it a request is refused at once, `ServerBusy`), and
-  every request has a deadline (`timeout_s` from its arrival, checked between steps): past it the
-  request is dropped, queued or running, and fails with `RequestTimedOut`.
+  every request has a deadline (`timeout_s` from its arrival): past it a queued request is dropped
+  at once, a running generation at its next step, and fails with `RequestTimedOut` (exclusive work
+  that has started runs to its end).
 """
 
 from __future__ import annotations
@@ -110,7 +111,13 @@ class EngineScheduler:
                                  f"(--max-queued-requests {self.max_queued}); retry later")
             self._queue.append(job)
             self._cond.notify_all()
-        job.done.wait()
+        # the caller keeps the deadline of queued work: the loop may be busy with a long step
+        if not job.done.wait(max(0.0, job.deadline - time.monotonic())):
+            with self._cond:
+                if job in self._queue:
+                    self._queue.remove(job)
+                    job.finish(error=self._timed_out(job, "waiting for the engine"))
+            job.done.wait()  # running: shared work stops at its next step, exclusive work ends
         if job.error is not None:
             raise job.error
         return job.result
@@ -135,12 +142,8 @@ class EngineScheduler:
                 self._step(job)
 
     def _ready_exclusive(self) -> bool:
-        """Called with the lock held: drop expired queued work, admit shared work at the head of the
-        queue while there is room; whether exclusive work heads the queue with nothing running."""
-        now = time.monotonic()
-        for job in [j for j in self._queue if j.deadline <= now]:
-            self._queue.remove(job)
-            job.finish(error=self._timed_out(job, "waiting for the engine"))
+        """Called with the lock held: admit shared work at the head of the queue while there is
+        room; whether exclusive work heads the queue with nothing running."""
         while self._queue and self._queue[0].start is not None and len(self._running) < self.max_running:
             self._running.append(self._queue.popleft())
         return bool(self._queue) and self._queue[0].call is not None and not self._running
