@@ -161,8 +161,11 @@ class HFEngine:
     # -- generation --------------------------------------------------------------------------
     @property
     def context_length(self) -> int:
-        """Longest prompt + response the model's positions hold (its `max_position_embeddings`)."""
-        return int(self.model.config.max_position_embeddings)
+        """Longest prompt + response the model holds: `max_position_embeddings`, lengthened by its
+        RoPE scaling as vLLM counts it."""
+        from ridgeline.inference.library_engine import context_length_of
+
+        return context_length_of(self.model.config.to_dict()) or int(self.model.config.max_position_embeddings)
 
     @property
     def vocab_size(self) -> int:
