@@ -1,4 +1,8 @@
 import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -27,3 +31,41 @@ def tiny_model(tiny_tokenizer):
 def chat_ids(tokenizer, text: str) -> list[int]:
     from ridgeline.data import encode_chat_prompt
     return encode_chat_prompt(tokenizer, [{"role": "user", "content": text}])
+
+
+def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`ridgeline serve` on tiny://llama (seed 42, fp32) as a child process, on a free port of
+    127.0.0.1 unless `args` say otherwise: (process, url) once it listens."""
+    cmd = [sys.executable, "-m", "ridgeline.cli", "serve", "trainer.policy.model.path=tiny://llama",
+           "generator.model_dtype=float32", "--port", "0", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    deadline = time.time() + 120
+    lines = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "listening on " in line:
+            url = line.rsplit("listening on ", 1)[1].strip()
+            # keep draining the server's log so it never blocks on a full pipe
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, url
+    proc.kill()
+    raise RuntimeError("ridgeline serve did not start:\n" + "".join(lines))
+
+
+def in_thread(fn):
+    """Run `fn` in a daemon thread; returns (thread, box): box gets ("ok", value) or ("error", exc)."""
+    box = []
+
+    def run():
+        try:
+            box.append(("ok", fn()))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            box.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box

@@ -4,14 +4,13 @@ real HTTP server on 127.0.0.1, with the tiny model."""
 import json
 import re
 import socket
-import threading
 import time
 
 import pytest
 import requests
 import torch
 
-from conftest import chat_ids
+from conftest import chat_ids, in_thread
 from ridgeline.inference.endpoint import EndpointError, EndpointSettings, HttpEndpoint, SharedEngine, check_address
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.server import EngineService, RequestError
@@ -154,21 +153,6 @@ def test_a_taken_port_is_refused_in_one_sentence(engine, tok, tmp_path):
         check_address("no.such.host.invalid", 8000)
 
 
-def _in_thread(fn):
-    """Run `fn` in a thread; returns (thread, box) where box gets ("ok", value) or ("error", exc)."""
-    box = []
-
-    def run():
-        try:
-            box.append(("ok", fn()))
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            box.append(("error", exc))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
-
-
 def test_requests_wait_while_the_engine_sleeps_or_takes_weights_and_then_see_the_new_ones(engine, tok):
     shared = SharedEngine(engine)
     new_weights = build_tiny_model("llama", tok, seed=1).state_dict()
@@ -178,7 +162,7 @@ def test_requests_wait_while_the_engine_sleeps_or_takes_weights_and_then_see_the
     shared.sleep()
     with pytest.raises(RuntimeError, match="asleep"):
         shared.generate([EngineRequest(chat_ids(tok, "Say hi."), SamplingParams(6, 0.0))])  # the loop's own bug fails
-    thread, box = _in_thread(lambda: greedy(shared, tok, "Say hi."))
+    thread, box = in_thread(lambda: greedy(shared, tok, "Say hi."))
     time.sleep(0.3)
     assert not box  # waiting
     shared.wake_up(("weights",))
@@ -194,7 +178,7 @@ def test_requests_wait_while_the_engine_sleeps_or_takes_weights_and_then_see_the
     # a weight sync under hold(): requests wait, then see the weights it loaded
     old_weights = build_tiny_model("llama", tok, seed=0).state_dict()
     with shared.hold():
-        thread, box = _in_thread(lambda: greedy(shared, tok, "Say hi."))
+        thread, box = in_thread(lambda: greedy(shared, tok, "Say hi."))
         time.sleep(0.3)
         assert not box
         shared.update_weights(old_weights.items())
@@ -203,7 +187,7 @@ def test_requests_wait_while_the_engine_sleeps_or_takes_weights_and_then_see_the
 
     # closing releases a waiting request with an error instead of leaving it hanging
     shared.sleep()
-    thread, box = _in_thread(lambda: greedy(shared, tok, "Say hi."))
+    thread, box = in_thread(lambda: greedy(shared, tok, "Say hi."))
     time.sleep(0.2)
     shared.close()
     thread.join(30)

@@ -6,9 +6,6 @@ tokens, and a training run whose rollouts come from the server."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -32,36 +29,15 @@ from ridgeline.inference.types import EngineError, EngineRequest, SamplingParams
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.tracking.dumps import read_eval_dump
 
-from conftest import REPO, chat_ids
+from conftest import chat_ids, start_serve
 
 MODEL = "tiny://llama"
 SEED = 42  # trainer.seed, which also seeds tiny:// models
 
 
-def _start_server(*extra: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "ridgeline.cli", "serve", f"trainer.policy.model.path={MODEL}",
-           "generator.model_dtype=float32", "--port", "0", *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    deadline = time.time() + 120
-    lines = []
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "listening on " in line:
-            url = line.rsplit("listening on ", 1)[1].strip()
-            # keep draining the server's log so it never blocks on a full pipe
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, url
-    proc.kill()
-    raise RuntimeError("ridgeline serve did not start:\n" + "".join(lines))
-
-
 @pytest.fixture(scope="module")
 def server():
-    proc, url = _start_server()
+    proc, url = start_serve()
     yield url
     proc.terminate()
     proc.wait(timeout=30)

@@ -13,26 +13,69 @@ API_KEY_ENV = "RIDGELINE_ENGINE_API_KEY"
 
 
 def add_parser(sub) -> None:
+    from ridgeline.inference.server import ServeLimits
+
+    d = ServeLimits()
     p = sub.add_parser("serve", help="serve the embedded engine over HTTP (SGLang-style and OpenAI routes)",
                        description="ridgeline serve +experiment=quickstart --port 8001  (overrides pick the "
-                                   "model: trainer.policy.model.path, generator.model_dtype, ...)")
+                                   "model: trainer.policy.model.path, generator.model_dtype, ...). Safe by default: "
+                                   "127.0.0.1 only; beyond it an API key is required (docs/security.md).")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for `ridgeline train`")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for other machines)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for other machines, "
+                        "which needs --api-key)")
     p.add_argument("--port", type=int, default=8001, help="port to listen on (0: any free port)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                   help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV})")
+                   help=f"require `Authorization: Bearer KEY` on every route but /health (default: ${API_KEY_ENV})")
+    p.add_argument("--max-body-mb", type=float, default=d.max_body_bytes / 2**20,
+                   help="largest request body in MiB; larger ones are refused unread (default %(default)g)")
+    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
+                   help="generations the engine advances together, step by step (default %(default)d)")
+    p.add_argument("--max-queued-requests", type=int, default=d.max_queued_requests,
+                   help="requests waiting beyond those; more are refused with 503 (default %(default)d)")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
+                   help="seconds from a request's arrival to its answer; past it the request is dropped with "
+                        "503 (default %(default)g)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="prompt + response tokens of one sequence (default: the model's max_position_embeddings); "
+                        "longer prompts are refused, max_new_tokens is cut to what is left")
+    p.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
+                   help="most top logprobs a request may ask per token (default %(default)d)")
+
+
+def _limits(args: argparse.Namespace):
+    from ridgeline.inference.server import ServeLimits
+
+    checks = {"--max-body-mb": args.max_body_mb > 0, "--max-running-requests": args.max_running_requests >= 1,
+              "--max-queued-requests": args.max_queued_requests >= 1, "--request-timeout": args.request_timeout > 0,
+              "--max-logprobs": args.max_logprobs >= 0,
+              "--context-length": args.context_length is None or args.context_length >= 1}
+    bad = [flag for flag, ok in checks.items() if not ok]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must be positive (counts at least 1). Fix: see `ridgeline serve --help`")
+    return ServeLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_running_requests=args.max_running_requests,
+                       max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout,
+                       max_logprobs=args.max_logprobs)
 
 
 def run(args: argparse.Namespace) -> int:
     from ridgeline.config import ConfigError, load_config
+    from ridgeline.inference.http_app import ExposureError, check_exposure
+    from ridgeline.inference.server import EngineService, make_http_server
 
+    try:
+        limits = _limits(args)
+        # before any model loads: a server that would expose its weight and memory routes is refused
+        check_exposure(args.host, args.api_key, steering=True)
+    except (ValueError, ExposureError) as err:
+        print(f"ridgeline serve: {err}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(["trainer.strategy=single", "generator.backend=hf", *args.overrides])
     except ConfigError as err:
         print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
         return 2
     from ridgeline.inference.build import build_hf_engine
-    from ridgeline.inference.server import EngineService, make_http_server
     from ridgeline.models.loading import configure_chat_template, load_tokenizer, policy_spec
     from ridgeline.training.build import seed_everything
 
@@ -41,13 +84,15 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec(cfg)
     tokenizer = load_tokenizer(spec)
     configure_chat_template(tokenizer, cfg.generator)
-    service = EngineService(build_hf_engine(cfg, tokenizer), tokenizer, spec.path,
-                            served_model_name=cfg.generator.model_name,
-                            chat_max_tokens=cfg.generator.sampling_params.max_generate_length)
+    engine = build_hf_engine(cfg, tokenizer)
+    service = EngineService(engine, tokenizer, spec.path, served_model_name=cfg.generator.model_name,
+                            chat_max_tokens=cfg.generator.sampling_params.max_generate_length,
+                            context_length=args.context_length or engine.context_length, vocab_size=engine.vocab_size,
+                            steps=engine.generate_steps, limits=limits)
     server = make_http_server(service, args.host, args.port, args.api_key)
     host, port = server.server_address[:2]
     # the line a launcher waits for (tests and scripts parse it)
-    print(f"ridgeline serve: {service.model_path} ({service.engine.dtype}) listening on http://{host}:{port}",
+    print(f"ridgeline serve: {service.model_path} ({engine.dtype}) listening on http://{host}:{port}",
           flush=True)
     try:
         server.serve_forever()
@@ -55,4 +100,5 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
+        service.close()
     return 0

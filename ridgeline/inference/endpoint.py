@@ -44,13 +44,21 @@ class EndpointSettings:
     model_name: str       # generator.model_name: the `model` every request must name
     model_path: str       # trainer.policy.model.path
     chat_max_tokens: int  # a chat request's max_tokens when it sets none
+    context_length: int | None = None  # prompt + response tokens of a request (None: the engine judges)
 
     @classmethod
     def from_config(cls, cfg) -> "EndpointSettings":
+        """The context is the run's own, what vLLM and SGLang engines are built with: max(prompt
+        lengths) + max(generation lengths), or the engine's length kwarg when
+        generator.engine_init_kwargs sets it; remote servers judge themselves."""
+        from ridgeline.inference.library_engine import engine_init_kwargs, max_model_len
+
         g = cfg.generator
+        length_key = {"vllm": "max_model_len", "sglang": "context_length"}.get(str(g.backend))
+        context = int(engine_init_kwargs(cfg).get(length_key, max_model_len(cfg))) if g.run_engines_locally else None
         return cls(host=str(g.http_endpoint_host), port=int(g.http_endpoint_port), model_name=str(g.model_name),
                    model_path=str(cfg.trainer.policy.model.path),
-                   chat_max_tokens=int(g.sampling_params.max_generate_length))
+                   chat_max_tokens=int(g.sampling_params.max_generate_length), context_length=context)
 
     @property
     def url(self) -> str:
@@ -159,18 +167,21 @@ class HttpEndpoint:
     def __init__(self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, settings: EndpointSettings):
         self.settings = settings
         self.engine = SharedEngine(engine)
-        service = EngineService(self.engine, tokenizer, settings.model_path, served_model_name=settings.model_name,
-                                chat_max_tokens=settings.chat_max_tokens)
+        # each request's generation is one engine call: the engine is shared with the training loop,
+        # which takes it for whole calls too (SharedEngine)
+        self.service = EngineService(self.engine, tokenizer, settings.model_path, served_model_name=settings.model_name,
+                                     chat_max_tokens=settings.chat_max_tokens, context_length=settings.context_length)
         try:
-            self.server = make_http_server(service, settings.host, settings.port, routes=service.openai_routes())
+            self.server = make_http_server(self.service, settings.host, settings.port,
+                                           routes=self.service.openai_routes())
         except OSError as err:
+            self.service.close()
             raise _address_error(settings.host, settings.port, err) from err
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="ridgeline-http-endpoint", daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, name="ridgeline-http-endpoint", daemon=True)
         self._thread.start()
         log.info("HTTP endpoint (generator.enable_http_endpoint): OpenAI API at %s/v1, model %r",
                  self.settings.url, self.settings.model_name)
@@ -187,5 +198,6 @@ class HttpEndpoint:
             self.server.shutdown()   # returns once serve_forever has stopped
             self._thread.join()
         self.server.server_close()   # the port is free from here
-        self.engine.close()
+        self.engine.close()          # a request waiting for the engine fails now
+        self.service.close()
         log.info("HTTP endpoint on %s stopped", self.settings.url)

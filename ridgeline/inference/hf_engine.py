@@ -28,7 +28,9 @@ from ridgeline.inference.types import (
     EngineRequest,
     MemoryTag,
     SamplingParams,
+    Steps,
     TopLogprobs,
+    run_steps,
     wake_order,
 )
 from ridgeline.models.forward import forward_last_logits, positions_from_mask
@@ -157,8 +159,27 @@ class HFEngine:
                                "the policy's full weights first")
 
     # -- generation --------------------------------------------------------------------------
-    @torch.inference_mode()
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + response the model holds: `max_position_embeddings`, lengthened by its
+        RoPE scaling as vLLM counts it."""
+        from ridgeline.inference.library_engine import context_length_of
+
+        return context_length_of(self.model.config.to_dict()) or int(self.model.config.max_position_embeddings)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model embeds: 0 .. vocab_size - 1."""
+        return int(self.model.get_input_embeddings().num_embeddings)
+
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
+        return run_steps(self.generate_steps(requests, seed))
+
+    @torch.inference_mode()
+    def generate_steps(self, requests: list[EngineRequest], seed: int | None = None) -> Steps[list[EngineOutput]]:
+        """`generate`, yielding after every forward pass (prefill or decode step) so that a server
+        can advance other requests in between; the result is the same as `generate`'s (the request
+        keeps its own random generator and KV cache)."""
         self._check_ready("generate")
         generator = None  # greedy decoding draws nothing
         if any(r.sampling_params.temperature > 0 for r in requests):
@@ -174,13 +195,14 @@ class HFEngine:
                 for start in range(0, len(indices), self.max_num_seqs):
                     chunk = indices[start:start + self.max_num_seqs]
                     prompts = [requests[i].prompt_token_ids for i in chunk]
-                    for i, out in zip(chunk, self._generate_batch(prompts, params, stop, generator)):
+                    batch = yield from self._generate_batch(prompts, params, stop, generator)
+                    for i, out in zip(chunk, batch):
                         outputs[i] = out
                     bar.update(len(chunk))
         return outputs  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, stop: torch.Tensor,
-                        generator: torch.Generator | None) -> list[EngineOutput]:
+                        generator: torch.Generator | None) -> Steps[list[EngineOutput]]:
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         width = max(len(p) for p in unique)
@@ -194,6 +216,7 @@ class HFEngine:
         out = forward_last_logits(self.model, 1, input_ids=input_ids, attention_mask=attention,
                                   position_ids=positions, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
+        yield
 
         # fan each prompt's cache out to its samples
         fan = torch.tensor(row_to_unique, device=self.device)
@@ -242,6 +265,7 @@ class HFEngine:
                                       position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
+            yield
         return [EngineOutput(response_ids=r, logprobs=lp, stop_reason=s, matched_stop=m,
                              top_logprobs=top if params.num_top_logprobs else None)
                 for r, lp, s, m, top in zip(responses, logprobs, reasons, matched, tops)]

@@ -134,7 +134,12 @@ def model_context_length(folder: str, overrides: dict[str, Any] | None = None) -
     path = Path(folder) / "config.json"
     if not path.is_file():
         return None
-    config = {**json.loads(path.read_text()), **(overrides or {})}
+    return context_length_of({**json.loads(path.read_text()), **(overrides or {})})
+
+
+def context_length_of(config: dict[str, Any]) -> int | None:
+    """A model config's context as vLLM counts it (see `model_context_length`); None without
+    `max_position_embeddings`."""
     value = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
     if not value:
         return None

@@ -37,77 +37,80 @@ completed it). OpenAI requests must name the served model (`served_model_name`, 
 `stream=true` is refused with a 400 in OpenAI's error shape ({"error": {message, type, param,
 code}}, which every error answer takes but the weight routes' SGLang-style {success, message}).
 
-With an API key every route but /health asks for `Authorization: Bearer <key>`. Requests are
-served one at a time (the engine batches within a request; the remote client sends one batched
-request per server), so a weight update never lands in the middle of a generation. A request
-without a seed gets a fresh one from the operating system: the process's global RNG is never
-touched (a training run's endpoint shares its process, ridgeline.inference.endpoint).
+Safety (docs/security.md): the server binds 127.0.0.1 unless told otherwise and refuses to serve
+the routes that change weights, memory or the cache beyond loopback without an API key; with a key
+every route but /health asks for `Authorization: Bearer <key>`, checked before the body is read;
+bodies are capped (`ServeLimits.max_body_bytes`); every sampling field and token id is checked
+(400 naming the field, request_fields); a prompt must fit the context, and `max_new_tokens` /
+`max_tokens` is cut to what is left of it. HTTP runs on FastAPI + uvicorn (http_app).
+
+Engine work runs on one thread (scheduler.EngineScheduler): generations take turns step by step,
+so a short request is answered while a long one runs; weight, memory and cache routes run alone,
+so a weight update never lands in the middle of a generation. A request without a seed gets a
+fresh one from the operating system: the process's global RNG is never touched (a training run's
+endpoint shares its process, ridgeline.inference.endpoint).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import secrets
-import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 from jinja2 import TemplateError
 
+from ridgeline.inference import request_fields as fields
+from ridgeline.inference.http_app import HttpServer, Route, build_app, check_exposure
+from ridgeline.inference.request_fields import ModelLimits, RequestError
+from ridgeline.inference.scheduler import EngineScheduler, single_step
 from ridgeline.inference.sglang_engine import CUDA_GRAPH, KV_CACHE, WEIGHTS
-from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSyncError
-from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams
+from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams, Steps
+from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, dtype_from_name
 
-log = logging.getLogger(__name__)
+__all__ = ["EngineService", "RequestError", "ServeLimits", "make_http_server"]
 
-class RequestError(ValueError):
-    """A request the server refuses (answered 400 with this message)."""
-
-
-def _stop_strings(value: Any, key: str) -> tuple[str, ...]:
-    """A `stop` field (null, a string or a list of strings, as both APIs take it)."""
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError(f"{key} must be a non-empty string or a list of non-empty strings, got {value!r}")
-    return tuple(stops)
+GenerationSteps = Callable[[list[EngineRequest], "int | None"], Steps[list[EngineOutput]]]
+"""An engine's generation in steps (`HFEngine.generate_steps`)."""
 
 
-def _sampling(max_tokens: Any, p: dict[str, Any], stop_key: str, top_logprobs: Any) -> SamplingParams:
-    penalty = float(p.get("repetition_penalty", 1.0))
-    if penalty <= 0:
-        raise RequestError(f"repetition_penalty must be greater than 0, got {penalty:g}")
-    if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
-                                     or top_logprobs < 0):
-        raise RequestError(f"the number of top logprobs must be a whole number >= 0, got {top_logprobs!r}")
-    return SamplingParams(max_generate_length=int(max_tokens), temperature=float(p.get("temperature", 1.0)),
-                          top_p=float(p.get("top_p", 1.0)), top_k=int(p.get("top_k", -1)),
-                          min_p=float(p.get("min_p", 0.0)), repetition_penalty=penalty,
-                          stop=_stop_strings(p.get("stop"), stop_key), logprobs=top_logprobs)
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one server takes on (`ridgeline serve`'s flags; SGLang's and vLLM's names where they
+    have one)."""
+
+    max_body_bytes: int = 64 * 2**20      # --max-body-mb
+    max_running_requests: int = 8         # generations advanced together, step by step
+    max_queued_requests: int = 256        # waiting beyond those; more are refused (503)
+    request_timeout_s: float = 600.0      # from arrival to answer (generator.remote_request_timeout_s's default)
+    max_logprobs: int = 20                # top logprobs per token (vLLM's --max-logprobs)
+    backlog: int = 2048                   # the listen queue (uvicorn's default)
+
+    @property
+    def max_connections(self) -> int:
+        """Connections and requests in progress before uvicorn answers 503 itself: room for every
+        queued and running request, and the quick info routes besides."""
+        return self.max_running_requests + self.max_queued_requests + 64
 
 
-def sampling_from_native(p: dict[str, Any], top_logprobs_num: int | None = None) -> SamplingParams:
+def sampling_from_native(p: dict[str, Any], top_logprobs_num: Any, limits: ModelLimits) -> SamplingParams:
     """SGLang `sampling_params` (and the request's `top_logprobs_num`) -> Ridgeline's; unknown keys
     are refused, not silently dropped."""
     known = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop",
              "stop_token_ids", "skip_special_tokens", "no_stop_trim", "sampling_seed"}
     unknown = sorted(set(p) - known)
     if unknown:
-        raise RequestError(f"sampling_params keys not supported by ridgeline serve: {unknown}")
-    return _sampling(p.get("max_new_tokens", 128), p, "sampling_params.stop", top_logprobs_num or None)
-
-
-def sampling_from_completion(body: dict[str, Any]) -> SamplingParams:
-    """The sampling fields of an OpenAI `/v1/completions` request -> Ridgeline's."""
-    return _sampling(body.get("max_tokens", 16), body, "stop", body.get("logprobs"))
+        raise RequestError(f"sampling_params keys not supported by ridgeline serve: {unknown}", "sampling_params")
+    for key in ("skip_special_tokens", "no_stop_trim"):
+        if key in p:
+            fields.flag(p[key], f"sampling_params.{key}")
+    fields.seed(p.get("sampling_seed"), "sampling_params.sampling_seed")
+    return fields.sampling(p, max_tokens=("sampling_params.max_new_tokens", p.get("max_new_tokens", 128)),
+                           prefix="sampling_params.", top_logprobs=("top_logprobs_num", top_logprobs_num),
+                           limits=limits)
 
 
 # The fields of the OpenAI routes. Any other is refused with a 400 naming it, never ignored; `user`
@@ -119,17 +122,7 @@ COMPLETION_FIELDS = _OPENAI_FIELDS | {"prompt", "prompt_logprobs"}
 CHAT_FIELDS = _OPENAI_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs"}
 # penalties this server does not apply: accepted only at OpenAI's default, which applies none
 _ZERO_ONLY = ("frequency_penalty", "presence_penalty")
-
-
-def _token_batch(value: Any, what: str) -> tuple[list[list[int]], bool]:
-    """A list of token ids or a list of such lists -> (batch, was_single)."""
-    if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
-        return [value], True
-    if isinstance(value, list) and value and all(
-            isinstance(row, list) and row and all(isinstance(t, int) for t in row) for row in value):
-        return value, False
-    raise RequestError(f"{what} must be a non-empty list of token ids or a list of such lists "
-                       "(this server is token-in/token-out: tokenize on the client)")
+_OPENAI_FLAGS = ("skip_special_tokens", "include_stop_str_in_output", "return_token_ids", "return_tokens_as_token_ids")
 
 
 @dataclass
@@ -139,60 +132,88 @@ class _Group:
 
 
 class EngineService:
-    """The routes as plain methods over one engine: body dict in, (status, body) out."""
+    """The routes as plain methods over one engine: body dict in, answer dict out (a RequestError
+    for a bad request). Engine work goes through the service's `EngineScheduler`."""
 
     def __init__(self, engine, tokenizer, model_path: str, *, tp_size: int = 1, served_model_name: str | None = None,
-                 chat_max_tokens: int = 1024):
+                 chat_max_tokens: int = 1024, context_length: int | None = None, vocab_size: int | None = None,
+                 steps: GenerationSteps | None = None, limits: ServeLimits = ServeLimits()):
         """`served_model_name`: the name OpenAI requests must give as `model` (default `model_path`,
         vLLM's rule); `chat_max_tokens`: the `max_tokens` of a chat request that sets none (vLLM fills
-        the context; here the config's `generator.sampling_params.max_generate_length`)."""
+        the context; here the config's `generator.sampling_params.max_generate_length`);
+        `context_length`: prompt + response tokens a request may take (None: the engine judges);
+        `vocab_size`: token ids accepted (default: the tokenizer's); `steps`: the engine's
+        generation in steps, so requests take turns step by step (None: each generation is one
+        step, e.g. an engine shared with a training loop)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path
         self.served_model_name = served_model_name or model_path
         self.chat_max_tokens = chat_max_tokens
         self.tp_size = tp_size
+        self.limits = limits
+        self.model_limits = ModelLimits(vocab_size=vocab_size or len(tokenizer), context_length=context_length,
+                                        max_logprobs=limits.max_logprobs)
+        self._steps: GenerationSteps = steps or (lambda requests, seed: single_step(
+            lambda: engine.generate(requests, seed=seed)))
         self.weight_version = "0"
         self.groups: dict[str, _Group] = {}
-        self.lock = threading.Lock()  # one request at a time on the engine
+        self.scheduler = EngineScheduler(max_running=limits.max_running_requests,
+                                         max_queued=limits.max_queued_requests, timeout_s=limits.request_timeout_s)
         self.started = time.time()
+
+    def close(self) -> None:
+        """Stop the engine loop; requests still waiting fail."""
+        self.scheduler.close()
 
     # -- info ---------------------------------------------------------------------------------
     def model_info(self, _: dict) -> dict:
         return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
-                "dtype": str(self.engine.dtype).removeprefix("torch."), "weight_version": self.weight_version}
+                "dtype": str(self.engine.dtype).removeprefix("torch."), "weight_version": self.weight_version,
+                "context_length": self.model_limits.context_length}
 
     def server_info(self, _: dict) -> dict:
+        running, queued = self.scheduler.load
         return {"tp_size": self.tp_size, "dp_size": 1, "version": "ridgeline-serve",
                 "model_path": self.model_path, "weight_version": self.weight_version,
-                "weight_update_groups": sorted(self.groups)}
+                "weight_update_groups": sorted(self.groups), "context_length": self.model_limits.context_length,
+                "max_running_requests": self.limits.max_running_requests, "running_requests": running,
+                "queued_requests": queued}
 
     def models(self, _: dict) -> dict:
         return {"object": "list", "data": [{"id": self.served_model_name, "object": "model", "owned_by": "ridgeline",
-                                            "root": self.model_path, "created": int(self.started)}]}
+                                            "root": self.model_path, "created": int(self.started),
+                                            "max_model_len": self.model_limits.context_length}]}
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, body: dict) -> Any:
         if body.get("stream"):
-            raise RequestError("stream=true is not supported by ridgeline serve")
+            raise RequestError("stream=true is not supported by ridgeline serve", "stream")
         if "text" in body and "input_ids" not in body:
-            raise RequestError("send input_ids: ridgeline serve is token-in/token-out")
-        prompts, single = _token_batch(body.get("input_ids"), "input_ids")
+            raise RequestError("send input_ids: ridgeline serve is token-in/token-out", "text")
+        limits = self.model_limits
+        prompts, single = fields.token_batch(body.get("input_ids"), "input_ids", limits)
         raw = body.get("sampling_params") or {}
         raw_list = raw if isinstance(raw, list) else [raw] * len(prompts)
-        if len(raw_list) != len(prompts):
-            raise RequestError(f"{len(raw_list)} sampling_params for {len(prompts)} inputs")
+        if len(raw_list) != len(prompts) or not all(isinstance(p, dict) for p in raw_list):
+            raise RequestError(f"sampling_params must be an object or a list of {len(prompts)} objects, one per "
+                               "input", "sampling_params")
         tops = body.get("top_logprobs_num")
         tops = tops if isinstance(tops, list) else [tops] * len(prompts)
         if len(tops) != len(prompts):
-            raise RequestError(f"{len(tops)} top_logprobs_num for {len(prompts)} inputs")
-        params = [sampling_from_native(p, n) for p, n in zip(raw_list, tops)]
+            raise RequestError(f"{len(tops)} top_logprobs_num for {len(prompts)} inputs", "top_logprobs_num")
         start = body.get("logprob_start_len", -1)
         starts = start if isinstance(start, list) else [start] * len(prompts)
-        seeds = [p.get("sampling_seed") for p in raw_list]
-        requests = [EngineRequest(ids, sp, tuple(p.get("stop_token_ids") or ()))
-                    for ids, sp, p in zip(prompts, params, raw_list)]
-        outputs = self._generate(requests, seeds)
+        if len(starts) != len(prompts):
+            raise RequestError(f"{len(starts)} logprob_start_len for {len(prompts)} inputs", "logprob_start_len")
+        starts = [-1 if s is None else fields.whole(s, "logprob_start_len", -1) for s in starts]
+        fields.flag(body.get("return_logprob", False), "return_logprob")
+        requests = []
+        for i, (ids, p, n) in enumerate(zip(prompts, raw_list, tops)):
+            stop = fields.stop_token_ids(p.get("stop_token_ids"), "sampling_params.stop_token_ids", limits)
+            request = EngineRequest(ids, sampling_from_native(p, n, limits), stop)
+            requests.append(fields.fit_context(request, "input_ids" if single else f"input_ids[{i}]", limits))
+        outputs = self._generate(requests, [p.get("sampling_seed") for p in raw_list])
         results = []
         for ids, out, first, p in zip(prompts, outputs, starts, raw_list):
             meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": len(out.response_ids),
@@ -200,9 +221,9 @@ class EngineService:
                     "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.logprobs, out.response_ids)]}
             if out.top_logprobs is not None:
                 meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in top] for top in out.top_logprobs]
-            if first is not None and first >= 0:
-                meta["input_token_logprobs"] = self._input_logprobs(ids, int(first))
-            text = self._text(out, bool(p.get("skip_special_tokens", True)), bool(p.get("no_stop_trim", False)))
+            if first >= 0:
+                meta["input_token_logprobs"] = self._input_logprobs(ids, first)
+            text = self._text(out, p.get("skip_special_tokens", True), p.get("no_stop_trim", False))
             results.append({"text": text, "output_ids": out.response_ids, "meta_info": meta})
         return results[0] if single else results
 
@@ -216,9 +237,10 @@ class EngineService:
             # one, a fresh seed, so that the engine never reseeds (and so moves) the process's global RNG
             seed = next((int(s) for s in seeds if s is not None), None)
             seed = secrets.randbits(63) if seed is None else seed
-            with self.lock:
-                for i, out in zip(todo, self.engine.generate([requests[i] for i in todo], seed=seed)):
-                    outputs[i] = out
+            batch = [requests[i] for i in todo]
+            done = self.scheduler.shared(lambda: self._steps(batch, seed), f"a generation of {len(batch)} sequence(s)")
+            for i, out in zip(todo, done):
+                outputs[i] = out
         return outputs
 
     def _input_logprobs(self, ids: list[int], first: int) -> list[list[Any]]:
@@ -226,8 +248,10 @@ class EngineService:
         no logprob (None: the logits before it are not part of the request), the others are each
         token's logprob given everything before it."""
         first = min(max(first, 0), len(ids) - 1)
-        with self.lock:
-            scored = self.engine.score(ids[:first + 1], ids[first + 1:]) if first + 1 < len(ids) else []
+        scored = []
+        if first + 1 < len(ids):
+            scored = self.scheduler.shared(lambda: single_step(lambda: self.engine.score(ids[:first + 1], ids[first + 1:])),
+                                           "scoring a prompt")
         return [[None, ids[first], None]] + [[lp, t, None] for lp, t in zip(scored, ids[first + 1:])]
 
     def _text(self, out: EngineOutput, skip_special_tokens: bool, keep_stop: bool) -> str:
@@ -237,40 +261,55 @@ class EngineService:
         cut = -1 if out.matched_stop is None or keep_stop else text.rfind(out.matched_stop)
         return text if cut < 0 else text[:cut]
 
-    def _check_openai(self, body: dict, route: str, fields: set[str]) -> None:
+    def _check_openai(self, body: dict, route: str, known: set[str]) -> None:
         """What every OpenAI request must satisfy: the served model named, no streaming, no field
-        this server would not act on."""
+        this server would not act on, flags that are flags."""
         if body.get("stream"):
-            raise RequestError(f"{route}: stream=true is not supported; send stream=false")
-        unknown = sorted(k for k in set(body) - fields if not (k in _ZERO_ONLY and body[k] in (0, None)))
+            raise RequestError(f"{route}: stream=true is not supported; send stream=false", "stream")
+        unknown = sorted(k for k in set(body) - known if not (k in _ZERO_ONLY and body[k] in (0, None)))
         if unknown:
-            raise RequestError(f"{route}: fields this server does not act on: {unknown}; remove them")
+            raise RequestError(f"{route}: fields this server does not act on: {unknown}; remove them", unknown[0])
         if "model" not in body:
             raise RequestError(f"{route}: the field `model` is required; this server serves {self.served_model_name!r}")
         if body["model"] != self.served_model_name:
             raise RequestError(f"{route}: model {body['model']!r} is not served here; this server serves "
                                f"{self.served_model_name!r} (generator.model_name)")
+        for key in _OPENAI_FLAGS:
+            if body.get(key) is not None:
+                fields.flag(body[key], key)
+
+    def _openai_sampling(self, body: dict, max_tokens: tuple[str, Any], top_logprobs: tuple[str, Any]) -> \
+            tuple[SamplingParams, tuple[int, ...]]:
+        fields.seed(body.get("seed"), "seed")
+        params = fields.sampling(body, max_tokens=max_tokens, prefix="", top_logprobs=top_logprobs,
+                                 limits=self.model_limits)
+        return params, fields.stop_token_ids(body.get("stop_token_ids"), "stop_token_ids", self.model_limits)
 
     def completions(self, body: dict) -> dict:
         self._check_openai(body, "/v1/completions", COMPLETION_FIELDS)
+        limits = self.model_limits
         prompt = body.get("prompt")
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt)):
             texts = [prompt] if isinstance(prompt, str) else prompt
             prompts = [list(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+            if not all(prompts):
+                raise RequestError("prompt: an empty text has no token to continue from", "prompt")
         else:
-            prompts, _ = _token_batch(prompt, "prompt")
+            prompts, _ = fields.token_batch(prompt, "prompt", limits)
         n = _sample_count(body)
-        params = sampling_from_completion(body)
-        stop = tuple(int(t) for t in body.get("stop_token_ids") or ())
-        requests = [EngineRequest(ids, params, stop) for ids in prompts for _ in range(n)]
+        params, stop = self._openai_sampling(body, ("max_tokens", body.get("max_tokens", 16)),
+                                             ("logprobs", body.get("logprobs")))
+        if body.get("prompt_logprobs") is not None:
+            fields.top_logprob_count(body["prompt_logprobs"], "prompt_logprobs", limits)
+        fitted = [fields.fit_context(EngineRequest(ids, params, stop), "prompt", limits) for ids in prompts]
+        requests = [r for r in fitted for _ in range(n)]
         outputs = self._generate(requests, [body.get("seed")])
         want_lp = body.get("logprobs") is not None
         prompt_lp = body.get("prompt_logprobs") is not None
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
         for i, (req, out) in enumerate(zip(requests, outputs)):
-            text = self._text(out, bool(body.get("skip_special_tokens", True)),
-                              bool(body.get("include_stop_str_in_output", False)))
+            text = self._text(out, body.get("skip_special_tokens", True), body.get("include_stop_str_in_output", False))
             choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": out.stop_reason,
                                       "stop_reason": out.matched_stop, "logprobs": None}
             if want_lp:
@@ -300,16 +339,16 @@ class EngineService:
         one the run's prompts use, with the assistant turn opened), then `n` samples of one batch."""
         self._check_openai(body, "/v1/chat/completions", CHAT_FIELDS)
         prompt = self._chat_prompt(body.get("messages"), body.get("chat_template_kwargs"))
-        want_lp, top = bool(body.get("logprobs")), body.get("top_logprobs")
+        want_lp = fields.flag(body["logprobs"], "logprobs") if body.get("logprobs") is not None else False
+        top = body.get("top_logprobs")
         if top is not None and not want_lp:
-            raise RequestError("top_logprobs needs logprobs=true")
-        limit = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
-                     self.chat_max_tokens)
-        params = _sampling(limit, body, "stop", top or None)
-        stop = tuple(int(t) for t in body.get("stop_token_ids") or ())
-        requests = [EngineRequest(prompt, params, stop) for _ in range(_sample_count(body))]
-        outputs = self._generate(requests, [body.get("seed")])
-        skip, keep = bool(body.get("skip_special_tokens", True)), bool(body.get("include_stop_str_in_output", False))
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+        limit = next(((k, body[k]) for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
+                     ("max_tokens", self.chat_max_tokens))
+        params, stop = self._openai_sampling(body, limit, ("top_logprobs", top))
+        request = fields.fit_context(EngineRequest(prompt, params, stop), "messages", self.model_limits)
+        outputs = self._generate([request] * _sample_count(body), [body.get("seed")])
+        skip, keep = body.get("skip_special_tokens", True), body.get("include_stop_str_in_output", False)
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
         for i, out in enumerate(outputs):
@@ -358,26 +397,35 @@ class EngineService:
 
     # -- weights ------------------------------------------------------------------------------
     def flush_cache(self, _: dict) -> dict:
-        with self.lock:
-            self.engine.reset_prefix_cache()
+        self.scheduler.exclusive(self.engine.reset_prefix_cache, "a cache flush")
         return {"success": True, "message": "Cache flushed."}
 
     def init_weights_update_group(self, body: dict) -> dict:
-        name = body.get("group_name", "weight_update_group")
+        """Join the trainer's group (no engine work: the engine keeps serving while it forms). A
+        peer that never answers fails it within `timeout_s` (default 60), naming the peer."""
+        name = _group_name(body)
         if name in self.groups:
             return {"success": False, "message": f"weight update group {name!r} already exists; destroy it "
                                                  "first (/destroy_weights_update_group)"}
-        spec = GroupSpec(port=int(body["master_port"]), rank=int(body["rank_offset"]),
-                         world_size=int(body["world_size"]), backend=body.get("backend", "nccl"),
-                         host=str(body["master_address"]), timeout_s=float(body.get("timeout_s", 60.0)),
-                         group_name=name)
+        host = body.get("master_address")
+        if not isinstance(host, str) or not host:
+            raise RequestError(f"master_address must be the trainer's host name or address, got {host!r}",
+                               "master_address")
+        backend = body.get("backend", "nccl")
+        if backend not in ("gloo", "nccl"):
+            raise RequestError(f"backend must be gloo or nccl, got {backend!r}", "backend")
+        world = fields.whole(body.get("world_size"), "world_size", 2)
+        spec = GroupSpec(port=fields.whole(body.get("master_port"), "master_port", 1, 65536),
+                         rank=fields.whole(body.get("rank_offset"), "rank_offset", 1, world), world_size=world,
+                         backend=backend, host=host, group_name=name,
+                         timeout_s=fields.number(body.get("timeout_s", 60.0), "timeout_s", 0.0, low_open=True))
         if spec.backend == "nccl" and not torch.cuda.is_available():
             return {"success": False, "message": "backend nccl needs a CUDA GPU on this server; ask for gloo"}
         self.groups[name] = _Group(spec, TensorBroadcaster(spec))  # blocks until every member joined
         return {"success": True, "message": f"joined {name} as rank {spec.rank} of {spec.world_size}"}
 
     def destroy_weights_update_group(self, body: dict) -> dict:
-        name = body.get("group_name", "weight_update_group")
+        name = _group_name(body)
         group = self.groups.pop(name, None)
         if group is None:
             return {"success": False, "message": f"no weight update group {name!r}"}
@@ -385,34 +433,43 @@ class EngineService:
         return {"success": True, "message": f"destroyed {name}"}
 
     def update_weights_from_distributed(self, body: dict) -> dict:
-        name = body.get("group_name", "weight_update_group")
+        """Receive the tensors over the group (generations go on meanwhile), then load them alone
+        on the engine."""
+        name = _group_name(body)
         group = self.groups.get(name)
         if group is None:
             return {"success": False, "message": f"no weight update group {name!r}; call "
                                                  "/init_weights_update_group first"}
-        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
-        if not len(names) == len(dtypes) == len(shapes):
-            raise RequestError("names, dtypes and shapes must have the same length")
-        with self.lock:
-            tensors = group.endpoint.receive_tensors(shapes, dtypes)
+        names, dtypes, shapes = _tensor_list(body)
+        tensors = group.endpoint.receive_tensors(shapes, dtypes)
+
+        def load() -> None:
             self.engine.update_weights(zip(names, tensors))
             if body.get("flush_cache", True):
                 self.engine.reset_prefix_cache()
-        self.weight_version = str(body.get("weight_version") or int(self.weight_version) + 1)
+
+        self.scheduler.exclusive(load, f"loading {len(names)} received tensors")
+        self.weight_version = _version(body, self.weight_version)
         return {"success": True, "message": f"updated {len(names)} tensors (version {self.weight_version})"}
 
     def update_weights_from_disk(self, body: dict) -> dict:
         from safetensors.torch import load_file
 
-        folder = Path(body["model_path"])
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise RequestError(f"model_path must be a folder of *.safetensors files, got {path!r}", "model_path")
+        folder = Path(path)
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             return {"success": False, "message": f"no *.safetensors files in {folder}"}
-        with self.lock:
+
+        def load() -> None:
             for f in files:
                 self.engine.update_weights(load_file(str(f)).items())
             self.engine.reset_prefix_cache()
-        self.weight_version = str(body.get("weight_version") or int(self.weight_version) + 1)
+
+        self.scheduler.exclusive(load, f"loading weights from {folder}")
+        self.weight_version = _version(body, self.weight_version)
         return {"success": True, "message": f"loaded {len(files)} file(s) from {folder}"}
 
     def release_memory(self, body: dict) -> dict:
@@ -420,54 +477,83 @@ class EngineService:
         tags = _memory_tags(body)
         if set(tags) - {CUDA_GRAPH} != {WEIGHTS, KV_CACHE}:
             raise RequestError(f"tags={tags!r}: ridgeline serve releases the weights and the KV cache together; "
-                               "send no tags, or both")
-        with self.lock:
-            self.engine.sleep()
+                               "send no tags, or both", "tags")
+        self.scheduler.exclusive(self.engine.sleep, "releasing memory")
         return {"success": True}
 
     def resume_memory(self, body: dict) -> dict:
         """SGLang's route: "weights" and "kv_cache" are the engine's wake-up tags, "cuda_graph"
         names memory the embedded engine does not have (nothing to resume); no tags: all."""
-        tags = _memory_tags(body)
-        with self.lock:
-            self.engine.wake_up(tuple(t for t in tags if t != CUDA_GRAPH))
+        tags = tuple(t for t in _memory_tags(body) if t != CUDA_GRAPH)
+        self.scheduler.exclusive(lambda: self.engine.wake_up(tags), "resuming memory")
         return {"success": True}
 
     def health_generate(self, _: dict) -> dict:
-        with self.lock:
-            self.engine.generate([EngineRequest([self.tokenizer.eos_token_id or 0], SamplingParams(1, 0.0))], seed=0)
+        probe = EngineRequest([self.tokenizer.eos_token_id or 0], SamplingParams(1, 0.0))
+        self.scheduler.shared(lambda: self._steps([probe], 0), "a health check")
         return {}
 
-    def openai_routes(self) -> dict[tuple[str, str], Callable[[dict], Any]]:
+    def openai_routes(self) -> list[Route]:
         """The OpenAI API and /health: all a training run's HTTP endpoint exposes (no weight, memory
         or cache route: agents sample from the run's engine, they do not steer it)."""
-        return {
-            ("GET", "/health"): lambda _: {}, ("GET", "/v1/models"): self.models,
-            ("POST", "/v1/completions"): self.completions, ("POST", "/v1/chat/completions"): self.chat_completions,
-        }
+        return [Route("GET", "/health", lambda _: {}, "native"), Route("GET", "/v1/models", self.models, "openai"),
+                Route("POST", "/v1/completions", self.completions, "openai"),
+                Route("POST", "/v1/chat/completions", self.chat_completions, "openai")]
 
-    def routes(self) -> dict[tuple[str, str], Callable[[dict], Any]]:
+    def routes(self) -> list[Route]:
         """Every route: `ridgeline serve`."""
-        return {
-            **self.openai_routes(),
-            ("GET", "/health_generate"): self.health_generate,
-            ("GET", "/get_model_info"): self.model_info, ("GET", "/get_server_info"): self.server_info,
-            ("POST", "/generate"): self.generate,
-            ("POST", "/flush_cache"): self.flush_cache,
-            ("POST", "/init_weights_update_group"): self.init_weights_update_group,
-            ("POST", "/destroy_weights_update_group"): self.destroy_weights_update_group,
-            ("POST", "/update_weights_from_distributed"): self.update_weights_from_distributed,
-            ("POST", "/update_weights_from_disk"): self.update_weights_from_disk,
-            ("POST", "/release_memory_occupation"): self.release_memory,
-            ("POST", "/resume_memory_occupation"): self.resume_memory,
-        }
+        return [
+            *self.openai_routes(),
+            Route("GET", "/health_generate", self.health_generate, "native"),
+            Route("GET", "/get_model_info", self.model_info, "native"),
+            Route("GET", "/get_server_info", self.server_info, "native"),
+            Route("POST", "/generate", self.generate, "native"),
+            Route("POST", "/flush_cache", self.flush_cache, "weights"),
+            Route("POST", "/init_weights_update_group", self.init_weights_update_group, "weights"),
+            Route("POST", "/destroy_weights_update_group", self.destroy_weights_update_group, "weights"),
+            Route("POST", "/update_weights_from_distributed", self.update_weights_from_distributed, "weights"),
+            Route("POST", "/update_weights_from_disk", self.update_weights_from_disk, "weights"),
+            Route("POST", "/release_memory_occupation", self.release_memory, "weights"),
+            Route("POST", "/resume_memory_occupation", self.resume_memory, "weights"),
+        ]
 
 
 def _sample_count(body: dict) -> int:
-    n = body.get("n", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise RequestError(f"n must be a whole number >= 1, got {n!r}")
-    return n
+    return fields.whole(body.get("n", 1), "n", 1)
+
+
+def _group_name(body: dict) -> str:
+    name = body.get("group_name", "weight_update_group")
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"group_name must be a non-empty string, got {name!r}", "group_name")
+    return name
+
+
+def _tensor_list(body: dict) -> tuple[list[str], list[str], list[list[int]]]:
+    """`names`, `dtypes` and `shapes` of a weight update: one entry per tensor, in broadcast order."""
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    for key, value in (("names", names), ("dtypes", dtypes), ("shapes", shapes)):
+        if not isinstance(value, list):
+            raise RequestError(f"{key} must be a list with one entry per tensor", key)
+    if not len(names) == len(dtypes) == len(shapes):
+        raise RequestError("names, dtypes and shapes must have the same length", "names")
+    if not all(isinstance(n, str) for n in names):
+        raise RequestError("names must be strings (Hugging Face parameter names)", "names")
+    for i, d in enumerate(dtypes):
+        if not isinstance(d, str):
+            raise RequestError(f"dtypes[{i}] must be a dtype name such as 'bfloat16', got {d!r}", "dtypes")
+        dtype_from_name(d.removeprefix("torch."))
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                  for x in shape):
+            raise RequestError(f"shapes[{i}] must be a list of sizes >= 0, got {shape!r}", "shapes")
+    return names, dtypes, shapes
+
+
+def _version(body: dict, current: str) -> str:
+    """The weight version after an update: the request's, or one more than the current."""
+    given = body.get("weight_version")
+    return str(given) if given else str(int(current) + 1 if current.isdigit() else 1)
 
 
 def _memory_tags(body: dict) -> list[str]:
@@ -476,7 +562,7 @@ def _memory_tags(body: dict) -> list[str]:
     if tags is None:
         return [WEIGHTS, KV_CACHE, CUDA_GRAPH]
     if not isinstance(tags, list) or not set(tags) <= {WEIGHTS, KV_CACHE, CUDA_GRAPH}:
-        raise RequestError(f"tags={tags!r} must be a list of {[WEIGHTS, KV_CACHE, CUDA_GRAPH]}")
+        raise RequestError(f"tags={tags!r} must be a list of {[WEIGHTS, KV_CACHE, CUDA_GRAPH]}", "tags")
     return tags
 
 
@@ -489,66 +575,13 @@ def _finish(out: EngineOutput) -> dict[str, Any]:
     return {"type": "length", "length": len(out.response_ids)}
 
 
-def error_body(status: HTTPStatus, message: str) -> dict[str, Any]:
-    """OpenAI's error shape (vLLM's and SkyRL's endpoints answer the same)."""
-    return {"error": {"message": message, "type": status.phrase, "param": None, "code": int(status)}}
-
-
 def make_http_server(service: EngineService, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                     routes: Mapping[tuple[str, str], Callable[[dict], Any]] | None = None) -> ThreadingHTTPServer:
+                     routes: list[Route] | None = None) -> HttpServer:
     """An HTTP server over `service`'s `routes` (default: all of them), bound on return (port 0
-    picks a free port: `server.server_address`); OSError when host:port cannot be listened on."""
-    routes = dict(service.routes() if routes is None else routes)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # route access logs to logging, quietly
-            log.debug("%s " + fmt, self.address_string(), *args)
-
-        def _send(self, status: int, body: Any) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def _handle(self, method: str) -> None:
-            path = self.path.split("?", 1)[0]
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if api_key and path != "/health" and self.headers.get("Authorization") != f"Bearer {api_key}":
-                return self._send(HTTPStatus.UNAUTHORIZED, error_body(HTTPStatus.UNAUTHORIZED,
-                                                                      "missing or wrong bearer token"))
-            route = routes.get((method, path)) or (routes.get(("GET", path)) if method == "POST" else None)
-            if route is None:
-                return self._send(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route {method} {path}"))
-            try:
-                body = json.loads(raw) if raw else {}
-                if not isinstance(body, dict):
-                    raise RequestError("the request body must be a JSON object")
-                result = route(body)
-            except (RequestError, KeyError, TypeError, json.JSONDecodeError) as e:
-                return self._send(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"{type(e).__name__}: {e}"))
-            except WeightSyncError as e:
-                return self._send(HTTPStatus.BAD_REQUEST, {"success": False, "message": str(e)})
-            except Exception as e:  # noqa: BLE001 - the client gets the error instead of a dropped connection
-                log.exception("%s %s failed", method, path)
-                return self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
-                                  error_body(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
-            failed = isinstance(result, dict) and result.get("success") is False
-            self._send(HTTPStatus.BAD_REQUEST if failed else HTTPStatus.OK, result)
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            self._handle("GET")
-
-        def do_POST(self) -> None:  # noqa: N802
-            self._handle("POST")
-
-    return _Server((host, port), Handler)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128  # agents open many connections at once; http.server's default backlog is 5
+    picks a free port: `server.server_address`). OSError when host:port cannot be listened on;
+    `ExposureError` for steering routes beyond loopback without `api_key`."""
+    routes = service.routes() if routes is None else routes
+    check_exposure(host, api_key, steering=any(r.family == "weights" for r in routes))
+    limits = service.limits
+    app = build_app(routes, api_key=api_key, max_body_bytes=limits.max_body_bytes, workers=limits.max_connections)
+    return HttpServer(app, host, port, backlog=limits.backlog, max_connections=limits.max_connections)

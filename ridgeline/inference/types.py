@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Protocol
+from typing import Generator, Iterable, Literal, Protocol, TypeVar
 
 import torch
 
@@ -23,6 +23,21 @@ def wake_order(tags: Iterable[str]) -> tuple[MemoryTag, ...]:
     if unknown:
         raise ValueError(f"unknown engine memory tag(s) {unknown}: wake_up takes {list(WAKE_TAGS)}")
     return tuple(t for t in WAKE_TAGS if t in tags)
+
+
+T = TypeVar("T")
+Steps = Generator[None, None, T]
+"""Work done in steps: the generator yields after each engine step (a decode step of a batch) and
+returns its result, so a server can interleave several requests' steps (ridgeline.inference.scheduler)."""
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """Run stepped work to its end in one go; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 @dataclass(frozen=True)

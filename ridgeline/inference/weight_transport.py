@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -146,8 +148,7 @@ class _Endpoint:
         try:
             # rank 0 hosts the store and waits for every engine to join (bounded by the timeout);
             # the others retry connecting until rank 0 is up, under the same bound.
-            self._store = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=spec.rank == 0,
-                                        timeout=self.timeout, wait_for_workers=True)
+            self._store = _open_store(spec, self.timeout)
             store = dist.PrefixStore(spec.group_name, self._store)
             self.pg = self._make_group(store)
         except Exception as e:  # noqa: BLE001 - every rendezvous failure gets the same context
@@ -161,7 +162,7 @@ class _Endpoint:
             # The trainer (rank 0) binds the rendezvous host, not whatever the machine's hostname
             # resolves to; so does an engine meeting it on loopback. An engine on another machine
             # cannot bind the trainer's address and takes its own default interface.
-            if spec.rank == 0 or _is_loopback(spec.host):
+            if spec.rank == 0 or is_loopback(spec.host):
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=spec.host)]
             else:
                 opts._devices = [dist.ProcessGroupGloo.create_default_device()]
@@ -205,6 +206,86 @@ class _Endpoint:
         self._store = None
 
 
+def _open_store(spec: GroupSpec, timeout: timedelta) -> dist.TCPStore:
+    """The rendezvous store: rank 0 hosts it, the others connect to it.
+
+    torch's client handshake (a ping once connected) reads without a time limit, so a peer that
+    accepts the connection and never answers would hold this rank forever. The client connects in
+    a helper thread that must finish within the timeout; when it does not, the connection it opened
+    is shut down (which ends the thread: its read returns) and the rendezvous fails naming the peer."""
+    if spec.rank == 0:
+        return dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=True, timeout=timeout,
+                             wait_for_workers=True)
+    outcome: list[dist.TCPStore | Exception] = []
+
+    def connect() -> None:
+        try:
+            outcome.append(dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=False, timeout=timeout,
+                                         wait_for_workers=True))
+        except Exception as e:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(e)
+
+    earlier = _sockets_to(spec.host, spec.port)
+    thread = threading.Thread(target=connect, name="ridgeline-store-connect", daemon=True)
+    thread.start()
+    thread.join(spec.timeout_s)
+    if thread.is_alive():
+        for inode, fd in _sockets_to(spec.host, spec.port).items():
+            if inode not in earlier:
+                _shut(fd)
+        thread.join(1.0)
+        raise TimeoutError(f"{spec.host}:{spec.port} took the connection but did not answer the rendezvous within "
+                           f"{spec.timeout_s:g}s: is that the trainer's weight-sync address and port?")
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _sockets_to(host: str, port: int) -> dict[str, int]:
+    """This process's sockets connected to host:port, {socket inode: fd} (Linux's /proc; elsewhere
+    none are found and a stuck handshake thread stays until its peer closes)."""
+    import socket
+
+    try:
+        addresses = {_plain_ip(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return {}
+    found = {}
+    for name in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if not link.startswith("socket:"):
+                continue
+            with socket.socket(fileno=os.dup(int(name))) as s:
+                peer = s.getpeername()
+        except (OSError, ValueError):
+            continue  # closed meanwhile, not connected, or not an internet socket
+        if isinstance(peer, tuple) and peer[1] == port and _plain_ip(peer[0]) in addresses:
+            found[link] = int(name)
+    return found
+
+
+def _plain_ip(address: str) -> str:
+    """An IPv4 address as itself, also when a dual-stack socket reports it IPv4-mapped (torch's
+    store client connects over IPv6: "::ffff:127.0.0.1")."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
+def _shut(fd: int) -> None:
+    import socket
+
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
 def usable_backend(requested: str) -> str:
     """`generator.weight_sync_backend` as this machine can run it: the base default names the GPU
     transport (nccl), and a machine without CUDA speaks gloo instead (logged)."""
@@ -223,12 +304,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (127.0.0.0/8, ::1, localhost); an address that does
+    not resolve is not."""
     import ipaddress
     import socket
 
+    if not host:
+        return False  # "": every interface
     try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+        return all(ipaddress.ip_address(_plain_ip(a)).is_loopback for a in addresses)
     except (OSError, ValueError):
         return False
 

@@ -1,0 +1,386 @@
+"""`ridgeline serve` under abuse (issue 19): real servers on 127.0.0.1, real HTTP, no mocks.
+
+No key beyond loopback is refused at start; every route but /health needs the key; a body is
+refused before it is read (the server's memory is measured); bad sampling values and token ids get
+400 naming the field; a huge max_new_tokens is cut to the context; a short request is answered
+while a long one runs; 50 concurrent connections are all answered; a weight-group init aimed at a
+silent peer fails within its timeout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from conftest import REPO, chat_ids, in_thread, start_serve
+from ridgeline.inference.hf_engine import HFEngine
+from ridgeline.inference.http_app import ExposureError
+from ridgeline.inference.server import EngineService, ServeLimits, make_http_server
+from ridgeline.inference.types import EngineRequest, SamplingParams
+from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
+
+MODEL = "tiny://llama"
+KEY = "s3cret-key"
+WEIGHT_ROUTES = ("/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation",
+                 "/flush_cache", "/init_weights_update_group", "/update_weights_from_distributed",
+                 "/destroy_weights_update_group")
+
+
+def _serve_in_thread(service: EngineService, **kw):
+    httpd = make_http_server(service, **kw)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, "http://127.0.0.1:%d" % httpd.server_address[1]
+
+
+def _stop(httpd, service: EngineService) -> None:
+    httpd.shutdown()
+    httpd.server_close()
+    service.close()
+
+
+def _service(engine: HFEngine, tok, **kw) -> EngineService:
+    """As `ridgeline serve` builds it: generation in steps, the model's context and vocabulary."""
+    return EngineService(engine, tok, MODEL, context_length=engine.context_length, vocab_size=engine.vocab_size,
+                         steps=engine.generate_steps, **kw)
+
+
+@pytest.fixture(scope="module")
+def served():
+    """tiny://llama (seed 42, `ridgeline serve`'s weights): greedy decoding of the chat prompts
+    below never meets an end token, so every generation runs to its length limit."""
+    tok = build_char_tokenizer()
+    engine = HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32)
+    service = _service(engine, tok)
+    httpd, url = _serve_in_thread(service)
+    yield url, engine, tok
+    _stop(httpd, service)
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    """`ridgeline serve` as a process, with a key, a 1 MiB body cap and a 64-token context."""
+    proc, url = start_serve("--api-key", KEY, "--max-body-mb", "1", "--context-length", "64",
+                            env={"RIDGELINE_ENGINE_API_KEY": ""})
+    yield proc, url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _greedy(max_new: int) -> dict:
+    return {"max_new_tokens": max_new, "temperature": 0.0}
+
+
+# ------------------------------------------------------------------------- exposure and the key
+
+
+def test_weight_routes_are_never_served_beyond_loopback_without_a_key():
+    env = {k: v for k, v in os.environ.items() if k != "RIDGELINE_ENGINE_API_KEY"}
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "ridgeline.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+                          cwd=REPO, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "listening" not in done.stdout
+    message = done.stderr.strip()
+    assert message.startswith("ridgeline serve: --host 0.0.0.0 listens beyond this machine without an API key")
+    assert "Fix: pass --api-key KEY (or export RIDGELINE_ENGINE_API_KEY=KEY)" in message and "\n" not in message
+    assert "Traceback" not in done.stderr and time.perf_counter() - t0 < 60  # refused before any model loads
+
+    tok = build_char_tokenizer()
+    service = EngineService(HFEngine(build_tiny_model("llama", tok, seed=42), tok), tok, MODEL)
+    try:
+        with pytest.raises(ExposureError, match="--host 0.0.0.0 listens beyond this machine"):
+            make_http_server(service, "0.0.0.0")
+        for host, kw in (("0.0.0.0", {"api_key": KEY}), ("localhost", {}),
+                         ("0.0.0.0", {"routes": service.openai_routes()})):  # a run's endpoint: no weight routes
+            httpd = make_http_server(service, host, **kw)
+            httpd.server_close()
+    finally:
+        service.close()
+
+
+def test_every_route_but_health_needs_the_key(keyed):
+    _, url = keyed
+    assert requests.get(f"{url}/health", timeout=10).status_code == 200
+    for route in (*WEIGHT_ROUTES, "/generate", "/get_model_info", "/v1/completions", "/v1/chat/completions"):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            r = requests.post(url + route, json={"model_path": "/"}, headers=headers, timeout=10)
+            assert r.status_code == 401, (route, headers)
+            answer = r.json()
+            if route in WEIGHT_ROUTES:  # SGLang's shape on its weight routes
+                assert answer["success"] is False and "bearer token" in answer["message"]
+            else:
+                assert answer["error"]["code"] == 401 and "bearer token" in answer["error"]["message"]
+    auth = {"Authorization": f"Bearer {KEY}"}
+    info = requests.get(f"{url}/get_model_info", headers=auth, timeout=10).json()
+    assert info["context_length"] == 64  # --context-length
+    r = requests.post(f"{url}/update_weights_from_disk", json={"model_path": "/no/such/folder"}, headers=auth,
+                      timeout=10)
+    assert r.status_code == 400 and r.json() == {"success": False, "message": "no *.safetensors files in /no/such/folder"}
+    # with the key, a huge max_new_tokens is cut to the 64-token context
+    prompt = chat_ids(build_char_tokenizer(), "Say hi.")
+    r = requests.post(f"{url}/generate", headers=auth, timeout=60,
+                      json={"input_ids": prompt, "sampling_params": _greedy(10**9)})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 64 - len(prompt)
+
+
+def _exchange(host: str, port: int, head: str, body: bytes) -> tuple[str, bool]:
+    """Send `head`, wait half a second, then send `body` while a reader collects the answer:
+    (the answer, whether it had begun before any body byte was sent)."""
+    received: list[bytes] = []
+    first: list[float] = []
+    with socket.create_connection((host, port), timeout=30) as s:
+        def read() -> None:
+            try:
+                while chunk := s.recv(65536):
+                    first.append(first[0] if first else time.monotonic())
+                    received.append(chunk)
+            except OSError:
+                pass  # reset by the server once it closed with the body unread
+
+        reader = threading.Thread(target=read, daemon=True)
+        s.sendall(head.encode())
+        reader.start()
+        time.sleep(0.5)
+        body_start = time.monotonic()
+        try:
+            s.sendall(body)
+        except OSError:
+            pass  # the server closed the connection: the rest is never read
+        reader.join(30)
+    return b"".join(received).decode(), bool(first) and first[0] < body_start
+
+
+def test_a_body_is_refused_before_it_is_read(keyed):
+    proc, url = keyed
+    host, port = url.removeprefix("http://").split(":")
+    requests.get(f"{url}/health", timeout=10)
+    before = _rss_bytes(proc.pid)
+    payload = b"[" + b"1," * (50 * 2**20 - 1) + b"1]"  # 100 MiB of JSON
+    head = (f"POST /update_weights_from_disk HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n")
+    for extra, want in (("", "401"), (f"Authorization: Bearer {KEY}\r\n", "413")):
+        answer, early = _exchange(host, int(port), head + extra + "\r\n", payload)
+        assert answer.startswith(f"HTTP/1.1 {want}") and early, answer[:200]
+    # no Content-Length: a chunked body is counted as it arrives and refused past the cap
+    chunk = b"x" * 65536
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(64)) + b"0\r\n\r\n"  # 4 MiB
+    answer, _ = _exchange(host, int(port), f"POST /generate HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}"
+                                           "\r\nTransfer-Encoding: chunked\r\n\r\n", chunked)
+    assert answer.startswith("HTTP/1.1 413") and "over this server's limit of 1048576 bytes (--max-body-mb)" in answer
+    growth = _rss_bytes(proc.pid) - before
+    print(f"server RSS growth after a refused 100 MiB body: {growth / 2**20:.1f} MiB")
+    assert growth < 20 * 2**20, f"the server grew by {growth / 2**20:.0f} MiB"
+    assert requests.get(f"{url}/health", timeout=10).status_code == 200
+
+
+# ------------------------------------------------------------------------- values
+
+
+def _bad_requests(prompt: list[int]) -> list[tuple[str, dict | str, str]]:
+    """(route, body, the field the 400 must name)."""
+    def native(**sampling):
+        return {"input_ids": prompt, "sampling_params": sampling}
+
+    def completion(**fields):
+        return {"model": MODEL, "prompt": prompt, "max_tokens": 2, **fields}
+
+    def chat(**fields):
+        return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}
+
+    return [
+        ("/generate", native(temperature=-1), "sampling_params.temperature"),
+        ("/generate", native(temperature="hot"), "sampling_params.temperature"),
+        ("/generate", native(top_p=0), "sampling_params.top_p"),
+        ("/generate", native(top_p=1.5), "sampling_params.top_p"),
+        ("/generate", native(top_k=-2), "sampling_params.top_k"),
+        ("/generate", native(min_p=1.5), "sampling_params.min_p"),
+        ("/generate", native(repetition_penalty=0), "sampling_params.repetition_penalty"),
+        ("/generate", native(max_new_tokens=-1), "sampling_params.max_new_tokens"),
+        ("/generate", native(max_new_tokens="8"), "sampling_params.max_new_tokens"),
+        ("/generate", native(sampling_seed=1.5), "sampling_params.sampling_seed"),
+        ("/generate", native(skip_special_tokens="no"), "sampling_params.skip_special_tokens"),
+        ("/generate", native(stop_token_ids=[1000]), "sampling_params.stop_token_ids"),
+        ("/generate", {"input_ids": [5, 101]}, "input_ids"),
+        ("/generate", {"input_ids": [5, -3]}, "input_ids"),
+        ("/generate", {"input_ids": [5, True]}, "input_ids"),
+        ("/generate", {"input_ids": [[5, 6], [5, 500]]}, "input_ids[1]"),
+        ("/generate", {"input_ids": prompt, "top_logprobs_num": 21}, "top_logprobs_num"),
+        ("/generate", {"input_ids": prompt * 20}, "input_ids"),  # longer than the context
+        ("/v1/completions", completion(temperature=-0.5), "temperature"),
+        ("/v1/completions", '{"model": "%s", "prompt": [5, 6], "top_p": NaN}' % MODEL, "top_p"),
+        ("/v1/completions", completion(n=0), "n"),
+        ("/v1/completions", completion(logprobs=21), "logprobs"),
+        ("/v1/completions", completion(prompt=[5, 1000]), "prompt"),
+        ("/v1/completions", completion(max_tokens=-5), "max_tokens"),
+        ("/v1/completions", completion(seed="x"), "seed"),
+        ("/v1/completions", completion(stop_token_ids=[-1]), "stop_token_ids"),
+        ("/v1/completions", completion(return_token_ids="yes"), "return_token_ids"),
+        ("/v1/chat/completions", chat(logprobs=True, top_logprobs=50), "top_logprobs"),
+        ("/v1/chat/completions", chat(logprobs="yes"), "logprobs"),
+        ("/v1/chat/completions", chat(max_completion_tokens=-1), "max_completion_tokens"),
+        ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], '
+                                 '"temperature": 1e999}' % MODEL, "temperature"),
+    ]
+
+
+def test_bad_values_get_400_naming_the_field(served):
+    url, _, tok = served
+    for route, body, field in _bad_requests(chat_ids(tok, "Say hi.")):
+        if isinstance(body, str):
+            r = requests.post(url + route, data=body, headers={"Content-Type": "application/json"}, timeout=30)
+        else:
+            r = requests.post(url + route, json=body, timeout=30)
+        assert r.status_code == 400, (route, body, r.status_code, r.text)
+        error = r.json()["error"]
+        assert error["param"] == field and error["code"] == 400 and error["type"] == "Bad Request", (field, error)
+        assert field.split(".")[-1].split("[")[0] in error["message"], (field, error["message"])
+    # the field is named in the message as a user reads it
+    r = requests.post(f"{url}/generate", json={"input_ids": [5, 101]}, timeout=30)
+    assert r.json()["error"]["message"] == "input_ids[1]=101 is not a token id of this model (0 .. 100)"
+    r = requests.post(f"{url}/generate", json={"input_ids": [5], "sampling_params": {"top_p": 0}}, timeout=30)
+    assert r.json()["error"]["message"] == "sampling_params.top_p must be greater than 0 and at most 1, got 0"
+
+
+def test_a_huge_max_new_tokens_is_cut_to_the_context(served):
+    url, engine, tok = served
+    prompt = chat_ids(tok, "Say hi.")
+    room = engine.context_length - len(prompt)
+    t0 = time.perf_counter()
+    answer = requests.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": _greedy(10**9)},
+                           timeout=120).json()
+    assert answer["meta_info"]["completion_tokens"] == room
+    assert answer["meta_info"]["finish_reason"] == {"type": "length", "length": room}
+    choice = requests.post(f"{url}/v1/completions", timeout=120, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 10**9, "temperature": 0.0, "return_token_ids": True,
+    }).json()["choices"][0]
+    assert len(choice["token_ids"]) == room and choice["finish_reason"] == "length"
+    assert choice["token_ids"] == answer["output_ids"]
+    assert time.perf_counter() - t0 < 120
+
+
+# ------------------------------------------------------------------------- load
+
+
+def test_a_short_request_is_answered_while_a_long_one_runs(served):
+    url, engine, tok = served
+    prompt = chat_ids(tok, "Say hi.")
+    long_body = {"input_ids": [prompt] * 8, "sampling_params": _greedy(480)}
+    box: list = []
+    start = time.perf_counter()
+    long = threading.Thread(target=lambda: box.append(requests.post(f"{url}/generate", json=long_body, timeout=300)),
+                            daemon=True)
+    long.start()
+    deadline = time.monotonic() + 60
+    while requests.get(f"{url}/get_server_info", timeout=10).json()["running_requests"] < 1:
+        assert time.monotonic() < deadline and long.is_alive()
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    short = requests.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": _greedy(3)}, timeout=60)
+    short_s = time.perf_counter() - t0
+    still_running = long.is_alive()
+    long.join(300)
+    long_s = time.perf_counter() - start
+    assert short.status_code == 200 and still_running, (short_s, long_s)
+    assert short_s < long_s / 4, (short_s, long_s)
+    # taking turns changes no result: both equal the engine's own generation
+    ref = engine.generate([EngineRequest(prompt, SamplingParams(480, 0.0))], seed=0)[0]
+    assert [a["output_ids"] for a in box[0].json()] == [ref.response_ids] * 8
+    assert short.json()["output_ids"] == ref.response_ids[:3]
+    print(f"short request {short_s * 1000:.0f} ms while the long one took {long_s:.2f} s")
+
+
+def test_fifty_concurrent_connections_are_all_answered(served):
+    url, engine, tok = served
+    prompt = chat_ids(tok, "What is 2 + 3?")
+    barrier = threading.Barrier(50)
+    answers: list = [None] * 50
+
+    def one(i: int) -> None:
+        barrier.wait()
+        try:
+            answers[i] = requests.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": _greedy(4)},
+                                       timeout=120)
+        except requests.RequestException as e:
+            answers[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    failed = [a for a in answers if not isinstance(a, requests.Response) or a.status_code != 200]
+    assert not failed, failed[:3]
+    ref = engine.generate([EngineRequest(prompt, SamplingParams(4, 0.0))], seed=0)[0].response_ids
+    assert all(a.json()["output_ids"] == ref for a in answers)
+
+
+def test_a_request_past_its_deadline_or_a_full_queue_gets_503():
+    """The engine loop is held by exclusive work (as a long weight load would hold it) while
+    requests arrive: one waits in the queue, the next is refused at once, the waiting one is
+    dropped at its deadline."""
+    tok = build_char_tokenizer()
+    engine = HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32)
+    service = _service(engine, tok, limits=ServeLimits(request_timeout_s=1.0, max_queued_requests=1))
+    httpd, url = _serve_in_thread(service)
+    holding, release = threading.Event(), threading.Event()
+    body = {"input_ids": chat_ids(tok, "Say hi."), "sampling_params": _greedy(2)}
+    try:
+        holder, _ = in_thread(lambda: service.scheduler.exclusive(lambda: holding.set() or release.wait(30),
+                                                                  "holding the engine"))
+        assert holding.wait(30)
+        t0 = time.perf_counter()
+        waiting, box = in_thread(lambda: requests.post(f"{url}/generate", json=body, timeout=60))
+        while service.scheduler.load != (0, 1):
+            time.sleep(0.005)
+        r = requests.post(f"{url}/generate", json=body, timeout=60)
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        assert "1 requests are already waiting for the engine (--max-queued-requests 1)" in r.json()["error"]["message"]
+        waiting.join(30)
+        r = box[0][1]
+        assert r.status_code == 503 and 1.0 <= time.perf_counter() - t0 < 10
+        assert "ran past its deadline of 1s (waiting for the engine; --request-timeout)" in r.json()["error"]["message"]
+        release.set()
+        holder.join(30)
+        assert requests.post(f"{url}/generate", json=body, timeout=60).status_code == 200
+    finally:
+        release.set()
+        _stop(httpd, service)
+
+
+# ------------------------------------------------------------------------- weight-update groups
+
+
+def test_a_group_init_aimed_at_a_silent_peer_fails_within_its_timeout(served):
+    url, _, _ = served
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # takes connections (the kernel completes them) and never answers
+    port = silent.getsockname()[1]
+    try:
+        body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+                "group_name": "silent", "backend": "gloo", "timeout_s": 2}
+        t0 = time.perf_counter()
+        r = requests.post(f"{url}/init_weights_update_group", json=body, timeout=60)
+        took = time.perf_counter() - t0
+        assert r.status_code == 400 and took < 2 + 4, took
+        message = r.json()["message"]
+        assert f"127.0.0.1:{port} took the connection but did not answer the rendezvous within 2s" in message
+        assert "silent" not in requests.get(f"{url}/get_server_info", timeout=10).json()["weight_update_groups"]
+        r = requests.post(f"{url}/init_weights_update_group", json={**body, "master_port": "x"}, timeout=10)
+        assert r.status_code == 400 and r.json() == {"success": False,
+                                                     "message": "master_port must be a whole number, got 'x'"}
+    finally:
+        silent.close()
