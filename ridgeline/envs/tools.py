@@ -522,7 +522,7 @@ class ToolEnv(Env):
         metadata: dict[str, Any] = {"turn": self.turns}
         metadata.update(self.step_metadata())
         if last or (call is None and error is None):
-            return StepOutput(observations=[], reward=float(self.final_reward(action)), done=True, metadata=metadata)
+            return StepOutput(observations=[], reward=self.final_reward(action), done=True, metadata=metadata)
 
         result = self._owner[call.name].run(call) if call is not None else ToolResult(f"Error: {error}", error=True)
         self.tool_calls += 1
@@ -530,7 +530,7 @@ class ToolEnv(Env):
         metadata["tool_call"] = None if call is None else {"name": call.name, "arguments": call.arguments}
         metadata["tool_error"] = result.error
         message = {"role": self.observation_role, "content": self.format_tool_response(result.output)}
-        return StepOutput(observations=[message], reward=float(self.tool_reward(call, result)), done=False,
+        return StepOutput(observations=[message], reward=self.tool_reward(call, result), done=False,
                           metadata=metadata)
 
     def get_metrics(self) -> dict[str, float]:
