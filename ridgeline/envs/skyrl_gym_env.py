@@ -8,9 +8,9 @@ class's ``aggregate_metrics`` (how a step's episodes combine into ``environment/
 forwarded, their return values as they are: the generator checks them as it checks any env's
 (``generation.env_outputs``: a finite number reward, a bool done, {role, content} string messages,
 a JSON-able metadata dict), so a skyrl-gym env that breaks the contract costs its trajectory the
-reward and is logged, the same as a Ridgeline env. Ridgeline's generator tokenizes the observations itself (token-in / token-out), so a
-``postprocessed_action`` cannot replace the sampled tokens: it is kept in the step metadata and
-logged once.
+reward and is logged, the same as a Ridgeline env. Ridgeline's generator tokenizes the
+observations itself (token-in / token-out), so a ``postprocessed_action`` cannot replace the
+sampled tokens: it is kept in the step metadata and logged once.
 
 Which registry a name comes from (:func:`skyrl_gym_source`): ``skyrl_gym:<id>`` always means
 skyrl-gym's; a plain name registered in skyrl-gym by user code wins over a Ridgeline built-in of

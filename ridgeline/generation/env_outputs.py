@@ -96,14 +96,9 @@ def check_init(out: Any, prompt: list[Message], max_chars: int | None) -> list[M
 
 
 def check_metrics(out: Any) -> dict[str, Any]:
-    """``env.get_metrics()``: a mapping (None counts as empty), copied."""
-    if out is None:
-        return {}
-    if not isinstance(out, Mapping):
-        raise EnvOutputError("metrics", f"get_metrics returned {type(out).__name__} {short_repr(out)}, not a "
-                                        "dict. Fix: return a dict of numbers, e.g. {'tool_calls': 2}.")
+    """``env.get_metrics()`` (or ``aggregate_metrics``): a mapping (None counts as empty), copied."""
     with _reading("metrics"):
-        return dict(out)
+        return _mapping(out, "metrics", "return a dict of numbers, e.g. {'tool_calls': 2}")
 
 
 def check_reward(value: Any) -> float:
@@ -166,12 +161,7 @@ def _message(value: Any, field: str, index: int) -> Message:
 
 def check_metadata(value: Any) -> dict[str, Any]:
     """A mapping that the eval dump (`json.dumps(..., default=str)`) can write, copied."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise EnvOutputError("metadata", f"metadata is {type(value).__name__} {short_repr(value)}, not a dict. "
-                                         "Fix: metadata={} or a dict such as {'parsed': answer}.")
-    metadata = dict(value)
+    metadata = _mapping(value, "metadata", "metadata={} or a dict such as {'parsed': answer}")
     try:
         json.dumps(metadata, default=str)
     except Exception as exc:  # circular data, keys json cannot write, a __str__ that raises
@@ -179,6 +169,15 @@ def check_metadata(value: Any) -> dict[str, Any]:
                                          f"({exception_text(exc, 120)}). Fix: strings, "
                                          "numbers, lists and dicts with string keys.") from None
     return metadata
+
+
+def _mapping(value: Any, field: str, fix: str) -> dict[str, Any]:
+    """``value`` as a plain dict: None counts as empty, anything but a mapping is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise EnvOutputError(field, f"{field} is {type(value).__name__} {short_repr(value)}, not a dict. Fix: {fix}.")
+    return dict(value)
 
 
 def message_size(message: Message) -> int:

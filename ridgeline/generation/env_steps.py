@@ -4,10 +4,11 @@ Environment code is user code: it may raise, return junk, or hang (a slow SQL qu
 sandbox, an infinite loop in a reward function). Calls run concurrently on a pool of `max_workers`
 daemon threads that lives as long as the runner; a call that raises (anything but
 KeyboardInterrupt), returns an output that fails its checks (`EnvOutputError`) or passes its time
-limit becomes an `EnvCallFailure`, which the generator counts (and, for `init` and `step`, scores 0). A thread cannot be killed, so
-a timed-out call keeps running until it returns by itself: its thread leaves the pool (a fresh one
-takes its place, so stuck calls never eat into `max_workers`), the number of such stragglers is
-reported, and being a daemon thread it cannot keep the process from exiting.
+limit becomes an `EnvCallFailure`, which the generator counts (and, for `init` and `step`, scores
+0). A thread cannot be killed, so a timed-out call keeps running until it returns by itself: its
+thread leaves the pool (a fresh one takes its place, so stuck calls never eat into `max_workers`),
+the number of such stragglers is reported, and being a daemon thread it cannot keep the process
+from exiting.
 
 What a timeout cannot stop: a call that holds the GIL (a regular expression with catastrophic
 backtracking, a long pure-C loop) keeps every other thread, this runner's included, from running
