@@ -181,8 +181,9 @@ def _mapping(value: Any, field: str, fix: str) -> dict[str, Any]:
 
 
 def message_size(message: Message) -> int:
-    """Characters a message counts against the cap: its fields plus the template's markup."""
-    return MESSAGE_OVERHEAD + sum(len(text) for text in message.values())
+    """Characters a message counts against the cap: its fields plus the template's markup (a checked
+    message holds strings only; the row's own prompt is measured the same way)."""
+    return MESSAGE_OVERHEAD + sum(len(text) for text in message.values() if isinstance(text, str))
 
 
 def messages_size(messages: list[Message]) -> int:
