@@ -62,7 +62,6 @@ STEP_CASES = {
     "reward_nan": lambda: StepOutput([], math.nan, True),
     "reward_beyond_float32": lambda: StepOutput([], 1e39, True),
     "reward_str": lambda: StepOutput([], "1.0", True),
-    "reward_bool": lambda: StepOutput([], True, True),
     "reward_none": lambda: StepOutput([], None, True),
     "reward_property_raises": RaisingReward,
     "observations_str": lambda: StepOutput("try again", 0.0, False),
@@ -298,7 +297,9 @@ def test_a_cut_observation_reaches_the_model_with_a_note(tiny_model, tiny_tokeni
 def test_rewards_must_be_finite_float32_numbers_and_done_a_bool():
     np = pytest.importorskip("numpy")
     assert check_reward(1) == 1.0 and check_reward(np.float32(0.5)) == 0.5 and check_reward(-REWARD_LIMIT) < 0
-    for bad in (True, np.bool_(True), "1", None, 10**400, 2**2000, math.nan, -math.inf, 1e39, [1.0]):
+    # a bool is a number to Python, SkyRL and skyrl-gym (`answer == truth` scores 1 or 0)
+    assert (check_reward(True), check_reward(False), check_reward(np.bool_(True))) == (1.0, 0.0, 1.0)
+    for bad in ("1", None, 10**400, 2**2000, math.nan, -math.inf, 1e39, [1.0]):
         with pytest.raises(ValueError, match="reward"):
             check_reward(bad)
     assert check_done(True) is True and check_done(np.bool_(False)) is False and check_done(1) is True

@@ -4,9 +4,9 @@ Environment code is user code, and its outputs reach the tokenizer, the reward t
 dump files. Every value is checked here, in the worker thread that made the call (so a property
 that raises or loops runs under the call's time limit, not in the generator's thread):
 
-* reward: a real number (int, float, numpy scalar; not a bool, a string or None) that is finite
-  and within float32's range, the dtype the training batch keeps rewards in (``10**400`` and
-  ``1e39`` are refused, not turned into inf).
+* reward: a real number (int, float, numpy scalar; a bool counts 0 / 1, as Python, SkyRL and
+  skyrl-gym add it; not a string or None) that is finite and within float32's range, the dtype
+  the training batch keeps rewards in (``10**400`` and ``1e39`` are refused, not turned into inf).
 * done: a bool (numpy's too), or an integer 0 / 1.
 * observations, and the prompt ``init`` returns: a list of messages, each a mapping with a
   ``role`` (a non-empty string) and a ``content`` string; other keys (``name``,
@@ -102,10 +102,12 @@ def check_metrics(out: Any) -> dict[str, Any]:
 
 
 def check_reward(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        kind = "a bool" if isinstance(value, bool) else f"of type {type(value).__name__}, not a number"
-        raise EnvOutputError("reward", f"reward {short_repr(value)} is {kind}. Fix: return a float, "
-                                       "e.g. float(correct).")
+    numpy = sys.modules.get("numpy")   # only an env that imported numpy can return a numpy bool
+    if numpy is not None and isinstance(value, numpy.bool_):
+        value = bool(value)
+    if not isinstance(value, numbers.Real):   # bool is an int: `answer == truth` scores 1 / 0
+        raise EnvOutputError("reward", f"reward {short_repr(value)} is of type {type(value).__name__}, not a "
+                                       "number. Fix: return a float, e.g. float(correct).")
     try:
         reward = float(value)
     except (OverflowError, ValueError, TypeError) as exc:
