@@ -226,6 +226,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.policy.model.lora.target_modules", "all-linear"),
     # environments
     ("environment.step_timeout_s", 60.0),
+    ("generator.max_observation_chars", 100_000),
     ("environment.env_modules", []),
     ("environment.reward_fn", None),
     ("environment.sandbox.allow_weak_isolation", False),

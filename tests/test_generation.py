@@ -54,7 +54,7 @@ def test_a_raising_or_nan_environment_costs_only_its_trajectory(tiny_model, tiny
     assert out.rewards[:3] == [0.0, 0.0, 0.0]
     assert out.metrics["generate/env_errors"] == 3.0
     # logged once per environment class, with the traceback
-    logged = [r for r in caplog.records if "the trajectory gets reward 0" in r.getMessage()]
+    logged = [r for r in caplog.records if "The trajectory gets reward 0" in r.getMessage()]
     assert len(logged) == 2 and "reward server down" in caplog.text
 
 

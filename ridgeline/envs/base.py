@@ -18,10 +18,48 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["Env", "SingleTurnEnv", "StepOutput", "Message", "mean_of_numbers"]
+__all__ = ["Env", "EnvOutputError", "SingleTurnEnv", "StepOutput", "Message", "exception_text", "mean_of_numbers",
+           "short_repr"]
 
 Message = dict[str, str]
 """A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
+
+
+class EnvOutputError(ValueError):
+    """An environment returned something that breaks the contract of :class:`StepOutput` (or of
+    ``init`` / ``get_metrics``). ``field`` names the part (``reward``, ``done``, ``observations``,
+    ``metadata``, ``prompt``, ``metrics`` or ``type``); the message says what was wrong and how to
+    return it instead. The generator scores the trajectory 0 and counts it in
+    ``generate/env_bad_outputs``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about user values: never raises
+    (a ``__repr__`` that fails, an int too long to print) and never floods a log line."""
+    try:
+        text = repr(value)
+    except Exception:  # a user object's __repr__, or an int beyond sys.get_int_max_str_digits()
+        bits = f" of {value.bit_length()} bits" if isinstance(value, int) else ""
+        text = f"<{type(value).__name__}{bits}>"
+    return _cut(text, limit)
+
+
+def exception_text(exc: BaseException, limit: int = 300, *, with_type: bool = True) -> str:
+    """``"<Type>: <message>"`` (or the message alone) of a user exception, cut to ``limit``
+    characters; never raises."""
+    try:
+        message = str(exc)
+    except Exception:  # a user exception whose __str__ fails
+        message = "<str() failed>"
+    return _cut(f"{type(exc).__name__}: {message}" if with_type else message, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass
@@ -29,10 +67,14 @@ class StepOutput:
     """Result of one env step.
 
     observations: chat messages to append before the next model turn (empty
-        when ``done``).
-    reward: scalar reward for this step.
-    done: whether the episode has ended.
-    metadata: free-form diagnostics (e.g. the parsed answer) for logging.
+        when ``done``): ``{"role": str, "content": str}`` (other keys: short strings).
+    reward: scalar reward for this step: a finite int or float (not a bool) within float32's range.
+    done: whether the episode has ended (a bool).
+    metadata: free-form diagnostics (e.g. the parsed answer) for logging: a dict that
+        ``json.dumps(..., default=str)`` can write.
+
+    The generator checks every field of what ``step`` returns (``generation.env_outputs``): a
+    value that breaks these rules costs the trajectory its reward (0), is counted and logged.
     """
 
     observations: list[Message]
@@ -137,7 +179,7 @@ class SingleTurnEnv(Env):
         if not isinstance(action, str):
             action = "" if action is None else str(action)
         self.next_turn()
-        reward = float(self.score(action))
+        reward = self.score(action)   # as returned: the generator checks it is a number (not a bool)
         metadata: dict[str, Any] = {"parsed": self.parse(action)}
         metadata.update(self.step_metadata())
         return StepOutput(observations=[], reward=reward, done=True, metadata=metadata)
@@ -152,6 +194,13 @@ def mean_of_numbers(episodes: list[dict[str, Any]]) -> dict[str, float]:
     values: dict[str, list[float]] = {}
     for episode in episodes:
         for key, value in episode.items():
-            if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
+            if isinstance(value, (bool, int, float)) and _fits_float(value):
                 values.setdefault(str(key), []).append(float(value))
     return {key: sum(vs) / len(vs) for key, vs in values.items()}
+
+
+def _fits_float(value: bool | int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int beyond float's range
+        return False

@@ -75,7 +75,7 @@ class FeedbackEnv(Env):
         metadata: dict[str, Any] = {"parsed": grade.parsed, "correct": grade.correct, "attempt": self.attempts}
         metadata.update(self.step_metadata())
         if grade.correct or last:
-            return StepOutput(observations=[], reward=float(grade.reward), done=True, metadata=metadata)
+            return StepOutput(observations=[], reward=grade.reward, done=True, metadata=metadata)
         message = {"role": self.observation_role, "content": self.feedback(action, grade)}
         return StepOutput(observations=[message], reward=0.0, done=False, metadata=metadata)
 

@@ -27,7 +27,7 @@ class RewardFunctionEnv(SingleTurnEnv):
         self.score_fn = score_fn
 
     def score(self, action: str) -> float:
-        return float(self.score_fn(action, self.extras))
+        return self.score_fn(action, self.extras)   # as returned: the generator checks it
 
 
 def reward_fn_env(score_fn: ScoreFn) -> EnvFactory:

@@ -15,6 +15,12 @@ so lookalike unicode digits are not silently accepted.
 For answers that are not plain numbers (fractions, LaTeX), :func:`answers_equal` falls back to
 math-verify, behind input screening so that it too never raises or runs long;
 :func:`extract_boxed` reads ``\\boxed{...}`` answers.
+
+Every reader runs in time linear in the text (tests/test_env_hardening.py feeds each a megabyte
+of adversarial input). That is a requirement, not a nicety: a regular expression holds the GIL
+while it backtracks, so a quadratic one on model text would stall every thread of the trainer and
+no time limit could stop it. Hence no pattern here has two ``\\s*`` (or other unbounded runs of
+the same characters) that can split one run of text between them.
 """
 
 from __future__ import annotations
@@ -42,19 +48,22 @@ __all__ = [
 _NUMBER_BODY = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
 
 # What may follow "####" before the number: whitespace, a currency sign and a
-# sign, in either order ("$-5", "-$5"), plus whitespace between them.
+# sign, in either order ("$-5", "-$5"), plus whitespace between them. Each run of whitespace is
+# matched by one \s*+ only (two adjacent ones would try every split of a long run: quadratic), and
+# possessively: what follows a run is never whitespace, so giving some back cannot help a match.
 _HASH_ANSWER = re.compile(
-    r"\s*(?:(?P<sign1>[-+])\s*)?\$?\s*(?:(?P<sign2>[-+])\s*)?(?P<body>" + _NUMBER_BODY + r")"
+    r"\s*+(?:(?P<sign1>[-+])\s*+)?(?:\$\s*+)?(?:(?P<sign2>[-+])\s*+)?(?P<body>" + _NUMBER_BODY + r")"
 )
 
 # Any number in free text. The sign is only taken when it cannot be a binary
 # operator (see _sign_applies), so "5-3" ends in "3" while "is -3" ends in "-3".
 _ANY_NUMBER = re.compile(r"(?P<sign>[-+])?\$?(?P<body>" + _NUMBER_BODY + r")")
 
-# Full-string number for normalising ground truths and user-supplied values.
-_FULL_NUMBER = re.compile(
-    r"\s*(?P<sign1>[-+])?\s*\$?\s*(?P<sign2>[-+])?(?P<body>" + _NUMBER_BODY + r")\s*"
-)
+# Full-string number for normalising ground truths and user-supplied values, matched against the
+# stripped text (outer whitespace is str.strip()'s job: a leading \s* next to the one after the
+# optional sign would make the match quadratic in the length of a run of spaces); possessive runs
+# as in _HASH_ANSWER.
+_FULL_NUMBER = re.compile(r"(?P<sign1>[-+])?\s*+(?:\$\s*+)?(?P<sign2>[-+])?(?P<body>" + _NUMBER_BODY + r")")
 
 _HASH = "####"
 
@@ -100,7 +109,7 @@ def normalize_number(value: str | int | float | None) -> str | None:
         return normalize_number(text)
     if not isinstance(value, str):
         return None
-    match = _FULL_NUMBER.fullmatch(value)
+    match = _FULL_NUMBER.fullmatch(value.strip())
     if match is None:
         return None
     return _normalize_parts(match.group("sign1") or match.group("sign2"), match.group("body"))

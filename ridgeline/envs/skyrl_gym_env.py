@@ -5,9 +5,12 @@ A skyrl-gym env (a ``skyrl_gym.envs.base_text_env.BaseTextEnv`` subclass registe
 ``skyrl_gym.make(id, env_config=<environment.skyrl_gym.<id> as a DictConfig>, extras=<the row
 minus prompt/env_class, plus max_turns>)``; ``init``, ``step``, ``get_metrics``, ``close`` and the
 class's ``aggregate_metrics`` (how a step's episodes combine into ``environment/<key>``) are
-forwarded. Ridgeline's generator tokenizes the observations itself (token-in / token-out), so a
-``postprocessed_action`` cannot replace the sampled tokens: it is kept in the step metadata and
-logged once.
+forwarded, their return values as they are: the generator checks them as it checks any env's
+(``generation.env_outputs``: a finite number reward, a bool done, {role, content} string messages,
+a JSON-able metadata dict), so a skyrl-gym env that breaks the contract costs its trajectory the
+reward and is logged, the same as a Ridgeline env. Ridgeline's generator tokenizes the
+observations itself (token-in / token-out), so a ``postprocessed_action`` cannot replace the
+sampled tokens: it is kept in the step metadata and logged once.
 
 Which registry a name comes from (:func:`skyrl_gym_source`): ``skyrl_gym:<id>`` always means
 skyrl-gym's; a plain name registered in skyrl-gym by user code wins over a Ridgeline built-in of
@@ -26,7 +29,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from .base import Env, Message, StepOutput, mean_of_numbers
+from .base import Env, EnvOutputError, Message, StepOutput, mean_of_numbers, short_repr
 
 __all__ = ["PREFIX", "SkyRLGymEnv", "SkyRLGymNotInstalled", "skyrl_gym_module", "skyrl_gym_source"]
 
@@ -122,32 +125,36 @@ class SkyRLGymEnv(Env):
         self._warned_postprocessed = False
 
     def init(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
-        messages, metadata = self.inner.init([dict(m) for m in prompt])
-        return list(messages), dict(metadata or {})
+        return self.inner.init([dict(m) for m in prompt])   # checked by the generator
 
     def step(self, action: str) -> StepOutput:
         out = self.inner.step(action)
         if not isinstance(out, Mapping) or not {"observations", "reward", "done"} <= set(out):
-            raise TypeError(f"skyrl-gym env {self.env_id!r}: step returned {type(out).__name__} "
-                            f"{out!r:.120}, not a BaseTextEnvStepOutput (observations, reward, done, metadata)")
+            raise EnvOutputError("type", f"skyrl-gym env {self.env_id!r}: step returned {type(out).__name__} "
+                                         f"{short_repr(out, 120)}, not a BaseTextEnvStepOutput (observations, "
+                                         "reward, done, metadata). Fix: return BaseTextEnvStepOutput(...).")
         self.turns += 1
-        metadata = dict(out.get("metadata") or {})
-        if out.get("postprocessed_action") is not None:
-            metadata["postprocessed_action"] = out["postprocessed_action"]
+        metadata = out.get("metadata")
+        if out.get("postprocessed_action") is not None and isinstance(metadata, (Mapping, type(None))):
+            metadata = {**(metadata or {}), "postprocessed_action": out["postprocessed_action"]}
             if not self._warned_postprocessed:
                 self._warned_postprocessed = True
                 log.warning("skyrl-gym env %r returned a postprocessed_action; Ridgeline keeps the sampled "
                             "tokens (token-in/token-out) and puts it in the step metadata only", self.env_id)
-        return StepOutput(observations=[dict(m) for m in out["observations"] or []], reward=out["reward"],
-                          done=bool(out["done"]), metadata=metadata)
+        # the values as skyrl-gym returned them: the generator checks each (not bool(done), which
+        # would take the string "false" for True)
+        return StepOutput(observations=out["observations"], reward=out["reward"], done=out["done"], metadata=metadata)
 
     def get_metrics(self) -> dict[str, Any]:
-        return dict(self.inner.get_metrics() or {})   # as returned: the class's aggregator reads them
+        return self.inner.get_metrics()   # as returned: the generator checks it is a dict
 
     def aggregate_metrics(self, episodes: list[dict[str, Any]]) -> dict[str, float]:
         """The env class's own ``aggregate_metrics`` (skyrl-gym's default averages numbers), as
         SkyRL's ``aggregate_for_environment`` calls it; numbers only are kept for logging."""
         combined = type(self.inner).aggregate_metrics(episodes) or {}
+        if not isinstance(combined, Mapping):
+            raise EnvOutputError("metrics", f"skyrl-gym env {self.env_id!r}: aggregate_metrics returned "
+                                            f"{type(combined).__name__} {short_repr(combined)}, not a dict")
         return mean_of_numbers([combined])
 
     def close(self) -> None:

@@ -26,8 +26,10 @@ __all__ = ["GSM8K_ANSWER", "first_boxed", "first_hash_answer", "gsm8k_score", "s
 
 # "#### " then an optional minus and a run of digits, dots and commas (greedy): the first match wins.
 GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
-# "\boxed{" then one or more characters up to the first "}" (no brace matching).
-_FIRST_BOXED = re.compile(r"\\boxed\{([^}]+)\}")
+# SkyRL's multiply example reads re.search(r"\\boxed\{([^}]+)\}", text): "\boxed{" then one or more
+# characters up to the first "}" (no brace matching). first_boxed gives the same answer without the
+# regex, which is quadratic on text with many "\boxed{" and no "}" (each start scans to the end).
+_BOX_OPEN = "\\boxed{"
 
 
 def first_hash_answer(text: str) -> str | None:
@@ -50,8 +52,16 @@ def gsm8k_score(text: str, ground_truth: str, *, format_score: float = 0.0, scor
 def first_boxed(text: str) -> str | None:
     """The content of the first ``\\boxed{...}`` holding at least one character before its first
     ``}``, unstripped; None when there is none (SkyRL's multiply example)."""
-    match = _FIRST_BOXED.search(text)
-    return None if match is None else match.group(1)
+    start = text.find(_BOX_OPEN)
+    while start >= 0:
+        body = start + len(_BOX_OPEN)
+        end = text.find("}", body)
+        if end < 0:
+            return None   # no "}" after this box, so none after any later one either
+        if end > body:
+            return text[body:end]
+        start = text.find(_BOX_OPEN, start + 1)   # "\boxed{}": empty, the regex moves on
+    return None
 
 
 def skyrl_ground_truth(extras: dict[str, Any], env_name: str) -> str:

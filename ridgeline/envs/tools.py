@@ -41,6 +41,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import string
 import types
 import typing
 from abc import abstractmethod
@@ -66,7 +67,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _CALL_OPEN = "<tool_call>"
 _CALL_CLOSE = "</tool_call>"
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_FENCE = re.compile(r"^```[A-Za-z]*\s*\n?(?P<body>.*?)\n?\s*```$", re.DOTALL)
+_FENCE = "```"
 
 
 class ToolCallError(ValueError):
@@ -235,9 +236,7 @@ def parse_tool_call(text: str | None) -> ToolCall | None:
     body_start = start + len(_CALL_OPEN)
     end = text.find(_CALL_CLOSE, body_start)
     body = (text[body_start:] if end < 0 else text[body_start:end]).strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group("body").strip()
+    body = _unfence(body)
     if not body:
         raise ToolCallError(
             'empty tool call; write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
@@ -246,6 +245,10 @@ def parse_tool_call(text: str | None) -> ToolCall | None:
         payload, stop = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as exc:
         raise ToolCallError(f"the tool call is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise ToolCallError("the tool call's JSON is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than int() converts
+        raise ToolCallError(f"the tool call's JSON holds a value that cannot be read: {str(exc)[:120]}") from None
     # Tolerate one stray character after the JSON (usually a doubled closing brace), no more:
     # a longer tail means the model wrote something we would be guessing about.
     tail = body[stop:].strip()
@@ -267,6 +270,15 @@ def parse_tool_call(text: str | None) -> ToolCall | None:
     if not isinstance(arguments, dict):
         raise ToolCallError(f'"arguments" must be a JSON object, got {type(arguments).__name__}')
     return ToolCall(name=name.strip(), arguments=arguments)
+
+
+def _unfence(body: str) -> str:
+    """The text inside a Markdown code fence (```json ... ```) around ``body``, stripped; ``body``
+    as it is when it is not fenced. Plain string operations, not a regex: a pattern with
+    ``[A-Za-z]*\\s*...\\s*```$`` backtracks cubically on a long fence that is never closed."""
+    if len(body) < 2 * len(_FENCE) or not (body.startswith(_FENCE) and body.endswith(_FENCE)):
+        return body
+    return body[len(_FENCE):-len(_FENCE)].lstrip(string.ascii_letters).strip()   # the language tag goes
 
 
 def _check_known(call: ToolCall | None, names: Sequence[str]) -> ToolCall | None:
@@ -510,7 +522,7 @@ class ToolEnv(Env):
         metadata: dict[str, Any] = {"turn": self.turns}
         metadata.update(self.step_metadata())
         if last or (call is None and error is None):
-            return StepOutput(observations=[], reward=float(self.final_reward(action)), done=True, metadata=metadata)
+            return StepOutput(observations=[], reward=self.final_reward(action), done=True, metadata=metadata)
 
         result = self._owner[call.name].run(call) if call is not None else ToolResult(f"Error: {error}", error=True)
         self.tool_calls += 1
@@ -518,7 +530,7 @@ class ToolEnv(Env):
         metadata["tool_call"] = None if call is None else {"name": call.name, "arguments": call.arguments}
         metadata["tool_error"] = result.error
         message = {"role": self.observation_role, "content": self.format_tool_response(result.output)}
-        return StepOutput(observations=[message], reward=float(self.tool_reward(call, result)), done=False,
+        return StepOutput(observations=[message], reward=self.tool_reward(call, result), done=False,
                           metadata=metadata)
 
     def get_metrics(self) -> dict[str, float]:

@@ -2,11 +2,17 @@
 
 Environment code is user code: it may raise, return junk, or hang (a slow SQL query, a stuck
 sandbox, an infinite loop in a reward function). Calls run concurrently on a pool of `max_workers`
-daemon threads that lives as long as the runner; a call that raises or passes its time limit
-becomes an `EnvCallFailure`, which the generator scores 0 and counts. A thread cannot be killed, so
-a timed-out call keeps running until it returns by itself: its thread leaves the pool (a fresh one
-takes its place, so stuck calls never eat into `max_workers`), the number of such stragglers is
-reported, and being a daemon thread it cannot keep the process from exiting.
+daemon threads that lives as long as the runner; a call that raises (anything but
+KeyboardInterrupt), returns an output that fails its checks (`EnvOutputError`) or passes its time
+limit becomes an `EnvCallFailure`, which the generator counts (and, for `init` and `step`, scores
+0). A thread cannot be killed, so a timed-out call keeps running until it returns by itself: its
+thread leaves the pool (a fresh one takes its place, so stuck calls never eat into `max_workers`),
+the number of such stragglers is reported, and being a daemon thread it cannot keep the process
+from exiting.
+
+What a timeout cannot stop: a call that holds the GIL (a regular expression with catastrophic
+backtracking, a long pure-C loop) keeps every other thread, this runner's included, from running
+until it returns. That is why the parsers of model text in `ridgeline.envs` run in linear time.
 
 Why not `concurrent.futures.ThreadPoolExecutor`: its threads are joined at interpreter exit (one
 hung reward function would hang the process at the end of training) and a stuck call keeps its
@@ -25,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ridgeline.envs.base import EnvOutputError, exception_text
 from ridgeline.tracking.progress import progress
 
 T = TypeVar("T")
@@ -37,6 +44,7 @@ class EnvCallFailure:
     kind: str          # "error" | "timeout" | "bad_output"
     message: str       # one line
     details: str = ""  # the traceback, for the log
+    field: str = ""    # bad_output: the part of the output that failed its check (EnvOutputError.field)
 
 
 @dataclass(eq=False)
@@ -143,10 +151,21 @@ class EnvRunner:
                 job.future.set_result(result)
 
 
+DETAILS_LIMIT = 20_000   # characters of a traceback kept for the log
+
+
 def _guarded(call: Callable[[], T]) -> T | EnvCallFailure:
     start = time.perf_counter()
     try:
         return call()
-    except (Exception, SystemExit) as exc:  # user code: anything may come out of it
-        return EnvCallFailure("error", f"{type(exc).__name__}: {exc} (after {time.perf_counter() - start:.2f} s)",
-                              traceback.format_exc())
+    except KeyboardInterrupt:   # only the main thread gets one (max_workers=0): the user stops the run
+        raise
+    except EnvOutputError as exc:
+        field = exc.field[:40] if isinstance(exc.field, str) else "type"   # a log key: hashable and short
+        return EnvCallFailure("bad_output", exception_text(exc, 600, with_type=False), field=field)
+    except BaseException as exc:  # user code: anything may come out of it (SystemExit, a BaseException subclass)
+        details = traceback.format_exc()
+        if len(details) > DETAILS_LIMIT:
+            details = f"{details[:DETAILS_LIMIT // 2]}\n... [{len(details) - DETAILS_LIMIT} characters]\n" \
+                      f"{details[-DETAILS_LIMIT // 2:]}"
+        return EnvCallFailure("error", f"{exception_text(exc)} (after {time.perf_counter() - start:.2f} s)", details)

@@ -29,9 +29,13 @@ it. Without it the next chat turn follows the stop string directly, as in SkyRL.
 Rewards: a single-turn trajectory gets its step's reward as one number. A multi-turn one gets a
 per-token reward list with each step's reward on the last token the model sampled in that turn
 (SkyRL puts it on an appended eos; Ridgeline keeps it on a token the loss sees).
-Environment calls run concurrently with a time limit (`EnvRunner`); one that raises, hangs or
-returns junk costs its trajectory the reward (0), is counted, and is logged once with its
-traceback; the run goes on. A truncated trajectory (stop reason "length") keeps its
+Environment calls (`init`, `step`, `get_metrics`, `aggregate_metrics`, `close`) run concurrently,
+each under a time limit (`EnvRunner`), and what they return is checked in the worker thread
+(`generation.env_outputs`): an `init` or `step` that raises, hangs or returns something that breaks
+the contract (a non-finite or non-number reward, malformed observations or metadata) costs its
+trajectory the reward (0), is counted, and is logged once per env class, call and reason; the run
+goes on. Observations over `generator.max_observation_chars` are cut before they are tokenized
+(`generate/observations_truncated`). A truncated trajectory (stop reason "length") keeps its
 environment's reward here: what truncation costs is decided by `generation.truncation`.
 
 Seeds: turn t samples with `derive_seed(seed, "turn", t)`, so no two turns share one.
@@ -39,11 +43,11 @@ Seeds: turn t samples with `derive_seed(seed, "turn", t)`, so no two turns share
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import time
-import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,12 +56,16 @@ from transformers import PreTrainedTokenizerBase
 
 from ridgeline import envs
 from ridgeline.data import chat_template_ids, encode_chat_prompt
+from ridgeline.generation.env_outputs import (CAP_KEY, CheckedStep, Cut, check_init, check_metrics,
+                                               check_step)
 from ridgeline.generation.env_steps import EnvCallFailure, EnvRunner
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward
 from ridgeline.inference.types import EngineOutput, EngineRequest, InferenceEngine, TopLogprobs
 from ridgeline.seeding import derive_seed
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_OBSERVATION_CHARS = 100_000   # generator.max_observation_chars' default
 
 
 @dataclass
@@ -125,12 +133,14 @@ class Generator:
     `generator.use_conversation_multi_turn`. append_eos_after_stop_str:
     `generator.append_eos_token_after_stop_str_in_multi_turn`. runner: how environment calls are
     run (`environment.skyrl_gym.max_env_workers`, `environment.step_timeout_s`).
+    max_observation_chars: `generator.max_observation_chars` (None: no cap).
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, *,
                  env_settings: dict[str, dict[str, Any]] | None = None, max_turns: int = 1,
                  max_input_length: int | None = None, conversation_mode: bool = False,
-                 append_eos_after_stop_str: bool = True, runner: EnvRunner | None = None):
+                 append_eos_after_stop_str: bool = True, runner: EnvRunner | None = None,
+                 max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS):
         self.engine = engine
         self.tokenizer = tokenizer
         self.env_settings = env_settings or {}
@@ -139,7 +149,8 @@ class Generator:
         self.conversation_mode = conversation_mode
         self.append_eos_after_stop_str = append_eos_after_stop_str
         self.runner = runner or EnvRunner(max_workers=0)
-        self._logged: set[tuple[str, str]] = set()
+        self.max_observation_chars = max_observation_chars
+        self._logged: set[tuple[str, ...]] = set()
         self._base_ids: list[int] | None = None
 
     def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -167,52 +178,59 @@ class Generator:
                 traj.add_sampled(result)
                 traj.turns += 1
                 traj.text += text
-            steps = self.runner.run([_bound_step(t.env, text) for t, text in zip(live, texts)])
+            steps = self.runner.run([functools.partial(_step, t.env, text, self.max_observation_chars)
+                                     for t, text in zip(live, texts)])
             last_turn = turn + 1 >= self.max_turns
             for traj, result, step in zip(live, results, steps):
                 self._apply_step(traj, step, result, last_turn, counts)
         return self._finish(inp, trajectories, counts, engine_seconds, time.perf_counter() - t0)
 
     def _start(self, inp: GeneratorInput, counts: dict[str, float]) -> list[Trajectory]:
-        """Build each trajectory's environment and prompt ids; an env that fails to build or to
-        `init` leaves its trajectory done with reward 0."""
+        """Build each trajectory's environment and `init` it (on the runner, under the time limit)
+        and encode the prompts; an env that fails to build, or whose `init` fails, hangs or returns
+        a bad prompt, leaves its trajectory done with reward 0."""
+        slots = [_Slot() for _ in inp.prompts]
+        started = self.runner.run(
+            [functools.partial(self._start_env, slot, env_class, extras, prompt)
+             for slot, env_class, extras, prompt in zip(slots, inp.env_classes, inp.env_extras, inp.prompts)],
+            desc="env init")
         trajectories = []
         encoded: dict[str, list[int]] = {}   # a GRPO group's samples share one prompt: template it once
-        for env_class, extras, prompt in zip(inp.env_classes, inp.env_extras, inp.prompts):
-            env, messages, failed = None, prompt, False
-            try:
-                env = build_env(env_class, extras, self.env_settings, self.max_turns)
-                messages, _ = env.init(prompt)
-            except Exception as exc:
-                failed = True
-                self._failure(env_class, EnvCallFailure("error", f"{type(exc).__name__}: {exc}",
-                                                        traceback.format_exc()), counts)
+        for slot, env_class, prompt, messages in zip(slots, inp.env_classes, inp.prompts, started):
+            failed = isinstance(messages, EnvCallFailure)
+            if failed:
+                self._failure(env_class, "init", messages, counts)
                 messages = prompt
             key = json.dumps(messages, sort_keys=True, default=str)
             if key not in encoded:
                 encoded[key] = self.encode_prompt(messages)
-            traj = Trajectory(env, env_class, list(encoded[key]))
+            # an env built before its init failed or timed out is still closed at the end
+            traj = Trajectory(slot.env, env_class, list(encoded[key]))
             traj.done = traj.failed = failed
             trajectories.append(traj)
         return trajectories
 
-    def _apply_step(self, traj: Trajectory, step: Any, result: EngineOutput, last_turn: bool,
-                    counts: dict[str, float]) -> None:
-        if isinstance(step, envs.StepOutput) and not _finite(step.reward):
-            step = EnvCallFailure("bad_output", f"reward {step.reward!r} is not a finite number")
-        elif not isinstance(step, (envs.StepOutput, EnvCallFailure)):
-            step = EnvCallFailure("bad_output", f"step returned {type(step).__name__}, not a StepOutput")
+    def _start_env(self, slot: _Slot, env_class: str, extras: dict[str, Any],
+                   prompt: list[dict[str, str]]) -> list[dict[str, str]]:
+        slot.env = build_env(env_class, extras, self.env_settings, self.max_turns)
+        return check_init(slot.env.init(prompt), prompt, self.max_observation_chars)
+
+    def _apply_step(self, traj: Trajectory, step: CheckedStep | EnvCallFailure, result: EngineOutput,
+                    last_turn: bool, counts: dict[str, float]) -> None:
         if isinstance(step, EnvCallFailure):
-            self._failure(traj.env_class, step, counts)
+            self._failure(traj.env_class, "step", step, counts)
             traj.done = traj.failed = True
             return
-        reward = float(step.reward)
-        traj.last_metadata = dict(step.metadata or {})
+        reward = step.reward
+        traj.last_metadata = step.metadata
         if step.done or last_turn:
             traj.turn_rewards.append((len(traj.response_ids) - 1, reward))
             traj.done = True
             traj.add_observation(self._eos_after_stop_string(result))
             return
+        if step.cut is not None:
+            counts["observations_truncated"] += 1
+            self._note_cut(traj.env_class, step.cut)
         drop_stop, observation = self._observation_ids(traj, step.observations, result)
         kept = len(traj.response_ids) - int(drop_stop)
         if self.max_input_length is not None and len(traj.prompt_ids) + kept + len(observation) > self.max_input_length:
@@ -229,22 +247,28 @@ class Generator:
 
     def _finish(self, inp: GeneratorInput, trajectories: list[Trajectory], counts: dict[str, float],
                 engine_seconds: float, total_seconds: float) -> GeneratorOutput:
+        """Each env's `get_metrics`, each env class's `aggregate_metrics`, then every env's `close`,
+        all on the runner (a hung `close` costs one time limit, never the run)."""
+        started = [t for t in trajectories if t.env is not None]
         episodes: dict[str, list[dict[str, Any]]] = defaultdict(list)
         aggregators: dict[str, envs.Env] = {}   # per env class, one of its envs: it knows how they combine
-        for traj in trajectories:
-            if traj.env is not None:
-                metrics = self._episode_metrics(traj, counts)
-                if metrics is not None:
-                    episodes[traj.env_class].append(metrics)
-                    aggregators.setdefault(traj.env_class, traj.env)
-                try:
-                    traj.env.close()
-                except Exception as exc:
-                    self._failure(traj.env_class, EnvCallFailure("error", f"close: {exc}", traceback.format_exc()), counts,
-                                  score=False)
+        reported = self.runner.run([functools.partial(_get_metrics, t.env) for t in started], desc="env metrics")
+        for traj, metrics in zip(started, reported):
+            if isinstance(metrics, EnvCallFailure):
+                self._failure(traj.env_class, "get_metrics", metrics, counts, score=False)
+                continue
+            episodes[traj.env_class].append(metrics)
+            aggregators.setdefault(traj.env_class, traj.env)
+        per_class = self._class_metrics(episodes, aggregators, counts)
+        closed = self.runner.run([functools.partial(_close, t.env) for t in started], desc="env close")
+        for traj, outcome in zip(started, closed):
+            if isinstance(outcome, EnvCallFailure):
+                self._failure(traj.env_class, "close", outcome, counts, score=False)
         metrics = {
             "generate/env_errors": counts["error"] + counts["bad_output"],
+            "generate/env_bad_outputs": counts["bad_output"],
             "generate/env_timeouts": counts["timeout"],
+            "generate/observations_truncated": counts["observations_truncated"],
             "generate/context_full": counts["context_full"],
             "generate/avg_turns": sum(t.turns for t in trajectories) / max(1, len(trajectories)),
             "generate/engine_seconds": engine_seconds,
@@ -252,7 +276,7 @@ class Generator:
         }
         if self.runner.stragglers:
             metrics["generate/env_stragglers"] = float(self.runner.stragglers)
-        metrics.update(environment_metrics(self._class_metrics(episodes, aggregators, counts)))
+        metrics.update(environment_metrics(per_class))
         return GeneratorOutput(
             prompt_token_ids=[t.prompt_ids for t in trajectories],
             response_ids=[t.response_ids for t in trajectories],
@@ -271,25 +295,16 @@ class Generator:
     def _class_metrics(self, episodes: dict[str, list[dict[str, Any]]], aggregators: dict[str, envs.Env],
                        counts: dict[str, float]) -> dict[str, ClassMetrics]:
         """Per env class, its `aggregate_metrics` of its episodes, with how many reported each key."""
+        classes = list(episodes)
+        combined = self.runner.run([functools.partial(_aggregate, aggregators[c], episodes[c]) for c in classes],
+                                   desc="env aggregate")
         out: dict[str, ClassMetrics] = {}
-        for env_class, rows in episodes.items():
-            try:
-                combined = aggregators[env_class].aggregate_metrics(rows)
-                values = {str(k): float(v) for k, v in combined.items() if _finite(v)}
-            except Exception as exc:
-                self._failure(env_class, EnvCallFailure("error", f"aggregate_metrics: {exc}", traceback.format_exc()),
-                              counts, score=False)
-                continue
-            out[env_class] = ClassMetrics(values, {k: max(1, sum(k in row for row in rows)) for k in values})
+        for env_class, result in zip(classes, combined):
+            if isinstance(result, EnvCallFailure):
+                self._failure(env_class, "aggregate_metrics", result, counts, score=False)
+            else:
+                out[env_class] = result
         return out
-
-    def _episode_metrics(self, traj: Trajectory, counts: dict[str, float]) -> dict[str, Any] | None:
-        try:
-            return dict(traj.env.get_metrics() or {})
-        except Exception as exc:
-            self._failure(traj.env_class, EnvCallFailure("error", f"get_metrics: {exc}", traceback.format_exc()), counts,
-                          score=False)
-            return None
 
     # ------------------------------------------------------------------------------ observations
     def _observation_ids(self, traj: Trajectory, observations: list[dict[str, str]],
@@ -306,7 +321,7 @@ class Generator:
         # last token is text and stays)
         drop_stop = (result.stop_reason == "stop" and result.matched_stop is None and bool(traj.loss_mask)
                      and traj.loss_mask[-1] == 1)
-        text = "".join(str(m.get("content", "")) for m in observations)
+        text = "".join(m["content"] for m in observations)
         return drop_stop, list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _eos_after_stop_string(self, result: EngineOutput) -> list[int]:
@@ -342,17 +357,36 @@ class Generator:
         return self._base_ids
 
     # ------------------------------------------------------------------------------ failures
-    def _failure(self, env_class: str, failure: EnvCallFailure, counts: dict[str, float], score: bool = True) -> None:
+    def _failure(self, env_class: str, call: str, failure: EnvCallFailure, counts: dict[str, float],
+                 score: bool = True) -> None:
+        """Count a failed environment call; log it once per env class, call, kind and field."""
         counts[failure.kind] += 1
-        key = (env_class, failure.kind)
+        key = (env_class, call, failure.kind, failure.field)
         if key in self._logged:
             return
         self._logged.add(key)
-        consequence = "the trajectory gets reward 0" if score else "the reward stands"
-        log.error("environment %s: %s (%s); %s. Logged once per env and kind, counted in generate/env_%s.%s",
-                  env_class, failure.kind, failure.message, consequence,
-                  "timeouts" if failure.kind == "timeout" else "errors",
+        what, metric = _FAILURE_TEXT[failure.kind]
+        consequence = "The trajectory gets reward 0" if score else "The reward stands"
+        log.error("environment %s: %s %s: %s. %s (logged once per env class, call and reason; counted in "
+                  "generate/%s).%s", env_class, call, what, failure.message.rstrip("."), consequence, metric,
                   "\n" + failure.details if failure.details else "")
+
+    def _note_cut(self, env_class: str, cut: Cut) -> None:
+        key = (env_class, "observation cut")
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.warning("environment %s: an observation of %d characters was cut to %s=%d (%d characters of its last "
+                    "kept message cut, %d later messages dropped). Logged once per env class; counted in "
+                    "generate/observations_truncated.", env_class, cut.size, CAP_KEY, self.max_observation_chars,
+                    cut.chars, cut.dropped)
+
+
+_FAILURE_TEXT = {   # kind -> (what happened, the metric that counts it)
+    "error": ("raised", "env_errors"),
+    "bad_output": ("returned a bad output", "env_bad_outputs and generate/env_errors"),
+    "timeout": ("timed out", "env_timeouts"),
+}
 
 
 # a conversation the observations are rendered after (its text does not matter)
@@ -398,18 +432,38 @@ def build_env(env_class: str, extras: dict[str, Any], env_settings: dict[str, di
     return envs.make(env_class, env_config=settings, extras=extras)
 
 
-def _bound_step(env: envs.Env | None, text: str):
-    def call() -> envs.StepOutput | EnvCallFailure:
-        if env is None:
-            return EnvCallFailure("error", "no environment")
-        return env.step(text)
-    return call
+@dataclass
+class _Slot:
+    """Where a starting trajectory's env is put as soon as it is built, so that an env whose
+    `init` fails or times out can still be closed."""
+
+    env: envs.Env | None = None
+
+
+# The calls the runner makes, each in a worker thread under the time limit; everything they read
+# from the env (attributes, returned values) is read there too.
+def _step(env: envs.Env | None, text: str, max_chars: int | None) -> CheckedStep:
+    assert env is not None, "a trajectory without an env is done before its first turn"
+    return check_step(env.step(text), max_chars)
+
+
+def _get_metrics(env: envs.Env) -> dict[str, Any]:
+    return check_metrics(env.get_metrics())
+
+
+def _aggregate(env: envs.Env, episodes: list[dict[str, Any]]) -> ClassMetrics:
+    values = {str(k): float(v) for k, v in check_metrics(env.aggregate_metrics(episodes)).items() if _finite(v)}
+    return ClassMetrics(values, {k: max(1, sum(k in row for row in episodes)) for k in values})
+
+
+def _close(env: envs.Env) -> None:
+    env.close()
 
 
 def _finite(value: Any) -> bool:
     try:
         return math.isfinite(float(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
 
 

@@ -140,6 +140,11 @@ class GeneratorConfig(Section):
     http_endpoint_host: str = setting("127.0.0.1")
     http_endpoint_port: int = setting(8000)
     max_turns: int = setting(1)
+    # Ridgeline extension: the characters one environment step's observation messages may hold
+    # (content, role and other fields, plus 32 a message for the template's markup); longer ones
+    # are cut before they are tokenized and counted in generate/observations_truncated. init may
+    # lengthen a prompt by as much. null: no cap (SkyRL has none).
+    max_observation_chars: Optional[int] = setting(100_000)
     override_existing_update_group: str = setting("auto", choices=("auto", "enable", "disable"))
     engine_init_kwargs: Dict[str, Any] = setting({})
     sampling_params: SamplingConfig = field(default_factory=SamplingConfig)
@@ -172,6 +177,9 @@ class GeneratorConfig(Section):
             if value < 1:
                 report.add(f"{at}.{name}={show(value)} must be a positive whole number (at least 1). "
                            f"Fix: e.g. {at}.{name}={show(getattr(GeneratorConfig(), name))}.")
+        if self.max_observation_chars is not None and self.max_observation_chars < 1:
+            report.add(f"{at}.max_observation_chars={show(self.max_observation_chars)} must be a positive number of "
+                       f"characters, or null for no cap. Fix: e.g. {at}.max_observation_chars=100000.")
         for name, example in (("weight_sync_timeout", 60), ("remote_request_timeout_s", 600)):
             value = getattr(self, name)
             if value <= 0:
