@@ -110,6 +110,26 @@ def test_environments_named_anywhere_are_checked(tmp_path, capsys):
             "environment.skyrl_gym.arithmetc: unknown env 'arithmetc'")
 
 
+def test_an_env_that_hangs_at_start_stops_the_check_not_the_run(tmp_path, capsys):
+    module = tmp_path / "hanging_env.py"
+    module.write_text(
+        "import time\n"
+        "from ridgeline.envs import SingleTurnEnv, register\n"
+        "@register('hangs_at_init')\n"
+        "class HangsAtInit(SingleTurnEnv):\n"
+        "    def init(self, prompt):\n"
+        "        time.sleep(30)\n"
+        "        return prompt, {}\n"
+        "    def score(self, text):\n"
+        "        return 1.0\n")
+    rows = [{**row, "env_class": "hangs_at_init"} for row in good_rows()]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    refused(capsys, ["train", *overrides(tmp_path, data, f"environment.env_modules=[{module}]",
+                                         "environment.step_timeout_s=0.5")],
+            f"data.train_data: {data} row 0: environment 'hangs_at_init' did not start and stop within "
+            "environment.step_timeout_s=0.5 s")
+
+
 @pytest.fixture(scope="module")
 def model_folders(tmp_path_factory):
     """Model folders broken in the ways a user breaks them."""

@@ -5,7 +5,7 @@ critic, the generator, and generator inputs. The policy and reference workers' b
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from ridgeline.data.sources import is_data_file
 from ridgeline.envs import sandbox
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
 from ridgeline.errors import UserError
-from ridgeline.generation.env_steps import EnvRunner
+from ridgeline.generation.env_steps import EnvCallFailure, EnvRunner
 from ridgeline.generation.generator import Generator, build_env
 from ridgeline.generation.truncation import TruncationPolicy
 from ridgeline.generation.types import GeneratorInput, TrajectoryID
@@ -95,8 +95,8 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
     `environment.skyrl_gym.<name>` settings block naming an env that neither Ridgeline nor skyrl-gym
     knows (a misspelled name), and a row whose env cannot be built and started (an unknown
     env_class, settings its constructor refuses, a row missing what its env reads, e.g. the ground
-    truth): each env is built and `init`-ed (then closed) as the generator will, naming the env, the
-    file and the row.
+    truth, a constructor, init or close that hangs past `environment.step_timeout_s`): each env is
+    built and `init`-ed (then closed) as the generator will, naming the env, the file and the row.
 
     One build per distinct (env_class, shape of the row's extras: keys and value types, nested):
     rows of one shape carry the same fields, so a large dataset costs a handful of builds.
@@ -104,6 +104,9 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
     """
     env_settings = per_env_settings(cfg)
     _check_env_names(cfg, env_settings, env_override)
+    # on a worker thread under the step time limit, so an env that hangs stops the check, not the run
+    timeout_s, max_turns = float(cfg.environment.step_timeout_s), int(cfg.generator.max_turns)
+    runner = EnvRunner(max_workers=1, timeout_s=timeout_s)
     seen: set[tuple[str, object]] = set()
     for key, data in datasets.items():
         for i, row in enumerate(data):
@@ -112,22 +115,37 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
             if shape in seen:
                 continue
             seen.add(shape)
-            try:
-                env = build_env(env_class, row.extras, env_settings, int(cfg.generator.max_turns))
-                try:
-                    env.init(row.prompt)
-                finally:
-                    env.close()
-            except envs.UnknownEnvError as exc:
-                file, index = data.origin(i)
+            outcome = runner.run([_start_and_stop(env_class, row, env_settings, max_turns)], desc="env check")[0]
+            file, index = data.origin(i)
+            if isinstance(outcome, EnvCallFailure):   # a timeout: building it, init or close hung
+                raise EnvironmentCheckError(
+                    f"{key}: {file} row {index}: environment {env_class!r} did not start and stop within "
+                    f"environment.step_timeout_s={timeout_s:g} s ({outcome.message}). Fix: the env (a hanging "
+                    "constructor, init or close), or a longer environment.step_timeout_s")
+            if isinstance(outcome, envs.UnknownEnvError):
                 column = "" if env_override else ", column 'env_class'"
-                raise EnvironmentCheckError(f"{key}: {file} row {index}{column}: {exc}") from exc
-            except Exception as exc:
-                file, index = data.origin(i)
+                raise EnvironmentCheckError(f"{key}: {file} row {index}{column}: {outcome}") from outcome
+            if outcome is not None:
                 raise EnvironmentCheckError(
                     f"{key}: {file} row {index}: environment {env_class!r} could not be built and started "
-                    f"({type(exc).__name__}: {exc}). Fix: the row (the columns its env reads) or the env's "
-                    f"settings (environment.skyrl_gym.{env_class}), before training") from exc
+                    f"({type(outcome).__name__}: {outcome}). Fix: the row (the columns its env reads) or the env's "
+                    f"settings (environment.skyrl_gym.{env_class}), before training") from outcome
+
+
+def _start_and_stop(env_class: str, row: PromptRow, env_settings: Mapping[str, Any],
+                    max_turns: int) -> Callable[[], Exception | None]:
+    """The env of `row` built, `init`-ed and closed as the generator will: None, or what it raised."""
+    def call() -> Exception | None:
+        try:
+            env = build_env(env_class, row.extras, env_settings, max_turns)
+            try:
+                env.init(row.prompt)
+            finally:
+                env.close()
+        except Exception as exc:
+            return exc
+        return None
+    return call
 
 
 def _check_env_names(cfg: DictConfig, env_settings: Mapping[str, Any], env_override: str | None) -> None:
