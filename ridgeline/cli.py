@@ -1,7 +1,8 @@
-"""The `ridgeline` command: `ridgeline train [overrides]`, `ridgeline eval [overrides]`,
+"""The `ridgeline` command: `ridgeline train [overrides] [--cfg job]`, `ridgeline eval [overrides]`,
 `ridgeline prepare DATASET ...`, `ridgeline export CHECKPOINT OUT`, `ridgeline report RUN_DIR`,
 `ridgeline doctor [overrides] [--json]`,
-`ridgeline serve [overrides] [--port N]`; `--debug` anywhere adds tracebacks to error messages."""
+`ridgeline serve [overrides] [--port N]`; `--debug` anywhere adds tracebacks to error messages,
+`ridgeline --version` prints the versions."""
 
 from __future__ import annotations
 
@@ -21,13 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     argv = [arg for arg in argv if arg != "--debug"]
     parser = argparse.ArgumentParser(prog="ridgeline", description="RL post-training of language models")
+    parser.add_argument("--version", action=_Version, help="print the versions of Ridgeline, Python, torch, "
+                        "transformers (and vLLM / SGLang when installed) and exit")
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of configuration, data and model errors too "
                              f"(also: {DEBUG_ENV}=1); anywhere on the command line")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run training; arguments are Hydra overrides",
-                           description="ridgeline train +experiment=quickstart trainer.epochs=2 ...")
-    train.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=tiny trainer.seed=1")
+                           description="ridgeline train +experiment=quickstart trainer.epochs=2 ...",
+                           epilog=presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    # REMAINDER: options may come before, between or after the overrides (picked out in _train_args)
+    _add_train_arguments(train, overrides_nargs=argparse.REMAINDER)
     from ridgeline.data.cli import add_prepare_parser
     from ridgeline.entrypoints import doctor as doctor_cmd
     from ridgeline.entrypoints import report as report_cmd
@@ -65,9 +70,86 @@ def _run(args: argparse.Namespace) -> int:
         from ridgeline.entrypoints.eval import run as run_eval
         return run_eval(args)
     from ridgeline.config import load_config
+    args = _train_args(args)
+    cfg = load_config(args.overrides)
+    if args.cfg is not None:
+        print(config_yaml(cfg, resolve=args.resolve, package=args.package), end="")
+        return 0
     from ridgeline.entrypoints.run import run_training
-    run_training(load_config(args.overrides))
+    run_training(cfg)
     return 0
+
+
+class _Version(argparse.Action):
+    """`--version`, printed as it is (argparse's own action re-wraps the line)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """`ridgeline --version`: Ridgeline's version and the versions of what it runs on, read from the
+    installed packages' metadata (nothing is imported, so it answers at once)."""
+    import importlib.metadata
+    import platform
+
+    from ridgeline import __version__
+
+    parts = [f"Python {platform.python_version()}"]
+    for dist in ("torch", "transformers", "vllm", "sglang"):
+        try:
+            parts.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return f"ridgeline {__version__} ({', '.join(parts)}); configs follow SkyRL-Train 0.3.1"
+
+
+def presets_epilog() -> str:
+    """The presets `+experiment=NAME` can name, each with the first line of its file's comment."""
+    from ridgeline.config.loader import preset_summaries
+
+    width = max((len(name) for name in preset_summaries()), default=0)
+    lines = [f"  {name.ljust(width)}  {summary}" for name, summary in preset_summaries().items()]
+    return ("presets (+experiment=NAME):\n" + "\n".join(lines)
+            + "\n\na preset, then keys of your own:        ridgeline train +experiment=quickstart trainer.epochs=2\n"
+              "print the config a command line makes:  ridgeline train +experiment=tiny --cfg job")
+
+
+def _add_train_arguments(parser: argparse.ArgumentParser, overrides_nargs: str = "*") -> None:
+    parser.add_argument("--cfg", choices=["job"], default=None,
+                        help="print the composed and validated config as YAML and exit, as Hydra's --cfg job")
+    parser.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations (${...})")
+    parser.add_argument("-p", "--package", default=None,
+                        help="with --cfg: print only this part of the config, e.g. trainer.algorithm")
+    parser.add_argument("overrides", nargs=overrides_nargs, help="Hydra overrides, e.g. +experiment=tiny trainer.seed=1")
+
+
+def _train_args(args: argparse.Namespace) -> argparse.Namespace:
+    """`ridgeline train`'s options picked out of the overrides, wherever they stand on the line."""
+    parser = argparse.ArgumentParser(prog="ridgeline train")
+    _add_train_arguments(parser)
+    late = parser.parse_intermixed_args(list(args.overrides))
+    return argparse.Namespace(overrides=late.overrides, cfg=late.cfg or args.cfg, resolve=late.resolve or args.resolve,
+                              package=late.package or args.package)
+
+
+def config_yaml(cfg, *, resolve: bool = False, package: str | None = None) -> str:
+    """The config (or its node `package`) as YAML, as `--cfg job` prints it."""
+    from omegaconf import OmegaConf
+
+    from ridgeline.config import ConfigError
+
+    node = cfg if package is None else OmegaConf.select(cfg, package, default=None)
+    if node is None:
+        raise ConfigError([f"--package {package}: the config has no such node. Fix: a dotted path of the "
+                           "config, e.g. --package trainer.algorithm"])
+    if not OmegaConf.is_config(node):
+        return f"{package}: {node}\n"
+    return OmegaConf.to_yaml(node, resolve=resolve)
 
 
 def entry() -> int:

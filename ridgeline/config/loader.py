@@ -8,6 +8,7 @@ and returns the validated, typed result.
 from __future__ import annotations
 
 import difflib
+import re
 import logging
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from ridgeline.config.validate import (
     under_free_form,
 )
 
-__all__ = ["CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments"]
+__all__ = ["CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments", "preset_summaries"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,26 @@ _register_base_config()
 def list_experiments() -> list[str]:
     """Names of the presets usable as ``+experiment=NAME``."""
     return sorted(p.stem for p in (CONFIG_DIR / EXPERIMENT_GROUP).glob("*.yaml"))
+
+
+def preset_summaries() -> dict[str, str]:
+    """Preset name -> what it trains: the first sentence of the comment its file opens with,
+    without parentheses (citations), at most 100 characters."""
+    out = {}
+    for name in list_experiments():
+        text = (CONFIG_DIR / EXPERIMENT_GROUP / f"{name}.yaml").read_text(encoding="utf-8")
+        block = []
+        for line in text.splitlines():
+            if not line.startswith("#"):
+                break
+            if "@package" not in line:
+                block.append(line[1:].strip())
+        summary = re.sub(r"\s*\([^()]*\)", "", " ".join(block))
+        # the first sentence or clause, past the first 20 characters ("Dr. GRPO", "Quickstart: ...")
+        ends = [m.start() for m in re.finditer(r"[.:;] ", summary) if m.start() >= 20]
+        summary = summary[:ends[0]] if ends else summary.rstrip(".")
+        out[name] = summary if len(summary) <= 100 else summary[:99].rstrip() + "…"
+    return out
 
 
 def load_config(overrides: list[str] | None = None) -> DictConfig:

@@ -33,7 +33,7 @@ from ridgeline.inference.types import (
     run_steps,
     wake_order,
 )
-from ridgeline.models.forward import forward_last_logits, positions_from_mask
+from ridgeline.models.forward import cache_kwargs, forward_last_logits, positions_from_mask
 from ridgeline.tracking.progress import progress
 
 
@@ -215,7 +215,7 @@ class HFEngine:
         positions = positions_from_mask(attention)
         out = forward_last_logits(self.model, 1, input_ids=input_ids, attention_mask=attention,
                                   position_ids=positions, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        cache, logits = out.cache, out.logits[:, -1]
         yield
 
         # fan each prompt's cache out to its samples
@@ -262,7 +262,7 @@ class HFEngine:
                 seen = None if seen is None else seen[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
             out = forward_last_logits(self.model, 1, input_ids=tokens[:, None], attention_mask=attention,
-                                      position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
+                                      position_ids=next_pos[:, None], use_cache=True, **cache_kwargs(cache))
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
             yield

@@ -8,20 +8,37 @@ a 17 s generate call). Making the slice contiguous keeps it a single matmul.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 log = logging.getLogger(__name__)
+
+# The decoder's KV-cache argument and output field: transformers 5 renamed `past_key_values` to
+# `cache` (the old name still works there but warns on every run and goes in 5.40); 4.x knows only
+# the old name. Passing the installed library's own name keeps runs free of that warning.
+CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} else "past_key_values"
+
+
+def cache_kwargs(cache: Any) -> dict[str, Any]:
+    """`{CACHE_ARG: cache}`: a KV cache handed to a decoder's forward under the installed name."""
+    return {CACHE_ARG: cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a decoder's forward returned (None when it kept none)."""
+    return getattr(out, CACHE_ARG, None)
 
 
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor          # [B, keep, V]
-    past_key_values: Any = None
+    cache: Any = None             # the decoder's KV cache when `use_cache=True`
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -40,7 +57,7 @@ def forward_last_logits(model: PreTrainedModel, keep: int, **inputs: Any) -> For
     out = model.get_decoder()(**inputs)
     hidden = out.last_hidden_state[:, -keep:].contiguous()
     logits = model.get_output_embeddings()(hidden)
-    return ForwardOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
+    return ForwardOutput(logits=logits, cache=output_cache(out))
 
 
 def enable_activation_checkpointing(model: PreTrainedModel, use_reentrant: bool = False) -> None:

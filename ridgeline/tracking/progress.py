@@ -1,25 +1,36 @@
-"""Progress bars that appear only for a person watching a terminal.
+"""Progress bars that appear only for a person watching a terminal (drawn with rich, on stderr).
 
-    with progress(total=len(batches), desc="generate") as bar:
-        for batch in batches:
-            ...
-            bar.update()
+    with run_progress(total=20, done=0) as steps:        # the run's one overall bar: step 7/20, ETA
+        for step in ...:
+            with progress(total=len(batches), desc="generate") as bar:   # a bar under it, while it lasts
+                for batch in batches:
+                    bar.update()
+            steps.update(reward=0.42)
 
-A bar is drawn (with tqdm, on stderr) when stderr is a terminal; in a log file, a CI job or a
-test nothing at all is written. `RIDGELINE_PROGRESS=1` forces bars on, `RIDGELINE_PROGRESS=0`
-forces them off. The returned object counts updates either way.
+A bar is drawn when stderr is a terminal; in a log file, a CI job or a test nothing at all is
+written. `RIDGELINE_PROGRESS=1` forces bars on, `RIDGELINE_PROGRESS=0` forces them off. The
+returned object counts updates either way.
+
+All bars open at one time share one display at the bottom of the terminal: the first bar opened
+starts it, bars opened meanwhile (from any thread) join it as lines of their own. While it is up,
+what the process prints (the console table) and logs goes above it instead of breaking its line.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
 ENV_VAR = "RIDGELINE_PROGRESS"
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
+# the ETA averages the speed over this many seconds: RL steps take seconds to minutes each, and
+# rich's default of 30 s would estimate from one or two of them
+ETA_WINDOW_S = 3600.0
 
 
 def progress_enabled(stream: TextIO | None = None) -> bool:
@@ -38,51 +49,116 @@ def progress_enabled(stream: TextIO | None = None) -> bool:
 
 
 class Progress:
-    """A counter, with a tqdm bar attached when bars are on."""
+    """A counter, with a line of the shared display attached when bars are on."""
 
-    def __init__(self, total: int | None, bar: Any = None):
+    def __init__(self, total: int | None, display: "_Display | None" = None, task: Any = None):
         self.total = total
         self.n = 0
-        self._bar = bar
+        self._display = display
+        self._task = task
 
     @property
     def visible(self) -> bool:
-        return self._bar is not None
+        return self._display is not None
 
-    def update(self, n: int = 1) -> None:
+    def update(self, n: int = 1, **values: Any) -> None:
+        """Count `n` more done; `values` (e.g. reward=0.42) are shown after the bar."""
         self.n += n
-        if self._bar is not None:
-            self._bar.update(n)
+        if self._display is not None:
+            self._display.bars.update(self._task, advance=n, **_postfix(values))
 
     def set_postfix(self, **values: Any) -> None:
         """Short live values after the bar (e.g. reward=0.42); ignored when no bar is drawn."""
-        if self._bar is not None:
-            self._bar.set_postfix(values, refresh=False)
+        if self._display is not None:
+            self._display.bars.update(self._task, **_postfix(values))
 
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+
+def _postfix(values: dict[str, Any]) -> dict[str, str]:
+    if not values:
+        return {}
+    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items() if v is not None]
+    return {"postfix": " ".join(shown)}
+
+
+class _Display:
+    """One rich `Progress` (a live display on `stream`) with the bars open now; stdout, stderr and
+    the logging handlers writing to them go above it while it is up."""
+
+    def __init__(self, stream: TextIO):
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        console = Console(file=stream, force_terminal=True)
+        self.bars = RichProgress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[postfix]}"),
+            console=console, refresh_per_second=4, speed_estimate_period=ETA_WINDOW_S,
+            # stdout goes above the bar only when it is this terminal too: `ridgeline train > log`
+            # keeps the console table in the file
+            redirect_stdout=sys.stdout.isatty(), redirect_stderr=True, transient=False)
+        self.users = 0
+        self._handlers: list[tuple[logging.StreamHandler, TextIO]] = []
+
+    def start(self) -> None:
+        real = (sys.stdout, sys.stderr)
+        self.bars.start()  # from here sys.stdout / sys.stderr write above the display
+        # log handlers keep the stream they were given (logging.basicConfig's stderr): point them
+        # at the redirected one while the display is up
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream in real:
+                old = handler.setStream(sys.stderr if handler.stream is real[1] else sys.stdout)
+                self._handlers.append((handler, old))
+
+    def stop(self) -> None:
+        for handler, old in self._handlers:
+            handler.setStream(old)
+        self._handlers.clear()
+        self.bars.stop()
+
+
+_lock = threading.Lock()
+_display: _Display | None = None
 
 
 @contextmanager
-def progress(total: int | None, desc: str = "", *, leave: bool = False,
+def progress(total: int | None, desc: str = "", *, leave: bool = False, done: int = 0,
              stream: TextIO | None = None) -> Iterator[Progress]:
-    """A `Progress` for a loop of `total` items (None when unknown). `leave=False` erases the bar
-    when done, right for the inner loops of a step; pass `leave=True` for a whole-run bar."""
+    """A `Progress` for a loop of `total` items (None when unknown), `done` of them done before
+    (they do not count towards the speed). `leave=False` removes the bar when done, right for the
+    inner loops of a step; pass `leave=True` to keep its last state on screen."""
     stream = stream or sys.stderr
     if not progress_enabled(stream):
         counter = Progress(total)
+        counter.n = done
         yield counter
         return
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
+    global _display
+    with _lock:
+        display = _display
+        if display is None:
+            display = _display = _Display(stream)
+            display.start()
+        display.users += 1
+        task = display.bars.add_task(desc, total=total, completed=done, postfix="")
+    counter = Progress(total, display, task)
+    counter.n = done
+    try:
+        yield counter
+    finally:
+        with _lock:
+            if not leave:
+                display.bars.remove_task(task)
+            display.users -= 1
+            if display.users == 0:
+                display.stop()
+                _display = None
 
-    # While the bar is up, console log records go through tqdm.write, so a warning printed
-    # mid-loop lands above the bar instead of breaking its line.
-    with logging_redirect_tqdm():
-        counter = Progress(total, tqdm(total=total, desc=desc, file=stream, leave=leave,
-                                       dynamic_ncols=True, mininterval=0.25))
-        try:
-            yield counter
-        finally:
-            counter.close()
+
+@contextmanager
+def run_progress(total: int, done: int = 0, desc: str = "step", *,
+                 stream: TextIO | None = None) -> Iterator[Progress]:
+    """The run's overall bar: `done` of `total` steps at the start (a resumed run), the elapsed
+    time and the ETA from the steps done since; it stays on screen at the end."""
+    with progress(total, desc, leave=True, done=done, stream=stream) as bar:
+        yield bar

@@ -47,6 +47,7 @@ from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import dump_training_batch, eval_dump_folder
 from ridgeline.tracking.report import write_report
+from ridgeline.tracking.progress import run_progress
 from ridgeline.tracking.samples import write_samples
 from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_trackers
 from ridgeline.trainer import checkpoint
@@ -79,6 +80,11 @@ class StepTimer:
         t0 = time.perf_counter()
         yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+def planned_steps(steps_per_epoch: int, epochs: int, max_steps: int | None) -> int:
+    """The steps a run trains: `trainer.max_steps` when set, else `epochs` x `steps_per_epoch`."""
+    return max_steps if max_steps is not None else steps_per_epoch * epochs
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -172,7 +178,7 @@ class Trainer:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
 
         # the learning-rate schedules run over the whole run's optimizer steps (build.lr_schedule)
-        training_batches = train_data.num_batches(t.train_batch_size) * t.epochs
+        training_batches = planned_steps(train_data.num_batches(t.train_batch_size), t.epochs, t.max_steps)
         if t.strategy == "single":
             device = resolve_device(t.device)
             policy = build_policy_worker(cfg, tokenizer, training_batches=training_batches)
@@ -246,7 +252,14 @@ class Trainer:
 
     @property
     def total_steps(self) -> int:
-        return self.steps_per_epoch * self.cfg.trainer.epochs
+        """The run's steps: `trainer.max_steps`, else epochs x batches per epoch."""
+        t = self.cfg.trainer
+        return planned_steps(self.steps_per_epoch, t.epochs, t.max_steps)
+
+    @property
+    def num_epochs(self) -> int:
+        """Passes over the data the run's steps take (the last one may be partial)."""
+        return -(-self.total_steps // max(1, self.steps_per_epoch))
 
     def train(self) -> dict[str, Any]:
         t = self.cfg.trainer
@@ -257,6 +270,9 @@ class Trainer:
         elif self.run.global_step:
             log.info("resuming at step %d of %d (batch %d of epoch %d), run folder %s", self.run.global_step + 1,
                      self.total_steps, batch + 1, epoch + 1, self.run_dir)
+        elif t.max_steps is not None:
+            log.info("training %d steps (trainer.max_steps; %d pass(es) over %d batches), run folder %s",
+                     self.total_steps, self.num_epochs, self.steps_per_epoch, self.run_dir)
         else:
             log.info("training %d steps (%d epochs x %d steps), run folder %s", self.total_steps, t.epochs,
                      self.steps_per_epoch, self.run_dir)
@@ -288,7 +304,7 @@ class Trainer:
         if self.val_data is not None and t.eval_before_train and self.run.global_step == 0:
             first_eval = last_eval = self.evaluate()
             self._log(first_eval)
-        with self._interrupt_handling():
+        with self._interrupt_handling(), run_progress(self.total_steps, done=self.run.global_step) as steps:
             for epoch, batch, rows in self._remaining_batches():
                 self.in_step = True
                 self.run.global_step += 1
@@ -298,6 +314,7 @@ class Trainer:
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
                 self._log(metrics)
+                steps.update(reward=metrics.get("reward/avg_raw_reward"))
                 after = self._after_step(epoch, batch)
                 if after:
                     # a row of its own for the same step: this work runs after the step's row is
@@ -331,10 +348,14 @@ class Trainer:
         order is a function of (seed, epoch), so a resumed run picks up exactly where it was."""
         t = self.cfg.trainer
         first_epoch, skip = self.run.data_position
-        for epoch in range(first_epoch, t.epochs):
+        left = self.total_steps - self.run.global_step
+        for epoch in range(first_epoch, self.num_epochs):
             skip = skip if epoch == first_epoch else 0
             batches = self.train_data.batches(t.train_batch_size, seed=t.seed, epoch=epoch, skip_batches=skip)
             for batch, rows in enumerate(batches, start=skip):
+                if left <= 0:  # trainer.max_steps ends the run inside an epoch
+                    return
+                left -= 1
                 yield epoch, batch, rows
 
     def _after_step(self, epoch: int, batch: int) -> dict[str, float]:
@@ -345,7 +366,7 @@ class Trainer:
         timer = StepTimer({})
         epoch_done = batch + 1 == self.steps_per_epoch
         self.run.data_position = (epoch + 1, 0) if epoch_done else (epoch, batch + 1)
-        if epoch_done and t.update_ref_every_epoch and self.workers.ref is not None and epoch + 1 < t.epochs:
+        if epoch_done and t.update_ref_every_epoch and self.workers.ref is not None and epoch + 1 < self.num_epochs:
             with timer.phase("update_ref_with_policy"):
                 self.update_ref()
         step = self.run.global_step

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ridgeline.models.forward import activation_checkpointing_on, model_device, positions_from_mask
+from ridgeline.models.forward import (activation_checkpointing_on, cache_kwargs, model_device, output_cache,
+                                      positions_from_mask)
 from ridgeline.training.lm_head import lm_head_logprobs
 
 
@@ -71,11 +72,11 @@ def _shared_prompt_hidden(model: PreTrainedModel, prompt_ids: torch.Tensor, prom
     decoder = model.get_decoder()
     out = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
                   use_cache=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
     cache.reorder_cache(inverse)  # index_select per layer: differentiable
     first = out.last_hidden_state[inverse, -1:]   # [B, 1, H]
     if response_ids.shape[1] == 1:
         return first
     rest = decoder(input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                   position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).last_hidden_state
+                   position_ids=response_positions[:, :-1], use_cache=True, **cache_kwargs(cache)).last_hidden_state
     return torch.cat([first, rest], dim=1)

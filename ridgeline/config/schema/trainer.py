@@ -252,6 +252,10 @@ class TrainerConfig(Section):
     # SkyRL 0.3.1 (its only backend); sequence parallelism itself is not built (*.sequence_parallel_size)
     sequence_parallel_backend: str = setting("ulysses", choices=("ulysses",))
     epochs: int = setting(1)
+    # Ridgeline extension (SkyRL 0.3.1 has no step cap): null = epochs x the batches of an epoch;
+    # N = exactly N steps, the learning-rate schedule spanning N, taking as many passes over the
+    # data as N needs (transformers' TrainingArguments.max_steps: it takes the place of epochs).
+    max_steps: Optional[int] = setting(None)
     update_epochs_per_batch: int = setting(1)
     train_batch_size: int = setting(1024)
     policy_mini_batch_size: int = setting(256)
@@ -334,6 +338,9 @@ class TrainerConfig(Section):
             if value < 1:
                 report.add(f"{at}.{name}={show(value)} must be a positive whole number (at least 1). "
                            f"Fix: e.g. {at}.{name}={show(getattr(TrainerConfig(), name))}.")
+        if self.max_steps is not None and self.max_steps < 1:
+            report.add(f"{at}.max_steps={show(self.max_steps)} must be null (train {at}.epochs passes over the data) "
+                       f"or a whole number of steps >= 1. Fix: e.g. {at}.max_steps=20, or {at}.max_steps=null.")
         if self.num_warmup_steps < 0:
             report.add(f"{at}.num_warmup_steps={show(self.num_warmup_steps)} must not be negative. "
                        f"Fix: e.g. {at}.num_warmup_steps=0.")
