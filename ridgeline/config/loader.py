@@ -8,8 +8,9 @@ and returns the validated, typed result.
 from __future__ import annotations
 
 import difflib
-import re
 import logging
+import re
+import tempfile
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -86,21 +87,27 @@ def preset_summaries() -> dict[str, str]:
     return out
 
 
-def load_config(overrides: list[str] | None = None) -> DictConfig:
+def load_config(overrides: list[str] | None = None, run_config: Path | None = None) -> DictConfig:
     """Compose the base config with Hydra ``overrides``, validate it and return it.
+
+    ``run_config``: a run's saved ``config.yaml`` (``ridgeline eval --checkpoint``), applied over
+    the base config and any preset, under the overrides' keys.
 
     Raises :class:`ConfigError` naming every problem found (bad override syntax, unknown keys,
     wrong types, clashing batch sizes, features not built yet, ...). The result is typed: a value
     of the wrong type set later is refused by OmegaConf.
     """
     overrides = list(overrides or [])
+    if run_config is not None:
+        with tempfile.TemporaryDirectory(prefix="ridgeline-run-config-") as folder:
+            return load_config([*overrides, *_run_config_overrides(Path(run_config), Path(folder))])
     problems: list[str] = []
     usable = _check_overrides(overrides, problems)
     try:
         cfg = _compose(usable)
     except ConfigError as exc:  # a problem the pre-checks could not see
         problems.extend(exc.problems)
-        # still report what is wrong with the rest: compose again without presets
+        # still report what is wrong with the rest: compose again without the presets
         rest = [o for o in usable if o.lstrip("+").split("=", 1)[0] != EXPERIMENT_GROUP]
         if rest != usable:
             try:
@@ -108,7 +115,10 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
             except ConfigError:
                 raise ConfigError(problems) from None
             _strip_hydra(cfg)
-            problems.extend(config_problems(cfg))
+            # only what is wrong with the user's own keys: the cross-field rules would judge the base
+            # config's defaults (4 GPUs, colocated engines) that the missing preset was there to replace
+            own = {o.lstrip("+").split("=", 1)[0] for o in rest}
+            problems.extend(p for p in config_problems(cfg) if re.split(r"[=: ]", p, maxsplit=1)[0] in own)
         raise ConfigError(problems) from None
     _strip_hydra(cfg)
     typed, found = check_config(cfg)
@@ -119,6 +129,20 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 # --------------------------------------------------------------------------- Hydra
+RUN_CONFIG_GROUP = "run_config"
+
+
+def _run_config_overrides(run_config: Path, folder: Path) -> list[str]:
+    """A saved run config as a config group of its own on Hydra's search path (`folder`): the
+    overrides that select it, after any preset, so the run's values replace the preset's."""
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.load(run_config)
+    (folder / RUN_CONFIG_GROUP).mkdir()
+    (folder / RUN_CONFIG_GROUP / "saved.yaml").write_text("# @package _global_\n" + OmegaConf.to_yaml(saved),
+                                                         encoding="utf-8")
+    return [f"hydra.searchpath=[file://{folder}]", f"+{RUN_CONFIG_GROUP}=saved"]
+
 
 
 def _compose(overrides: list[str]) -> DictConfig:

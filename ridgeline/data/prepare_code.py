@@ -177,7 +177,7 @@ def _make_problem(rng: random.Random, template: CodeTemplate) -> tuple[str, list
     return prompt, cases, template.solution(param)
 
 
-def _rows(rng: random.Random, count: int, split: str) -> list[dict[str, Any]]:
+def _rows(rng: random.Random, count: int, split: str, env_class: str) -> list[dict[str, Any]]:
     rows = []
     for index in range(count):
         template = TEMPLATES[rng.randrange(len(TEMPLATES))]
@@ -185,15 +185,17 @@ def _rows(rng: random.Random, count: int, split: str) -> list[dict[str, Any]]:
         rows.append({
             "data_source": "synthetic_code",
             "prompt": [{"role": "user", "content": prompt}],
-            "env_class": "code",
+            "env_class": env_class,
             "reward_spec": {"method": "rule", "ground_truth": json.dumps(cases)},
             "extra_info": {"template": template.name, "solution": solution, "split": split, "index": index},
         })
     return rows
 
 
-def prepare_code(output_dir: str | Path, *, num_train: int = 1000, num_val: int = 100, seed: int = 0) -> dict[str, Path]:
-    """Generate and write ``train.parquet`` and ``validation.parquet`` for the ``code`` env.
+def prepare_code(output_dir: str | Path, *, num_train: int = 1000, num_val: int = 100, seed: int = 0,
+                 env_class: str = "code") -> dict[str, Path]:
+    """Generate and write ``train.parquet`` and ``validation.parquet`` for the ``code`` env
+    (``env_class``: the environment the rows name, e.g. a custom env that runs the same tests).
 
     Returns ``{"train": path, "validation": path}``. Same arguments -> identical files.
     """
@@ -202,8 +204,8 @@ def prepare_code(output_dir: str | Path, *, num_train: int = 1000, num_val: int 
     if num_val < 0:
         raise ValueError(f"num_val must be >= 0, got {num_val}")
     # Separate streams: validation never depends on num_train.
-    val_rows = _rows(random.Random(f"code-validation-{seed}"), num_val, "validation")
-    train_rows = _rows(random.Random(f"code-train-{seed}"), num_train, "train")
+    val_rows = _rows(random.Random(f"code-validation-{seed}"), num_val, "validation", env_class)
+    train_rows = _rows(random.Random(f"code-train-{seed}"), num_train, "train", env_class)
     schema = arrow_schema(_extra_info_fields())
     return {
         split: write_parquet(rows, Path(output_dir) / f"{split}.parquet", schema)

@@ -318,11 +318,11 @@ def _split(questions: list[Question], num_train: int | None, num_val: int, seed:
     return train, val
 
 
-def _row(question: Question, system_prompt: str, split: str, index: int) -> dict[str, Any]:
+def _row(question: Question, system_prompt: str, split: str, index: int, env_class: str) -> dict[str, Any]:
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": question.question}],
-        "env_class": "text2sql_lenient",
+        "env_class": env_class,
         "reward_spec": {"method": "rule", "ground_truth": question.sql},
         "extra_info": {"db_id": DB_ID, "split": split, "index": index, "template": question.template},
     }
@@ -334,6 +334,7 @@ def prepare_text2sql(
     num_train: int | None = None,
     num_val: int = 40,
     seed: int = 0,
+    env_class: str = "text2sql_lenient",
 ) -> dict[str, Path]:
     """Write ``databases/shop.sqlite``, ``train.parquet`` and ``validation.parquet``.
 
@@ -341,6 +342,7 @@ def prepare_text2sql(
         num_train: training rows; None (default) = every question not held out for validation.
         num_val: held-out validation questions (distinct from train).
         seed: decides the split; same seed and sizes -> identical files.
+        env_class: the environment the rows name (``text2sql``: skyrl-gym's exact scorer).
 
     Returns ``{"train": path, "validation": path, "databases": folder}``; point
     ``environment.skyrl_gym.text2sql_lenient.db_root`` at the ``databases`` folder.
@@ -354,7 +356,7 @@ def prepare_text2sql(
     schema = arrow_schema(_extra_info_fields())
     written: dict[str, Path] = {}
     for split, split_questions in (("train", train), ("validation", val)):
-        rows = [_row(question, system_prompt, split, i) for i, question in enumerate(split_questions)]
+        rows = [_row(question, system_prompt, split, i, env_class) for i, question in enumerate(split_questions)]
         written[split] = write_parquet(rows, output_dir / f"{split}.parquet", schema)
     written["databases"] = db_dir
     return written

@@ -24,8 +24,8 @@ from typing import Any
 
 from .schema import DatasetError
 
-__all__ = ["FILE_SUFFIXES", "HUB_TIMEOUT_S", "SourceDigest", "file_digest", "is_data_file", "parse_dataset_name",
-           "read_rows", "rows_digest"]
+__all__ = ["FILE_SUFFIXES", "HUB_TIMEOUT_S", "SourceDigest", "file_digest", "is_data_file", "is_hub_dataset",
+           "locate_hub_dataset", "parse_dataset_name", "read_rows", "rows_digest"]
 
 FILE_SUFFIXES = (".parquet", ".json", ".jsonl")
 HUB_TIMEOUT_S = 10.0   # seconds the hub may take to say whether a dataset exists
@@ -44,6 +44,20 @@ class SourceDigest:
 def is_data_file(spec: str | Path) -> bool:
     """An entry read as a local file (by its suffix), as opposed to a `load_dataset` name."""
     return Path(spec).suffix.lower() in FILE_SUFFIXES
+
+
+def is_hub_dataset(spec: str | Path) -> bool:
+    """An entry `load_dataset` reads from the Hugging Face Hub: no file, no local folder."""
+    return not is_data_file(spec) and not Path(parse_dataset_name(str(spec))[0]).exists()
+
+
+def locate_hub_dataset(spec: str, config_key: str | None = None) -> None:
+    """Look a hub entry up without downloading it (one short request; nothing with
+    HF_HUB_OFFLINE): a DatasetError naming `config_key` when the hub lacks it or cannot be reached."""
+    import datasets
+
+    where = f"{config_key} lists {spec!r}" if config_key else repr(spec)
+    _check_hub_name(parse_dataset_name(spec)[0], where, bool(datasets.config.HF_HUB_OFFLINE))
 
 
 def parse_dataset_name(spec: str) -> tuple[str, str]:

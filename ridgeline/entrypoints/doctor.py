@@ -2,7 +2,8 @@
 
 Reports the Python/torch/CUDA versions, the GPUs and the attention backend that fits each, free
 disk space, optional packages, Ray, and whether the configuration given by the same Hydra
-overrides as `ridgeline train` can run on this machine. Ends with a one-line verdict.
+overrides as `ridgeline train` can run on this machine: its engine and strategy, and what it reads
+(models, data files, the rows' environments: `doctor_inputs.py`). Ends with a one-line verdict.
 
 Exit status: 0 = nothing FAILs, 1 = something FAILs (e.g. the requested engine cannot run here),
 2 = invalid configuration (as `ridgeline train`).
@@ -405,6 +406,10 @@ def run(args: argparse.Namespace) -> int:
         line, code = "NOT READY: invalid configuration (see config above)", 2
     else:
         checks = all_checks(facts, cfg)
+        if cfg is not None:  # what the run reads: models, data files, the rows' environments
+            from ridgeline.entrypoints.doctor_inputs import input_checks
+
+            checks += input_checks(cfg)
         line = verdict(checks, summary(cfg, facts))
         code = 1 if any(c.status == FAIL for c in checks) else 0
     if args.json:

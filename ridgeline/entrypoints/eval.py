@@ -6,6 +6,10 @@ The overrides are the trainer's (Hydra), so a preset evaluates what it trains on
     ridgeline eval +experiment=quickstart trainer.policy.model.path=runs/quickstart/final_model
     ridgeline eval +experiment=tiny --checkpoint runs/tiny/final_model generator.eval_n_samples_per_prompt=8
 
+With `--checkpoint`, the config is the one of the run that wrote the checkpoint (the checkpoint's
+`config.yaml`, or the run folder's beside `final_model`: its reward, data and export path), with
+the command line's keys on top; a preset named on the command line is replaced by it.
+
 What is read: `data.val_data` (the files to score; `data.prepare` writes them first when missing),
 `trainer.policy.model.path` / `gguf_file` (the model) unless `--checkpoint` names one,
 `generator.eval_sampling_params`, `generator.eval_n_samples_per_prompt`, `generator.model_dtype`,
@@ -101,8 +105,15 @@ def run(args: argparse.Namespace) -> int:
     from ridgeline.entrypoints.run import setup_logging
 
     args = _options_among_overrides(args)
-    cfg = load_config(args.overrides)
     setup_logging()
+    run_config = checkpoint_run_config(args.checkpoint) if args.checkpoint is not None else None
+    if run_config is not None:
+        log.info("--checkpoint %s: the config of the run that wrote it (%s), then the command line's keys",
+                 args.checkpoint, run_config)
+    elif args.checkpoint is not None:
+        log.info("--checkpoint %s: no config.yaml of the run that wrote it beside it; the command line's "
+                 "config is used", args.checkpoint)
+    cfg = load_config(args.overrides, run_config=run_config)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     report = evaluate_model(cfg, checkpoint=args.checkpoint, output=args.output)
     print(format_table(report.metrics))
@@ -142,7 +153,7 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     from ridgeline.models.device import resolve_device
     from ridgeline.models.loading import configure_chat_template
     from ridgeline.trainer.builders import (build_generator, check_environments, load_environments,
-                                            prepare_data_if_missing, seed_everything)
+                                            prepare_data, seed_everything)
     from ridgeline.trainer.evaluation import run_eval
 
     t, g = cfg.trainer, cfg.generator
@@ -161,7 +172,7 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
 
         engine = build_engine(cfg, tokenizer := engine_tokenizer(cfg, checkpoint))
     configure_chat_template(tokenizer, g)
-    prepare_data_if_missing(cfg.data)
+    prepare_data(cfg)
     datasets = val_datasets(cfg, tokenizer)
     env_override = load_environments(cfg.environment)
     # every row's env builds and starts before any sample is generated (as before training)
@@ -202,6 +213,28 @@ def engine_tokenizer(cfg: DictConfig, checkpoint: Path | None):
                                       "loads a Hugging Face model folder (config.json + weights); export one "
                                       "with `ridgeline export`, or use generator.backend=hf")
     return tokenizer
+
+
+def checkpoint_run_config(checkpoint: Path) -> Path | None:
+    """The `config.yaml` of the run that wrote `checkpoint`: a training checkpoint's own, or the run
+    folder's beside `final_model`; None when neither is there (an export, a downloaded model)."""
+    folder = _checkpoint_folder(checkpoint)  # a training checkpoint's policy/, or the folder itself
+    for candidate in (folder, *list(folder.resolve().parents)[:2]):
+        path = candidate / "config.yaml"
+        if path.is_file() and _is_run_config(path):
+            return path
+    return None
+
+
+def _is_run_config(path: Path) -> bool:
+    """A config a Ridgeline run saved (not some other program's config.yaml)."""
+    from omegaconf import OmegaConf
+
+    try:
+        saved = OmegaConf.load(path)
+    except Exception:  # unreadable YAML: not a run's
+        return False
+    return OmegaConf.select(saved, "trainer.run_dir", default=None) is not None
 
 
 def _checkpoint_folder(checkpoint: Path) -> Path:

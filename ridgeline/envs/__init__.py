@@ -13,7 +13,7 @@ from .base import Env, SingleTurnEnv, StepOutput
 from .feedback import FeedbackEnv, Grade
 from .reward_fn import RewardFunctionEnv, load_reward_fn, reward_fn_env
 from .tools import ToolCall, ToolCallError, ToolEnv, ToolGroup, ToolResult, tool
-from .registry import UnknownEnvError, check_env_name, load_env_module, make, register, registered_envs
+from .registry import DEFAULT_ENV_CLASS, UnknownEnvError, check_env_name, load_env_module, make, register, registered_envs
 from .skyrl_gym_env import PREFIX as SKYRL_GYM_PREFIX, SkyRLGymEnv, SkyRLGymNotInstalled
 
 # Imported for their side effect: registering the built-in envs.
@@ -25,6 +25,7 @@ from . import text2sql as _text2sql  # noqa: E402,F401  isort: skip
 from . import text2sql_lenient as _text2sql_lenient  # noqa: E402,F401  isort: skip
 
 __all__ = [
+    "DEFAULT_ENV_CLASS",
     "Env",
     "FeedbackEnv",
     "Grade",

@@ -22,8 +22,9 @@ import logging
 import os
 import sys
 import threading
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 ENV_VAR = "RIDGELINE_PROGRESS"
 _ON = ("1", "true", "yes", "on")
@@ -31,6 +32,9 @@ _OFF = ("0", "false", "no", "off")
 # the ETA averages the speed over this many seconds: RL steps take seconds to minutes each, and
 # rich's default of 30 s would estimate from one or two of them
 ETA_WINDOW_S = 3600.0
+# off a terminal the run's progress is a log line at most this often (and at the last step)
+STEP_LOG_EVERY_S = 30.0
+_log = logging.getLogger("ridgeline.progress")
 
 
 def progress_enabled(stream: TextIO | None = None) -> bool:
@@ -156,9 +160,42 @@ def progress(total: int | None, desc: str = "", *, leave: bool = False, done: in
 
 
 @contextmanager
-def run_progress(total: int, done: int = 0, desc: str = "step", *,
-                 stream: TextIO | None = None) -> Iterator[Progress]:
+def run_progress(total: int, done: int = 0, desc: str = "step", *, stream: TextIO | None = None,
+                 log_every_s: float = STEP_LOG_EVERY_S) -> Iterator[Progress]:
     """The run's overall bar: `done` of `total` steps at the start (a resumed run), the elapsed
-    time and the ETA from the steps done since; it stays on screen at the end."""
+    time and the ETA from the steps done since; it stays on screen at the end. Off a terminal (a
+    log file, a job) the same figures are logged as a line (`step_line`) at most every
+    `log_every_s` seconds, and at the last step."""
     with progress(total, desc, leave=True, done=done, stream=stream) as bar:
-        yield bar
+        yield bar if bar.visible else StepLog(total, done, log_every_s)
+
+
+def step_line(done: int, total: int, elapsed_s: float, timed_steps: int) -> str:
+    """`step 7/20 (35%), 1m02s elapsed, ETA 2m00s`: the ETA is the steps left at the mean time of
+    the `timed_steps` steps taken in `elapsed_s` (unknown before the first)."""
+    eta = _duration((total - done) * elapsed_s / timed_steps) if timed_steps else "?"
+    return f"step {done}/{total} ({100 * done // max(total, 1)}%), {_duration(elapsed_s)} elapsed, ETA {eta}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class StepLog(Progress):
+    """The run's bar where no bar is drawn: `step_line` logged (logger `ridgeline.progress`)."""
+
+    def __init__(self, total: int, done: int, every_s: float, clock: Callable[[], float] = time.monotonic):
+        super().__init__(total)
+        self.n = self._first = done
+        self._every_s, self._clock = every_s, clock
+        self._start = clock()
+        self._last: float | None = None
+
+    def update(self, n: int = 1, **values: Any) -> None:
+        super().update(n, **values)
+        now = self._clock()
+        if self._last is None or now - self._last >= self._every_s or self.n >= (self.total or 0):
+            self._last = now
+            _log.info(step_line(self.n, self.total or self.n, now - self._start, self.n - self._first))

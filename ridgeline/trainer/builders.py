@@ -12,8 +12,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ridgeline import envs
-from ridgeline.data import (PromptDataset, PromptRow, prepare_arithmetic, prepare_code, prepare_gsm8k, prepare_multiply,
-                            prepare_text2sql)
+from ridgeline.data import PromptDataset, PromptRow
+from ridgeline.data.prepare_run import prepare_dataset
 from ridgeline.data.sources import is_data_file
 from ridgeline.envs import sandbox
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
@@ -30,31 +30,36 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      policy_train_config, seed_everything, training_autocast_dtype,
                                      training_precision)
 
-__all__ = ["PREPARERS", "EnvironmentCheckError", "build_critic", "check_environments", "check_model_paths",
+__all__ = ["EnvironmentCheckError", "build_critic", "check_environments", "check_model_paths",
            "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
            "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
-           "policy_spec", "policy_train_config", "prepare_data_if_missing", "seed_everything",
+           "policy_spec", "policy_train_config", "prepare_data", "seed_everything",
            "training_autocast_dtype", "training_precision", "truncation_policy"]
 
 log = logging.getLogger(__name__)
 
-PREPARERS = {"arithmetic": prepare_arithmetic, "code": prepare_code, "gsm8k": prepare_gsm8k,
-             "multiply": prepare_multiply, "text2sql": prepare_text2sql}
-
-
 # ------------------------------------------------------------------------------------- builders
-def prepare_data_if_missing(data_cfg: DictConfig) -> None:
-    """`data.prepare` (Ridgeline extension): write the dataset files first when they are missing."""
-    if data_cfg.get("prepare") is None:
+def prepare_data(cfg: DictConfig) -> None:
+    """`data.prepare` (Ridgeline extension): write the dataset files first when they are missing or
+    `data.prepare` changed since they were written (`ridgeline.data.prepare_run`). The rows name
+    `data.prepare.env_class` when given, else `environment.env_class` when the config chose one
+    (`chosen_env_class`), else the dataset's own env: the config's env is the one the prepared rows
+    name, so `environment.env_class=shout` on a preset trains on shout."""
+    if cfg.data.get("prepare") is None:
         return
-    spec = OmegaConf.to_container(data_cfg.prepare, resolve=True)
-    name = spec.pop("dataset")
+    spec = OmegaConf.to_container(cfg.data.prepare, resolve=True)
+    if chosen_env_class(cfg) is not None:
+        spec.setdefault("env_class", chosen_env_class(cfg))
     # files only: a dataset folder or hub name (sources.py) is not something a preparer writes
-    wanted = [Path(p) for p in list(data_cfg.train_data) + list(data_cfg.val_data) if is_data_file(p)]
-    if all(p.exists() for p in wanted):
-        return
-    log.info("data.prepare: writing the %s dataset into %s", name, spec.get("output_dir"))
-    PREPARERS[name](**spec)
+    wanted = [Path(p) for p in list(cfg.data.train_data) + list(cfg.data.val_data) if is_data_file(p)]
+    prepare_dataset(spec, wanted)
+
+
+def chosen_env_class(cfg: DictConfig) -> str | None:
+    """`environment.env_class` when the config (a preset, the command line) chose it; None at
+    SkyRL's default (gsm8k), which every SkyRL config carries whether it means it or not."""
+    value = cfg.environment.env_class
+    return None if value == envs.DEFAULT_ENV_CLASS else value
 
 
 def load_environments(env_cfg: DictConfig) -> str | None:
@@ -104,6 +109,8 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
     """
     env_settings = per_env_settings(cfg)
     _check_env_names(cfg, env_settings, env_override)
+    if env_override is None:
+        _check_env_class_applies(cfg, datasets)
     # on a worker thread under the step time limit, so an env that hangs stops the check, not the run
     timeout_s, max_turns = float(cfg.environment.step_timeout_s), int(cfg.generator.max_turns)
     runner = EnvRunner(max_workers=1, timeout_s=timeout_s)
@@ -158,6 +165,24 @@ def _check_env_names(cfg: DictConfig, env_settings: Mapping[str, Any], env_overr
             envs.check_env_name(name)
         except Exception as exc:
             raise EnvironmentCheckError(f"{key}: {exc}") from exc
+
+
+def _check_env_class_applies(cfg: DictConfig, datasets: Mapping[str, PromptDataset]) -> None:
+    """A chosen `environment.env_class` that no row uses is refused: a row's own env_class wins, as
+    in SkyRL (environment.env_class is the env of rows without one), so it would change nothing."""
+    chosen = chosen_env_class(cfg)
+    if chosen is None or any(row.env_class == chosen for data in datasets.values() for row in data):
+        return
+    named = sorted({row.env_class for data in datasets.values() for row in data})
+    files = sorted({file for data in datasets.values() for file in data.files})
+    prepared = cfg.data.get("prepare") is not None
+    raise EnvironmentCheckError(
+        f"environment.env_class={chosen} applies to no row: every row of {', '.join(files)} names its own "
+        f"env_class ({', '.join(named)}), and a row's env_class wins, as in SkyRL (environment.env_class is the "
+        "env of rows without one). Fix: " + (
+            "+data.prepare.env_class=" + chosen + " (or delete the prepared files) to have the rows name it, "
+            if prepared else f"an env_class column saying {chosen} in the data, ")
+        + f"or environment.env_class={named[0]}")
 
 
 def _shape(value: Any) -> object:

@@ -55,7 +55,7 @@ from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.builders import (build_critic, build_generator, build_policy_worker, build_ref_worker,
                                         check_environments, check_model_paths, generator_input, load_environments,
                                         policy_spec,
-                                        prepare_data_if_missing, seed_everything, training_autocast_dtype,
+                                        prepare_data, seed_everything, training_autocast_dtype,
                                         training_precision, truncation_policy)
 from ridgeline.trainer.dynamic_sampling import (filter_rollout, first_groups, mask_signal_less_groups, num_groups,
                                                replace_rollout)
@@ -155,7 +155,7 @@ class Trainer:
 
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
-        prepare_data_if_missing(cfg.data)
+        prepare_data(cfg)
         default_env = cfg.environment.env_class
         train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
                                    max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
 from ridgeline.config.fields import Report, Section, one_of, setting, show
+from ridgeline.envs.registry import DEFAULT_ENV_CLASS
 
 
 @dataclass
@@ -30,7 +31,9 @@ class SandboxConfig(Section):
 
 @dataclass
 class EnvironmentConfig(Section):
-    env_class: str = setting("gsm8k")
+    # the env of rows without an env_class (a row's own wins, as in SkyRL); data.prepare writes it
+    # into the rows it prepares (ridgeline.trainer.builders.prepare_data)
+    env_class: str = setting(DEFAULT_ENV_CLASS)
     # Per-environment settings by env name (free-form, e.g. skyrl_gym.text2sql.db_path=...) and,
     # as in SkyRL 0.3.1, max_env_workers: environment calls (step, init) running at once; 0 runs
     # them one by one in the generator's thread, without a time limit.

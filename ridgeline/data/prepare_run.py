@@ -1,0 +1,84 @@
+"""`data.prepare` (Ridgeline extension): the dataset files a run reads, written from its config.
+
+The files are written when one is missing, and written again when `data.prepare` changed since
+they were written: each preparation leaves `MANIFEST` (the settings it ran with) in its output
+folder, so `data.prepare.num_train=48` on a run folder prepared with 160 rows gives 48 rows, as
+asked. Files that exist without a manifest were not written by `data.prepare` (the user's own, or
+an older Ridgeline's): they are used as they are, with one warning saying so, never overwritten.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .prepare_arithmetic import prepare_arithmetic
+from .prepare_code import prepare_code
+from .prepare_gsm8k import prepare_gsm8k
+from .prepare_multiply import prepare_multiply
+from .prepare_text2sql import prepare_text2sql
+from .schema import DatasetError
+
+__all__ = ["MANIFEST", "PREPARERS", "prepare_dataset"]
+
+log = logging.getLogger(__name__)
+
+# data.prepare.dataset -> the function writing it; each takes output_dir, env_class and its options
+PREPARERS: dict[str, Callable[..., dict[str, Path]]] = {
+    "arithmetic": prepare_arithmetic, "code": prepare_code, "gsm8k": prepare_gsm8k,
+    "multiply": prepare_multiply, "text2sql": prepare_text2sql}
+MANIFEST = ".ridgeline-prepare.json"   # hidden: a dataset folder read with load_dataset skips it
+
+
+def prepare_dataset(spec: dict[str, Any], wanted: Sequence[Path]) -> None:
+    """Write the files of `spec` (`data.prepare` resolved: dataset, output_dir, env_class,
+    options) unless the files `wanted` (data.train_data / val_data's files) exist and were written
+    from the same settings."""
+    out = Path(spec["output_dir"])
+    settings = {k: v for k, v in spec.items() if k != "output_dir"}
+    manifest = out / MANIFEST
+    if wanted and all(p.exists() for p in wanted):
+        if not manifest.exists():
+            log.warning("data.prepare (dataset %s) was not applied: the data files exist already (%s) and were not "
+                        "written by data.prepare (no %s beside them), so they are read as they are. Fix: delete "
+                        "them, or set data.prepare.output_dir (and data.train_data / data.val_data) to another "
+                        "folder, to have them prepared", settings.get("dataset"), ", ".join(map(str, wanted)),
+                        MANIFEST)
+            return
+        before = _read(manifest)
+        if before == settings:
+            return
+        log.info("data.prepare changed since the files in %s were written (%s): writing them again", out,
+                 "; ".join(_changes(before, settings)))
+    else:
+        log.info("data.prepare: writing the %s dataset into %s", settings["dataset"], out)
+    options = dict(settings)
+    preparer = PREPARERS[options.pop("dataset")]
+    accepted = [p for p in inspect.signature(preparer).parameters if p != "output_dir"]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise DatasetError(f"data.prepare.{unknown[0]} is not an option of the {settings['dataset']} dataset. Fix: "
+                           f"one of {', '.join(accepted)} (e.g. +data.prepare.{accepted[0]}=...), or remove it")
+    try:
+        preparer(out, **options)
+    except ValueError as exc:  # the preparers' refusals of their arguments: the user's to fix
+        raise DatasetError(f"data.prepare ({settings['dataset']}): {exc}") from exc
+    manifest.write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _read(manifest: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable: prepared again, as a changed one is
+        return None
+
+
+def _changes(before: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
+    if before is None:
+        return [f"{MANIFEST} unreadable"]
+    keys = [*now, *(k for k in before if k not in now)]
+    return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in keys if before.get(k) != now.get(k)]
