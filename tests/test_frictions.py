@@ -72,28 +72,27 @@ def test_1_config_env_class_reaches_the_prepared_rows_and_trains(shout_run):
     assert [r["reward/avg_raw_reward"] for r in steps] == [0.25, 0.25, 0.25]  # shout's reward, not arithmetic's
 
 
-def test_1_a_chosen_env_class_no_row_uses_is_refused(tmp_path, shout_module):
-    from ridgeline.data import prepare_arithmetic
+def test_1_a_chosen_env_class_no_row_uses_is_said(tmp_path, shout_module, caplog, capsys):
+    """User files whose rows name their own env: the rows win, as in SkyRL, and one warning says so
+    (at start and in `ridgeline doctor`) with the ways to make the config's env apply."""
+    from ridgeline.data import PromptDataset, prepare_arithmetic
+    from ridgeline.trainer.builders import check_environments
 
     files = prepare_arithmetic(tmp_path / "data", num_train=16, num_val=4)  # rows name arithmetic
-    cfg = load_config(tiny(tmp_path, f"environment.env_modules=[{shout_module}]", "environment.env_class=shout",
-                           "data.prepare=null", f"data.train_data=[{files['train']}]",
-                           f"data.val_data=[{files['validation']}]"))
-    from ridgeline.entrypoints.run import run_training as train
-
-    with pytest.raises(EnvironmentCheckError) as info:
-        train(cfg)
-    message = str(info.value)
-    assert message.startswith("environment.env_class=shout applies to no row: every row of ")
-    assert "names its own env_class (arithmetic), and a row's env_class wins, as in SkyRL" in message
-    assert message.endswith("Fix: an env_class column saying shout in the data, or environment.env_class=arithmetic")
-    # SkyRL's default is no choice: a dataset of other envs with env_class left at gsm8k runs as in SkyRL
-    default = load_config(tiny(tmp_path, "environment.env_class=gsm8k", "data.prepare=null",
-                               f"data.train_data=[{files['train']}]", f"data.val_data=[{files['validation']}]"))
-    from ridgeline.trainer.builders import check_environments
-    from ridgeline.data import PromptDataset
-
-    check_environments(default, {"data.train_data": PromptDataset([files["train"]])}, None)
+    given = tiny(tmp_path, f"environment.env_modules=[{shout_module}]", "environment.env_class=shout",
+                 "data.prepare=null", f"data.train_data=[{files['train']}]", f"data.val_data=[{files['validation']}]")
+    check_environments(load_config(given), {"data.train_data": PromptDataset([files["train"]])}, None)
+    assert caplog.messages == [
+        f"environment.env_class=shout applies to no row: every row of {files['train']} names its own env_class "
+        "(arithmetic), and a row's env_class wins, as in SkyRL (environment.env_class is the env of rows without "
+        "one). To train on shout: an env_class column saying shout in the data"]
+    assert main(["doctor", *given]) == 0
+    assert re.search(r"\nwarn +environments: environment.env_class=shout applies to no row", capsys.readouterr().out)
+    # SkyRL's default is no choice: rows of other envs with env_class left at gsm8k run without a word
+    caplog.clear()
+    check_environments(load_config(tiny(tmp_path, "environment.env_class=gsm8k")),
+                       {"data.train_data": PromptDataset([files["train"]])}, None)
+    assert caplog.messages == []
 
 
 # ---------------------------------------------------------------------------------- friction 3

@@ -6,7 +6,8 @@ its rows name. Each is looked at the way the run will look at it, without downlo
   hub that answers: one short request, the run downloads it);
 - a data entry: a file (every row read and checked), a file `data.prepare` writes at start, a
   dataset folder, or a hub dataset (on a hub that answers);
-- the environments: each distinct env of the rows built, started and closed (as before training).
+- the environments: each distinct env of the rows built, started and closed (as before training);
+  a warning when a chosen `environment.env_class` applies to no row.
 
 A FAIL carries the run's own message (naming the key and the fix), so "ready" means the run will
 get past loading what it names.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ridgeline.entrypoints.doctor import FAIL, NOT_CHECKED, OK, Check
+from ridgeline.entrypoints.doctor import FAIL, NOT_CHECKED, OK, WARN, Check
 from ridgeline.errors import UserError
 
 DATA_KEYS = ("data.train_data", "data.val_data")
@@ -97,7 +98,7 @@ def data_input_checks(cfg: Any) -> tuple[list[Check], dict[str, Any]]:
 
 def environment_check(cfg: Any, datasets: dict[str, Any]) -> Check:
     """The environments of the rows read, each built, started and closed as before training."""
-    from ridgeline.trainer.builders import check_environments, load_environments
+    from ridgeline.trainer.builders import check_environments, load_environments, unused_env_class_note
 
     name = "environments"
     if not datasets:
@@ -108,4 +109,6 @@ def environment_check(cfg: Any, datasets: dict[str, Any]) -> Check:
     except UserError as exc:
         return Check(name, FAIL, str(exc))
     classes = sorted({override or row.env_class for data in datasets.values() for row in data})
-    return Check(name, OK, f"{', '.join(classes)}: each builds, starts and closes on the rows read")
+    note = None if override else unused_env_class_note(cfg, datasets)
+    return Check(name, WARN, note) if note else Check(name, OK, f"{', '.join(classes)}: each builds, starts and "
+                                                                "closes on the rows read")

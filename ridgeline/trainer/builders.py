@@ -109,8 +109,9 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
     """
     env_settings = per_env_settings(cfg)
     _check_env_names(cfg, env_settings, env_override)
-    if env_override is None:
-        _check_env_class_applies(cfg, datasets)
+    note = unused_env_class_note(cfg, datasets)
+    if note is not None:
+        log.warning("%s", note)
     # on a worker thread under the step time limit, so an env that hangs stops the check, not the run
     timeout_s, max_turns = float(cfg.environment.step_timeout_s), int(cfg.generator.max_turns)
     runner = EnvRunner(max_workers=1, timeout_s=timeout_s)
@@ -167,22 +168,22 @@ def _check_env_names(cfg: DictConfig, env_settings: Mapping[str, Any], env_overr
             raise EnvironmentCheckError(f"{key}: {exc}") from exc
 
 
-def _check_env_class_applies(cfg: DictConfig, datasets: Mapping[str, PromptDataset]) -> None:
-    """A chosen `environment.env_class` that no row uses is refused: a row's own env_class wins, as
-    in SkyRL (environment.env_class is the env of rows without one), so it would change nothing."""
+def unused_env_class_note(cfg: DictConfig, datasets: Mapping[str, PromptDataset]) -> str | None:
+    """A chosen `environment.env_class` that no row uses changes nothing: a row's own env_class wins,
+    as in SkyRL (environment.env_class is the env of rows without one). The sentence that says so,
+    with the ways to make it apply (logged at start, a doctor warning), or None."""
     chosen = chosen_env_class(cfg)
-    if chosen is None or any(row.env_class == chosen for data in datasets.values() for row in data):
-        return
+    if chosen is None or cfg.environment.reward_fn is not None:
+        return None
+    if any(row.env_class == chosen for data in datasets.values() for row in data):
+        return None
     named = sorted({row.env_class for data in datasets.values() for row in data})
     files = sorted({file for data in datasets.values() for file in data.files})
-    prepared = cfg.data.get("prepare") is not None
-    raise EnvironmentCheckError(
-        f"environment.env_class={chosen} applies to no row: every row of {', '.join(files)} names its own "
-        f"env_class ({', '.join(named)}), and a row's env_class wins, as in SkyRL (environment.env_class is the "
-        "env of rows without one). Fix: " + (
-            "+data.prepare.env_class=" + chosen + " (or delete the prepared files) to have the rows name it, "
-            if prepared else f"an env_class column saying {chosen} in the data, ")
-        + f"or environment.env_class={named[0]}")
+    how = (f"+data.prepare.env_class={chosen} (or delete the prepared files)" if cfg.data.get("prepare")
+           else f"an env_class column saying {chosen} in the data")
+    return (f"environment.env_class={chosen} applies to no row: every row of {', '.join(files)} names its own "
+            f"env_class ({', '.join(named)}), and a row's env_class wins, as in SkyRL (environment.env_class is the "
+            f"env of rows without one). To train on {chosen}: {how}")
 
 
 def _shape(value: Any) -> object:
