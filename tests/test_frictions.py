@@ -10,6 +10,7 @@ clear sentence, never a silent substitute. Runs are the real loop on the tiny pr
 import io
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -190,6 +191,19 @@ def test_6_a_misspelled_preset_comes_without_the_base_configs_gpu_rules():
     assert "Could not find 'experiment/quickstrat'. Did you mean +experiment=quickstart?" in text
     assert "trainer.epochs=abc has the wrong type" in text
     assert "colocate_all" not in text and "num_inference_engines" not in text
+
+
+def test_6_a_bare_train_says_only_what_stops_it(tmp_path):
+    """The base config's 4-GPU defaults are noted only once a run is built: a run that cannot start
+    ends with its one message."""
+    proc = subprocess.run([sys.executable, "-m", "ridgeline.cli", "train"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**os.environ, "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ridgeline: trainer.policy.model.path=Qwen/Qwen2.5-1.5B-Instruct: "
+                                                   "no such local folder"), proc.stderr
+    assert "colocate" not in proc.stderr and "not acted on" not in proc.stderr
 
 
 def test_6_eval_checkpoint_reads_the_runs_own_config(shout_run, capsys):
