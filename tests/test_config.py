@@ -190,6 +190,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.policy.model.gguf_file", None),
     ("trainer.critic.model.gguf_file", None),
     ("trainer.run_dir", "$HOME/exports//test_run"),
+    ("trainer.max_steps", None),
     ("trainer.mixed_precision", "auto"),
     ("trainer.device", "auto"),
     ("trainer.flash_attn", True),

@@ -103,6 +103,12 @@ def test_3_max_steps_caps_the_run_across_epochs(shout_run):
     assert [r["step"] for r in rows if "reward/avg_raw_reward" in r] == [1, 2, 3]
 
 
+def test_3_max_steps_must_be_a_positive_number_of_steps(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.max_steps=0 must be null \(train trainer.epochs passes over the "
+                                          r"data\) or a whole number of steps >= 1. Fix: e.g. trainer.max_steps=20"):
+        load_config(tiny(tmp_path, "trainer.max_steps=0"))
+
+
 def test_3_a_changed_data_prepare_is_applied_and_said(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ridgeline.data.prepare_run")
     train = tmp_path / "tiny" / "data" / "train.parquet"
