@@ -237,8 +237,8 @@ def test_sleep_and_wake_by_tags_through_the_server(local):
 def test_bad_requests_get_clear_answers(server):
     client = _client(server)
     try:
-        with pytest.raises(EngineError, match="400.*token-in/token-out"):
-            client.request("POST", client.urls[0], "/generate", {"text": "hello"})
+        with pytest.raises(EngineError, match="400.*either text .* or input_ids"):
+            client.request("POST", client.urls[0], "/generate", {"text": "hello", "input_ids": [1, 2]})
         with pytest.raises(EngineError, match="400.*not supported by ridgeline serve.*frequency_penalty"):
             client.request("POST", client.urls[0], "/generate",
                            {"input_ids": [1, 2], "sampling_params": {"frequency_penalty": 1.0}})
@@ -419,12 +419,12 @@ def test_serve_answers_stop_strings_and_top_logprobs_as_sglang_and_vllm_do(serve
 
     completion = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "stop": ["WW"], "logprobs": 1,
                   "return_token_ids": True}
-    choice = service.completions(completion)["choices"][0]
+    choice = service.openai.completions(completion)["choices"][0]
     assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("", "stop", "WW")
     # vLLM's top_logprobs: the top N and the sampled token, keyed by token text (or "token_id:ID")
     assert choice["logprobs"]["top_logprobs"][0].keys() == {"W"}
     completion.update(include_stop_str_in_output=True, return_tokens_as_token_ids=True)
-    choice = service.completions(completion)["choices"][0]
+    choice = service.openai.completions(completion)["choices"][0]
     w = tok.convert_tokens_to_ids("W")
     assert choice["text"] == "WW" and choice["logprobs"]["top_logprobs"][0].keys() == {f"token_id:{w}"}
 
@@ -432,7 +432,7 @@ def test_serve_answers_stop_strings_and_top_logprobs_as_sglang_and_vllm_do(serve
                        ({"repetition_penalty": 0}, "repetition_penalty must be greater than 0"),
                        ({"logprobs": -1}, "top logprobs must be a whole number")]:
         with pytest.raises(RequestError, match=words):
-            service.completions({"model": MODEL, "prompt": prompt, **bad})
+            service.openai.completions({"model": MODEL, "prompt": prompt, **bad})
 
 
 def test_completion_requests_carry_the_sampling_keys():
