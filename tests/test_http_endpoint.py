@@ -9,6 +9,7 @@ import time
 import pytest
 import requests
 import torch
+from transformers import AutoTokenizer
 
 from conftest import chat_ids, in_thread
 from ridgeline.inference.endpoint import EndpointError, EndpointSettings, HttpEndpoint, SharedEngine, check_address
@@ -333,11 +334,14 @@ def test_an_interrupted_run_stops_its_endpoint_and_frees_the_port(tmp_path):
     served = []
 
     def interrupted_step(rows):  # Ctrl-C inside the first step, once the endpoint has answered
-        served.append(requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"])
+        served.append(requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0])
         raise KeyboardInterrupt
 
     trainer.train_step = interrupted_step
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
-    assert served == ["tiny://llama"]  # generator.model_name's default: the policy's path
+    assert [m["id"] for m in served] == ["tiny://llama"]  # generator.model_name's default: the policy's path
+    # `root`: a folder AutoTokenizer loads (tiny:// has none of its own)
+    assert AutoTokenizer.from_pretrained(served[0]["root"])("Say hi.")["input_ids"] == \
+           build_char_tokenizer()("Say hi.")["input_ids"]
     assert port_is_free(port)

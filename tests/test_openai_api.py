@@ -8,6 +8,7 @@ import openai
 import pytest
 import requests
 import torch
+from transformers import AutoTokenizer
 
 from conftest import chat_ids, start_serve
 from ridgeline.config import load_config
@@ -71,7 +72,12 @@ def _refused(url: str, route: str, body: dict, param: str) -> str:
 def test_the_openai_client_lists_the_model_chats_and_completes(client, local):
     engine, tok = local
     model = client.models.list().data
-    assert [(m.id, m.root, m.max_model_len) for m in model] == [(NAME, "tiny://llama", 512)]
+    assert [(m.id, m.max_model_len) for m in model] == [(NAME, 512)]
+    # `root`: a folder the client's AutoTokenizer loads (tiny:// has none: its tokenizer written once)
+    loaded = AutoTokenizer.from_pretrained(model[0].root)
+    assert loaded("Say hi.")["input_ids"] == tok("Say hi.")["input_ids"]
+    text = loaded.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert loaded(text, add_special_tokens=False)["input_ids"] == chat_ids(tok, "Say hi.")
 
     # chat: the messages through the model's chat template, greedy equal to the engine's
     answer = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=6, temperature=0,
@@ -114,6 +120,17 @@ def test_the_openai_client_lists_the_model_chats_and_completes(client, local):
     ids = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0,
                                     extra_body={"return_token_ids": True})
     assert ids.choices[0].model_extra["token_ids"] == _greedy(engine, prompt, 4).response_ids
+
+
+def test_a_client_without_v1_in_its_base_url_is_told_the_fix(server):
+    bare = openai.OpenAI(base_url=server, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as err:
+        bare.chat.completions.create(model=NAME, messages=MESSAGES)
+    assert err.value.body["message"] == (f"no route POST /chat/completions: the OpenAI routes are under /v1. Fix: the "
+                                         f'client\'s base_url ends in /v1, e.g. base_url="{server}/v1"')
+    bare.close()
+    r = requests.post(server + "/nowhere", json={}, timeout=30)  # no hint where /v1 would not help either
+    assert r.status_code == 404 and r.json()["error"]["message"] == "no route POST /nowhere"
 
 
 def test_the_openai_client_gets_one_clear_400_for_what_is_not_served(client):

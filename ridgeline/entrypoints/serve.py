@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
         return 2
     from ridgeline.inference.build import build_hf_engine
-    from ridgeline.models.loading import (configure_chat_template, is_built_locally, load_tokenizer, model_folder,
-                                          policy_spec)
+    from ridgeline.models.loading import configure_chat_template, load_tokenizer, policy_spec, tokenizer_folder
     from ridgeline.training.build import seed_everything
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -123,9 +122,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(spec)
     configure_chat_template(tokenizer, cfg.generator)
     engine = build_hf_engine(cfg, tokenizer)
-    # the folder (or hub id) the model was loaded from: a client's AutoTokenizer loads it (/v1/models' root)
-    tokenizer_path = spec.path if is_built_locally(spec) else model_folder(spec)
-    service = EngineService(engine, tokenizer, spec.path, served_model_name=name, tokenizer_path=tokenizer_path,
+    service = EngineService(engine, tokenizer, spec.path, served_model_name=name,
+                            tokenizer_path=tokenizer_folder(spec),
                             chat_max_tokens=cfg.generator.sampling_params.max_generate_length,
                             context_length=args.context_length or engine.context_length, vocab_size=engine.vocab_size,
                             steps=engine.generate_steps, limits=limits)
@@ -134,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     # the line a launcher waits for (tests and scripts parse it)
     print(f"ridgeline serve: {service.model_path} ({engine.dtype}) as model {name!r} listening on "
           f"http://{host}:{port}", flush=True)
+    print(f"ridgeline serve: OpenAI clients: base_url=\"http://{host}:{port}/v1\", model=\"{name}\" (the "
+          f"tokenizer: AutoTokenizer.from_pretrained(\"{service.tokenizer_path}\"), or POST /tokenize)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

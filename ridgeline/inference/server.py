@@ -115,7 +115,8 @@ class EngineService:
     for a bad request). Engine work goes through the service's `EngineScheduler`."""
 
     def __init__(self, engine, tokenizer, model_path: str, *, tp_size: int = 1, served_model_name: str | None = None,
-                 tokenizer_path: str | None = None, chat_max_tokens: int = 1024, context_length: int | None = None, vocab_size: int | None = None,
+                 tokenizer_path: str | None = None, chat_max_tokens: int = 1024, context_length: int | None = None,
+                 vocab_size: int | None = None,
                  steps: GenerationSteps | None = None, limits: ServeLimits = ServeLimits()):
         """`served_model_name`: the name OpenAI requests must give as `model` (default `model_path`,
         vLLM's rule); `tokenizer_path`: a hub id or folder AutoTokenizer loads the model's tokenizer
