@@ -7,16 +7,14 @@ from __future__ import annotations
 import openai
 import pytest
 import requests
-import torch
 from transformers import AutoTokenizer
 
-from conftest import chat_ids, start_serve
+from conftest import chat_ids, served_engine, serving
 from ridgeline.config import load_config
 from ridgeline.entrypoints.serve import default_served_name, served_name
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.types import EngineRequest, SamplingParams
 from ridgeline.models.loading import ModelSpec
-from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 
 NAME = "policy"
 MESSAGES = [{"role": "user", "content": "Say hi."}]
@@ -24,17 +22,14 @@ MESSAGES = [{"role": "user", "content": "Say hi."}]
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_serve("--served-model-name", NAME)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving("--served-model-name", NAME) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def local():
     """The embedded engine on the server's weights."""
-    tok = build_char_tokenizer()
-    return HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32), tok
+    return served_engine()
 
 
 @pytest.fixture(scope="module")

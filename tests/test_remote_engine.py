@@ -29,7 +29,7 @@ from ridgeline.inference.types import EngineError, EngineRequest, SamplingParams
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.tracking.dumps import read_eval_dump
 
-from conftest import chat_ids, start_serve
+from conftest import chat_ids, served_engine, serving
 
 MODEL = "tiny://llama"
 SEED = 42  # trainer.seed, which also seeds tiny:// models
@@ -37,18 +37,14 @@ SEED = 42  # trainer.seed, which also seeds tiny:// models
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_serve()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def local():
     """The embedded engine on the weights the server loads (tiny://llama, seed 42)."""
-    tok = build_char_tokenizer()
-    model = build_tiny_model("llama", tok, seed=SEED)
-    return HFEngine(model, tok, dtype=torch.float32), tok
+    return served_engine()
 
 
 def _client(url: str, api: str = "sglang", **kw) -> RemoteEngine:
