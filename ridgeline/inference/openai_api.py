@@ -148,7 +148,8 @@ class OpenAIApi:
         want_lp = fields.flag(body["logprobs"], "logprobs") if body.get("logprobs") is not None else False
         top = body.get("top_logprobs")
         if top is not None and not want_lp:
-            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+            raise RequestError("top_logprobs needs logprobs=true. Fix: add logprobs=true, or drop top_logprobs",
+                               "top_logprobs")
         limit = next(((k, body[k]) for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
                      ("max_tokens", self.service.chat_max_tokens))
         # logprobs=true with no top_logprobs still returns each sampled token's logprob
@@ -209,17 +210,19 @@ class OpenAIApi:
                                "default)", "stream")
         unknown = sorted(k for k in body if k not in known and k not in _NEUTRAL)
         if unknown:
-            raise RequestError(f"{route}: fields this server does not act on: {unknown}; remove them", unknown[0])
+            raise RequestError(f"{route}: fields this server does not act on: {unknown}. Fix: remove them (the fields "
+                               "it takes: docs/engines.md, OpenAI clients)", unknown[0])
         applied = sorted(k for k in body if k in _NEUTRAL and body[k] not in (None, *_NEUTRAL[k]))
         if applied:
             raise RequestError(f"{route}: {applied[0]}={fields.short(body[applied[0]])}: this server does not apply "
                                f"{applied[0]}. Fix: remove it", applied[0])
         served = self.service.served_model_name
         if body.get("model") is None and model_required:
-            raise RequestError(f"{route}: the field `model` is required; this server serves {served!r}", "model")
+            raise RequestError(f"{route}: the field `model` is required; this server serves {served!r}. Fix: "
+                               f"model={served!r}", "model")
         if body.get("model") is not None and body["model"] != served:
             raise RequestError(f"{route}: model {body['model']!r} is not served here; this server serves {served!r} "
-                               "(GET /v1/models)", "model")
+                               f"(GET /v1/models). Fix: model={served!r}", "model")
         for key in _FLAGS:
             if body.get(key) is not None:
                 fields.flag(body[key], key)
