@@ -3,7 +3,7 @@ OpenAI-compatible HTTP requests on `generator.http_endpoint_host:http_endpoint_p
 (an environment, a tool, another process) can sample from the policy being trained.
 
 The routes are `ridgeline serve`'s OpenAI ones (`EngineService.openai_routes`: /health, /v1/models,
-/v1/completions, /v1/chat/completions), served from a background thread of the training process
+/v1/completions, /v1/chat/completions, /tokenize, /detokenize), served from a background thread of the training process
 over the run's own engine, which the trainer's generator keeps using. `SharedEngine` makes that
 safe: every engine call holds one lock, so the endpoint's requests and the generator's batches
 never interleave inside an engine (the embedded engine, vLLM's `LLM` and SGLang's `Engine` are not
