@@ -4,6 +4,7 @@ two real tiny runs sharing one runs folder, each report about its own run only."
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import re
 from pathlib import Path
@@ -270,3 +271,63 @@ def test_plot_rewards_still_works(tmp_path):
     run_dir = make_run(tmp_path / "run")
     out = plot_rewards(run_dir / "metrics.jsonl", run_dir / "reward.png", title="t")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------ real runs
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two real tiny runs in one runs folder (the same trainer.export_path, so SkyRL's shared
+    dumped_evals/): `a` sums (evals at steps 0, 1, 2), then `b` multiplies (another seed; its
+    final eval at step 2 replaces a's dump there). Then a's report is written again."""
+    from ridgeline.config import load_config
+    from ridgeline.entrypoints.run import run_training
+
+    runs = tmp_path_factory.mktemp("runs")
+    common = ["+experiment=tiny", f"trainer.export_path={runs}", "data.prepare.num_train=32"]
+    run_training(load_config([*common, "trainer.run_name=a", "trainer.eval_interval=1"]))
+    run_training(load_config([*common, "trainer.run_name=b", "data.prepare.ops=*", "trainer.seed=7",
+                              "trainer.eval_before_train=false"]))
+    return runs, write_report(runs / "a").read_text(), (runs / "b" / "report.html").read_text()
+
+
+def sample_prompts(run_dir: Path) -> set[str]:
+    return {json.loads(line)["prompt"] for line in (run_dir / "samples.jsonl").read_text().splitlines()}
+
+
+def test_each_report_shows_its_own_runs_samples_and_eval_dumps(two_runs):
+    runs, page_a, page_b = two_runs
+    escape = html.escape
+    assert sample_prompts(runs / "a") and sample_prompts(runs / "b")
+    assert all(escape(p, quote=False) in page_a for p in sample_prompts(runs / "a"))
+    assert not any(escape(p, quote=False) in page_a for p in sample_prompts(runs / "b"))
+    assert re.search(r"What is \d \+ \d", page_a) and not re.search(r"What is \d \* \d", page_a)
+    assert re.search(r"What is \d \* \d", page_b) and not re.search(r"What is \d \+ \d", page_b)
+    dumps = runs / "dumped_evals"
+    own_a = re.findall(r"<tr><td>(\d+)</td><td>16</td><td>[^<]*</td><td><code>([^<]*)</code>", page_a)
+    assert own_a == [("0", str(dumps / "global_step_0_evals")), ("1", str(dumps / "global_step_1_evals"))]
+    assert "Left out: 1 eval dump folder(s)" in page_a and str(dumps / "global_step_2_evals") in page_a
+    own_b = re.findall(r"<tr><td>(\d+)</td><td>16</td><td>[^<]*</td><td><code>([^<]*)</code>", page_b)
+    assert own_b == [("2", str(dumps / "global_step_2_evals"))] and "Left out: 2 eval dump folder(s)" in page_b
+
+
+def test_a_real_runs_report_has_its_header_charts_and_step_browser(two_runs):
+    runs, page, _ = two_runs
+    info = json.loads((runs / "a" / "run.json").read_text())
+    assert info["algorithm"]["policy_loss"] == "regular" and info["run_dir"] == str((runs / "a").resolve())
+    # the tiny preset leaves policy_loss_type null: the loss the workers use is named
+    assert "grpo advantages, regular policy loss (token_mean), KL: KL loss (k3, coef 0.001)" in page
+    assert "None policy loss" not in page
+    for label in ("run id", "started", "wall time", "hardware", "model", "algorithm", "software", "config"):
+        assert f"<tr><td>{label}</td><td>" in page, label
+    assert re.search(r"<tr><td>started</td><td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", page)
+    assert re.search(r"<tr><td>wall time</td><td>\d+ (s|min \d\d s) \(from the start", page)
+    assert "; GPU: none; one process on cpu</td>" in page and "<tr><td>model</td><td>tiny://llama</td>" in page
+    assert '<a href="config.yaml">config.yaml</a>' in page
+    # one mini-batch, one pass: the ratio is exactly 1, nothing is clipped
+    assert "Not drawn, every value 0: Clip fraction." in page and "Clip fraction" not in images(page)
+    assert {"Reward and accuracy", "Reward and accuracy over time", "Memory"} <= set(images(page))
+    assert '<details id="step-1" open>' in page and '<details id="step-2" open>' in page
+    rows = [json.loads(line) for line in (runs / "a" / "metrics.jsonl").read_text().splitlines()]
+    elapsed = [r["timing/elapsed"] for r in rows]
+    assert len(elapsed) == len(rows) and elapsed == sorted(elapsed) and elapsed[0] > 0
+    assert all(0 < r["memory/rss_gib"] <= r["memory/peak_rss_gib"] + 1e-6 for r in rows if "memory/rss_gib" in r)

@@ -62,8 +62,10 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     peak so far; Linux reports KiB) and, on CUDA, `memory/peak_gpu_gib` (the peak of tensors
     allocated since the last call, which resets it: one figure per step) and
     `memory/reserved_gpu_gib` (what the caching allocator holds)."""
-    metrics = {"memory/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     rss = resident_gib()
+    # Linux updates the high-water mark lazily: it may lag the resident size read just now
+    metrics = {"memory/peak_rss_gib": peak if rss is None else max(peak, rss)}
     if rss is not None:
         metrics["memory/rss_gib"] = rss
     if device.type == "cuda":
