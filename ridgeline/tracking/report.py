@@ -160,6 +160,7 @@ def _specs(data: RunData) -> list[ChartSpec]:
     eval_keys = sorted(_matching(data, _PASS_AT_1.pattern), key=lambda k: (k != "eval/all/pass_at_1", k))
     timing = {k.split("/", 1)[1]: s(k) for k in PHASES if s(k)}
     total, evals = s("timing/step"), s("timing/eval")
+    memory = {k.split("/", 1)[1]: s(k) for k in _matching(data, r"^memory/")}
     return [
         line("Reward and accuracy", reward, "reward / accuracy", dashed=["held-out pass@1"], faint=faint),
         line("Reward and accuracy over time", timed, "reward / accuracy", dashed=["held-out pass@1"],
@@ -180,7 +181,8 @@ def _specs(data: RunData) -> list[ChartSpec]:
                   lambda: charts.stacked_chart("Seconds per phase", timing, total=("step (total)", total),
                                                extra={"eval": evals}, ylabel="seconds")),
         line("Throughput", {k.split("/", 1)[1]: s(k) for k in _matching(data, r"^throughput/")}, "tokens / s"),
-        line("Memory", {k.split("/", 1)[1]: s(k) for k in _matching(data, r"^memory/")}, "GiB"),
+        # from 0: a few MB of drift must not look like a leak
+        line("Memory", memory, "GiB", ylim=(0.0, 1.05 * max((y for p in memory.values() for _, y in p), default=1.0))),
         line("Engine vs trainer logprobs", {k.split("/", 1)[1]: s(k)
                                             for k in _matching(data, r"^rollout/logprob_abs_diff_")}),
     ]

@@ -298,9 +298,10 @@ def metrics_rows(run_dir: Path) -> int:
 def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
     """Before the trackers open metrics.jsonl. Resuming in the run's own folder: cut the file back
     to the rows it held when the checkpoint was written, so the steps redone after it are not
-    logged twice, and samples.jsonl back to the checkpoint's steps (`_cut_samples`). Otherwise (step 0, or another folder's checkpoint) the file, and the sampled
-    rollouts beside it (samples.jsonl), are not this run's history: set them aside
-    (metrics.jsonl.<time>.old, samples.jsonl.<time>.old), so its report shows only its own."""
+    logged twice, and samples.jsonl back to the checkpoint's steps (`_cut_samples`). Otherwise
+    (step 0, or another folder's checkpoint) the file, and the sampled rollouts beside it
+    (samples.jsonl), are not this run's history: set them aside (metrics.jsonl.<time>.old,
+    samples.jsonl.<time>.old), so its report shows only its own."""
     path = Path(run_dir) / METRICS_FILE
     state = json.loads((resume_from / "trainer_state.json").read_text()) if resume_from is not None else {}
     if resume_from is None or Path(state.get("run_dir", "")).resolve() != Path(run_dir).resolve():

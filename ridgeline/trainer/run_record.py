@@ -5,6 +5,7 @@ this process sees, the start time (a resume of the same run keeps the first one)
 from __future__ import annotations
 
 import platform
+import subprocess
 from pathlib import Path
 
 import torch
@@ -36,10 +37,21 @@ def algorithm_summary(cfg: DictConfig) -> AlgorithmSummary:
 
 
 def visible_gpus() -> list[str]:
-    """The names of the CUDA devices this process sees (none on a CPU-only machine)."""
+    """The names of the CUDA devices this process sees (none on a CPU-only machine). A process
+    that has not opened CUDA (a Ray driver: its ranks hold the models) does not open it for this:
+    the names then come from `nvidia-smi`, the machine's GPUs."""
     if not torch.cuda.is_available():
         return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    count = torch.cuda.device_count()
+    if torch.cuda.is_initialized():
+        return [torch.cuda.get_device_name(i) for i in range(count)]
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        listed = []
+    names = [name.strip() for name in listed if name.strip()]
+    return names or [f"CUDA device {i} (name unknown)" for i in range(count)]
 
 
 def start_run_info(cfg: DictConfig, run_dir: Path, run_id: str, placement: str, now: float) -> RunInfo:
