@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -54,6 +55,26 @@ def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, 
             return proc, url
     proc.kill()
     raise RuntimeError("ridgeline serve did not start:\n" + "".join(lines))
+
+
+@contextlib.contextmanager
+def serving(*args: str):
+    """`start_serve(*args)` for a `with` block: yields the url, stops the server after."""
+    proc, url = start_serve(*args)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def served_engine():
+    """The embedded engine on the weights `start_serve` loads (tiny://llama, seed 42, fp32), with
+    its tokenizer: (engine, tokenizer)."""
+    from ridgeline.inference.hf_engine import HFEngine
+    from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
+    tok = build_char_tokenizer()
+    return HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32), tok
 
 
 def in_thread(fn):

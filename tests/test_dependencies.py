@@ -28,6 +28,8 @@ def _name(requirement: str) -> str:
 
 def declared() -> tuple[set[str], dict[str, set[str]]]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [_name(r) for r in project["dependencies"]]
+    assert len(names) == len(set(names)), f"listed twice: {sorted({n for n in names if names.count(n) > 1})}"
     extras = {extra: {_name(r) for r in reqs} for extra, reqs in project["optional-dependencies"].items()
               if extra not in EXTRAS_NOT_FOR_THE_CODE}
     return {_name(r) for r in project["dependencies"]}, extras

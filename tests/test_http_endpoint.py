@@ -9,6 +9,7 @@ import time
 import pytest
 import requests
 import torch
+from transformers import AutoTokenizer
 
 from conftest import chat_ids, in_thread
 from ridgeline.inference.endpoint import EndpointError, EndpointSettings, HttpEndpoint, SharedEngine, check_address
@@ -60,7 +61,7 @@ def test_chat_completion_samples_the_engine_on_the_chat_templated_messages(engin
     body = {"model": NAME, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6,
             "temperature": 0.0, "logprobs": True, "top_logprobs": 2, "return_token_ids": True,
             "include_stop_str_in_output": True}
-    answer = service.chat_completions(body)
+    answer = service.openai.chat_completions(body)
     ref = greedy(engine, tok, "Say hi.")
     choice = answer["choices"][0]
     assert answer["object"] == "chat.completion" and answer["model"] == NAME
@@ -76,7 +77,7 @@ def test_chat_completion_samples_the_engine_on_the_chat_templated_messages(engin
     assert answer["usage"] == {"prompt_tokens": len(answer["prompt_token_ids"]), "completion_tokens": 6,
                                "total_tokens": len(answer["prompt_token_ids"]) + 6}
     # without max_tokens: the run's max_generate_length (chat_max_tokens); n samples, one per choice
-    sampled = service.chat_completions({"model": NAME, "messages": body["messages"], "n": 3, "seed": 1})
+    sampled = service.openai.chat_completions({"model": NAME, "messages": body["messages"], "n": 3, "seed": 1})
     assert len(sampled["choices"]) == 3 and sampled["usage"]["completion_tokens"] <= 15
     assert all(c["logprobs"] is None for c in sampled["choices"])
     for bad, words in [({"stream": True}, "stream=true is not supported"),
@@ -86,9 +87,9 @@ def test_chat_completion_samples_the_engine_on_the_chat_templated_messages(engin
                        ({"top_logprobs": 2}, "top_logprobs needs logprobs=true"),
                        ({"n": 0}, "n must be a whole number >= 1")]:
         with pytest.raises(RequestError, match=words):
-            service.chat_completions({"model": NAME, "messages": body["messages"], **bad})
+            service.openai.chat_completions({"model": NAME, "messages": body["messages"], **bad})
     # OpenAI's default penalties change nothing, so they are accepted
-    assert service.chat_completions({**body, "presence_penalty": 0, "frequency_penalty": 0})["choices"][0][
+    assert service.openai.chat_completions({**body, "presence_penalty": 0, "frequency_penalty": 0})["choices"][0][
                "token_ids"] == ref.response_ids
 
 
@@ -114,7 +115,7 @@ def test_endpoint_serves_the_openai_routes_refuses_another_model_and_frees_its_p
         r = requests.post(f"{url}/v1/chat/completions", timeout=30, json={"model": "tiny://llama", "messages": messages})
         assert r.status_code == 400
         error = r.json()["error"]
-        assert error["code"] == 400 and error["type"] == "Bad Request" and error["param"] is None
+        assert error["code"] == 400 and error["type"] == "Bad Request" and error["param"] == "model"
         assert f"model 'tiny://llama' is not served here; this server serves '{NAME}'" in error["message"]
         r = requests.post(f"{url}/v1/completions", timeout=30, json={"prompt": [1, 2]})
         assert r.status_code == 400 and "the field `model` is required" in r.json()["error"]["message"]
@@ -333,11 +334,14 @@ def test_an_interrupted_run_stops_its_endpoint_and_frees_the_port(tmp_path):
     served = []
 
     def interrupted_step(rows):  # Ctrl-C inside the first step, once the endpoint has answered
-        served.append(requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"])
+        served.append(requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0])
         raise KeyboardInterrupt
 
     trainer.train_step = interrupted_step
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
-    assert served == ["tiny://llama"]  # generator.model_name's default: the policy's path
+    assert [m["id"] for m in served] == ["tiny://llama"]  # generator.model_name's default: the policy's path
+    # `root`: a folder AutoTokenizer loads (tiny:// has none of its own)
+    assert AutoTokenizer.from_pretrained(served[0]["root"])("Say hi.")["input_ids"] == \
+           build_char_tokenizer()("Say hi.")["input_ids"]
     assert port_is_free(port)

@@ -132,3 +132,24 @@ def test_tiny_engine_folder_keeps_its_place(tmp_path, monkeypatch):
     folder = engine_model_folder(ModelSpec("tiny://llama", seed=5))
     assert folder == str(tmp_path / "tiny" / "llama-seed5")
     assert json.loads((tmp_path / "tiny" / "llama-seed5" / "config.json").read_text())["hidden_size"] == 64
+
+
+def test_tokenizer_folder_is_one_autotokenizer_loads(tmp_path, monkeypatch):
+    """`ridgeline serve`'s /v1/models root: the model's own folder or hub id; for models built in
+    memory, their character tokenizer written once (the same folder for all of them)."""
+    from transformers import AutoTokenizer
+
+    from ridgeline.models.loading import tokenizer_folder
+    from ridgeline.models.tiny import build_char_tokenizer
+
+    monkeypatch.setenv("RIDGELINE_CACHE", str(tmp_path))
+    assert tokenizer_folder(ModelSpec("Qwen/Qwen2.5-0.5B-Instruct")) == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert tokenizer_folder(ModelSpec(str(tmp_path / "a-model"))) == str(tmp_path / "a-model")
+    folder = tokenizer_folder(ModelSpec("tiny://llama", seed=5))
+    assert folder == str(tmp_path / "tokenizers" / "char")
+    assert tokenizer_folder(ModelSpec("random://smollm2-135m?num_hidden_layers=2")) == folder
+    # no model written, no temporary left
+    assert [p.relative_to(tmp_path).as_posix() for p in sorted(tmp_path.glob("*/*"))] == ["tokenizers/char"]
+    loaded, built = AutoTokenizer.from_pretrained(folder), build_char_tokenizer()
+    assert loaded("What is 2 + 3?")["input_ids"] == built("What is 2 + 3?")["input_ids"]
+    assert loaded.chat_template == built.chat_template

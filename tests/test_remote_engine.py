@@ -29,7 +29,7 @@ from ridgeline.inference.types import EngineError, EngineRequest, SamplingParams
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 from ridgeline.tracking.dumps import read_eval_dump
 
-from conftest import chat_ids, start_serve
+from conftest import chat_ids, served_engine, serving
 
 MODEL = "tiny://llama"
 SEED = 42  # trainer.seed, which also seeds tiny:// models
@@ -37,18 +37,14 @@ SEED = 42  # trainer.seed, which also seeds tiny:// models
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_serve()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def local():
     """The embedded engine on the weights the server loads (tiny://llama, seed 42)."""
-    tok = build_char_tokenizer()
-    model = build_tiny_model("llama", tok, seed=SEED)
-    return HFEngine(model, tok, dtype=torch.float32), tok
+    return served_engine()
 
 
 def _client(url: str, api: str = "sglang", **kw) -> RemoteEngine:
@@ -237,8 +233,8 @@ def test_sleep_and_wake_by_tags_through_the_server(local):
 def test_bad_requests_get_clear_answers(server):
     client = _client(server)
     try:
-        with pytest.raises(EngineError, match="400.*token-in/token-out"):
-            client.request("POST", client.urls[0], "/generate", {"text": "hello"})
+        with pytest.raises(EngineError, match="400.*either text .* or input_ids"):
+            client.request("POST", client.urls[0], "/generate", {"text": "hello", "input_ids": [1, 2]})
         with pytest.raises(EngineError, match="400.*not supported by ridgeline serve.*frequency_penalty"):
             client.request("POST", client.urls[0], "/generate",
                            {"input_ids": [1, 2], "sampling_params": {"frequency_penalty": 1.0}})
@@ -419,12 +415,12 @@ def test_serve_answers_stop_strings_and_top_logprobs_as_sglang_and_vllm_do(serve
 
     completion = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "stop": ["WW"], "logprobs": 1,
                   "return_token_ids": True}
-    choice = service.completions(completion)["choices"][0]
+    choice = service.openai.completions(completion)["choices"][0]
     assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("", "stop", "WW")
     # vLLM's top_logprobs: the top N and the sampled token, keyed by token text (or "token_id:ID")
     assert choice["logprobs"]["top_logprobs"][0].keys() == {"W"}
     completion.update(include_stop_str_in_output=True, return_tokens_as_token_ids=True)
-    choice = service.completions(completion)["choices"][0]
+    choice = service.openai.completions(completion)["choices"][0]
     w = tok.convert_tokens_to_ids("W")
     assert choice["text"] == "WW" and choice["logprobs"]["top_logprobs"][0].keys() == {f"token_id:{w}"}
 
@@ -432,7 +428,7 @@ def test_serve_answers_stop_strings_and_top_logprobs_as_sglang_and_vllm_do(serve
                        ({"repetition_penalty": 0}, "repetition_penalty must be greater than 0"),
                        ({"logprobs": -1}, "top logprobs must be a whole number")]:
         with pytest.raises(RequestError, match=words):
-            service.completions({"model": MODEL, "prompt": prompt, **bad})
+            service.openai.completions({"model": MODEL, "prompt": prompt, **bad})
 
 
 def test_completion_requests_carry_the_sampling_keys():

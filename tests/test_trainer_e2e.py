@@ -60,7 +60,11 @@ def test_final_model_loads_with_transformers_and_exports_and_evals_are_where_sky
     assert (export / "global_step_3" / "policy" / "model.safetensors").is_file()
     dumped = sorted((export / "dumped_evals").iterdir())
     assert [d.name for d in dumped] == ["global_step_0_evals", "global_step_3_evals"]
-    assert sorted(p.name for p in dumped[0].iterdir()) == ["aggregated_results.jsonl", "arithmetic.jsonl"]
+    # SkyRL's two files, and the run that wrote them (the run report shows its own run's dumps only)
+    assert sorted(p.name for p in dumped[0].iterdir()) == ["aggregated_results.jsonl", "arithmetic.jsonl",
+                                                           "ridgeline_run.json"]
+    owner, info = (json.loads(p.read_text()) for p in (dumped[0] / "ridgeline_run.json", export / "tiny" / "run.json"))
+    assert owner == {"run_id": info["run_id"], "run_dir": info["run_dir"]}
     first = json.loads((dumped[0] / "arithmetic.jsonl").read_text().splitlines()[0])
     assert {"input_prompt", "output_response", "score", "stop_reason", "env_class", "env_extras",
             "data_source"} <= set(first)  # SkyRL's fields

@@ -1,6 +1,7 @@
-"""`ridgeline serve [overrides] [--host H] [--port N] [--api-key K]`: the embedded engine of the
-configured policy model behind an HTTP server (ridgeline.inference.server), serving it as
-`generator.model_name` on the OpenAI routes."""
+"""`ridgeline serve [overrides] [--host H] [--port N] [--api-key K] [--served-model-name NAME]`: the
+embedded engine of the configured policy model behind an HTTP server (ridgeline.inference.server),
+serving it on the OpenAI routes under `--served-model-name` (default: `generator.model_name` when
+the config sets one, else the model's name: `default_served_name`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def add_parser(sub) -> None:
     p.add_argument("--context-length", type=int, default=None,
                    help="prompt + response tokens of one sequence (default: the model's max_position_embeddings); "
                         "longer prompts are refused, max_new_tokens is cut to what is left")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name OpenAI clients give as `model` (GET /v1/models lists it; default: "
+                        "generator.model_name when set, else the hub id or folder as given, the GGUF file's "
+                        "name, or tiny-NAME / random-NAME)")
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
                    help="most top logprobs a request may ask per token (default %(default)d)")
 
@@ -56,6 +61,33 @@ def _limits(args: argparse.Namespace):
     return ServeLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_running_requests=args.max_running_requests,
                        max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout,
                        max_logprobs=args.max_logprobs)
+
+
+def default_served_name(spec) -> str:
+    """The name a model is served under when nothing names it: a hub id or a folder as given
+    (vLLM's rule; AutoTokenizer loads it), a GGUF file's name without `.gguf`, the last part of a
+    `pkg://` path, `tiny-NAME` / `random-NAME` for the built-in models. Never a `scheme://` id a
+    client library could not load or would take for a URL."""
+    if spec.gguf_file:
+        return spec.gguf_file.rsplit("/", 1)[-1].removesuffix(".gguf")
+    scheme, sep, rest = spec.path.partition("://")
+    if not sep:
+        return spec.path
+    name = rest.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return name if scheme == "pkg" else f"{scheme}-{name}"
+
+
+def served_name(args: argparse.Namespace, cfg, spec) -> str:
+    """--served-model-name, else generator.model_name when the config changed it from its default
+    (the policy's path), else `default_served_name`."""
+    if args.served_model_name is not None:
+        if not args.served_model_name.strip():
+            raise ValueError("--served-model-name is empty. Fix: a name clients will send as `model`, e.g. "
+                             "--served-model-name policy")
+        return args.served_model_name
+    if cfg.generator.model_name != spec.path:
+        return str(cfg.generator.model_name)
+    return default_served_name(spec)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,24 +108,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
         return 2
     from ridgeline.inference.build import build_hf_engine
-    from ridgeline.models.loading import configure_chat_template, load_tokenizer, policy_spec
+    from ridgeline.models.loading import configure_chat_template, load_tokenizer, policy_spec, tokenizer_folder
     from ridgeline.training.build import seed_everything
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     seed_everything(cfg.trainer.seed)
     spec = policy_spec(cfg)
+    try:
+        name = served_name(args, cfg, spec)
+    except ValueError as err:
+        print(f"ridgeline serve: {err}", file=sys.stderr)
+        return 2
     tokenizer = load_tokenizer(spec)
     configure_chat_template(tokenizer, cfg.generator)
     engine = build_hf_engine(cfg, tokenizer)
-    service = EngineService(engine, tokenizer, spec.path, served_model_name=cfg.generator.model_name,
+    service = EngineService(engine, tokenizer, spec.path, served_model_name=name,
+                            tokenizer_path=tokenizer_folder(spec),
                             chat_max_tokens=cfg.generator.sampling_params.max_generate_length,
                             context_length=args.context_length or engine.context_length, vocab_size=engine.vocab_size,
                             steps=engine.generate_steps, limits=limits)
     server = make_http_server(service, args.host, args.port, args.api_key)
     host, port = server.server_address[:2]
     # the line a launcher waits for (tests and scripts parse it)
-    print(f"ridgeline serve: {service.model_path} ({engine.dtype}) listening on http://{host}:{port}",
-          flush=True)
+    print(f"ridgeline serve: {service.model_path} ({engine.dtype}) as model {name!r} listening on "
+          f"http://{host}:{port}", flush=True)
+    print(f"ridgeline serve: OpenAI clients: base_url=\"http://{host}:{port}/v1\", model=\"{name}\" (the "
+          f"tokenizer: AutoTokenizer.from_pretrained(\"{service.tokenizer_path}\"), or POST /tokenize)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@ OpenAI-compatible HTTP requests on `generator.http_endpoint_host:http_endpoint_p
 (an environment, a tool, another process) can sample from the policy being trained.
 
 The routes are `ridgeline serve`'s OpenAI ones (`EngineService.openai_routes`: /health, /v1/models,
-/v1/completions, /v1/chat/completions), served from a background thread of the training process
+/v1/completions, /v1/chat/completions, /tokenize, /detokenize), served from a background thread of the training process
 over the run's own engine, which the trainer's generator keeps using. `SharedEngine` makes that
 safe: every engine call holds one lock, so the endpoint's requests and the generator's batches
 never interleave inside an engine (the embedded engine, vLLM's `LLM` and SGLang's `Engine` are not
@@ -45,6 +45,7 @@ class EndpointSettings:
     model_path: str       # trainer.policy.model.path
     chat_max_tokens: int  # a chat request's max_tokens when it sets none
     context_length: int | None = None  # prompt + response tokens of a request (None: the engine judges)
+    tokenizer_path: str | None = None  # what /v1/models gives as `root` (None: model_path)
 
     @classmethod
     def from_config(cls, cfg) -> "EndpointSettings":
@@ -52,13 +53,15 @@ class EndpointSettings:
         lengths) + max(generation lengths), or the engine's length kwarg when
         generator.engine_init_kwargs sets it; remote servers judge themselves."""
         from ridgeline.inference.library_engine import engine_init_kwargs, max_model_len
+        from ridgeline.models.loading import policy_spec, tokenizer_folder
 
         g = cfg.generator
         length_key = {"vllm": "max_model_len", "sglang": "context_length"}.get(str(g.backend))
         context = int(engine_init_kwargs(cfg).get(length_key, max_model_len(cfg))) if g.run_engines_locally else None
         return cls(host=str(g.http_endpoint_host), port=int(g.http_endpoint_port), model_name=str(g.model_name),
                    model_path=str(cfg.trainer.policy.model.path),
-                   chat_max_tokens=int(g.sampling_params.max_generate_length), context_length=context)
+                   chat_max_tokens=int(g.sampling_params.max_generate_length), context_length=context,
+                   tokenizer_path=tokenizer_folder(policy_spec(cfg)))
 
     @property
     def url(self) -> str:
@@ -170,7 +173,8 @@ class HttpEndpoint:
         # each request's generation is one engine call: the engine is shared with the training loop,
         # which takes it for whole calls too (SharedEngine)
         self.service = EngineService(self.engine, tokenizer, settings.model_path, served_model_name=settings.model_name,
-                                     chat_max_tokens=settings.chat_max_tokens, context_length=settings.context_length)
+                                     tokenizer_path=settings.tokenizer_path, chat_max_tokens=settings.chat_max_tokens,
+                                     context_length=settings.context_length)
         try:
             self.server = make_http_server(self.service, settings.host, settings.port,
                                            routes=self.service.openai_routes())

@@ -86,11 +86,19 @@ def build_app(routes: list[Route], *, api_key: str | None, max_body_bytes: int, 
         # a plain Starlette route: the handler reads the request itself (no parameter injection)
         app.add_route(route.path, gate.endpoint(route), methods=methods, include_in_schema=False)
 
+    paths = {route.path for route in routes}
+
     @app.exception_handler(HTTPException)
     async def not_routed(request: Request, exc: HTTPException) -> Response:
-        family: ApiFamily = "openai" if request.url.path.startswith("/v1/") else "native"
+        path = request.url.path
+        family: ApiFamily = "openai" if path.startswith("/v1/") else "native"
         status = HTTPStatus(exc.status_code)
-        return _json(error_answer(family, status, f"no route {request.method} {request.url.path}"), status)
+        message = f"no route {request.method} {path}"
+        if status == HTTPStatus.NOT_FOUND and "/v1" + path in paths:
+            # an OpenAI client given the server's address without /v1 asks for /chat/completions
+            family, message = "openai", (f"{message}: the OpenAI routes are under /v1. Fix: the client's base_url "
+                                         f"ends in /v1, e.g. base_url=\"{request.base_url}v1\"")
+        return _json(error_answer(family, status, message), status)
 
     return app
 

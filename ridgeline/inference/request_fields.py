@@ -71,21 +71,22 @@ def seed(value: Any, key: str) -> int | None:
 def token_ids(value: Any, key: str, limits: ModelLimits) -> list[int]:
     """A non-empty list of token ids of the model's vocabulary."""
     if not isinstance(value, list) or not value:
-        raise RequestError(f"{key} must be a non-empty list of token ids, got {_short(value)}", key)
+        raise RequestError(f"{key} must be a non-empty list of token ids, got {short(value)}", key)
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < limits.vocab_size:
             raise RequestError(f"{key}[{i}]={t!r} is not a token id of this model (0 .. {limits.vocab_size - 1})", key)
     return value
 
 
-def token_batch(value: Any, key: str, limits: ModelLimits) -> tuple[list[list[int]], bool]:
-    """A list of token ids or a list of such lists -> (batch, was_single)."""
+def token_batch(value: Any, key: str, limits: ModelLimits, *, other: str = "") -> tuple[list[list[int]], bool]:
+    """A list of token ids or a list of such lists -> (batch, was_single). `other`: the other forms
+    the field takes, for the message."""
     if isinstance(value, list) and value and all(isinstance(row, list) for row in value):
         return [token_ids(row, f"{key}[{i}]", limits) for i, row in enumerate(value)], False
     if isinstance(value, list) and value and not any(isinstance(t, list) for t in value):
         return [token_ids(value, key, limits)], True
-    raise RequestError(f"{key} must be a non-empty list of token ids or a list of such lists "
-                       "(this server is token-in/token-out: tokenize on the client)", key)
+    raise RequestError(f"{key} must be {other}a non-empty list of token ids or a list of such lists, got "
+                       f"{short(value)}", key)
 
 
 def stop_token_ids(value: Any, key: str, limits: ModelLimits) -> tuple[int, ...]:
@@ -146,6 +147,7 @@ def fit_context(request: EngineRequest, key: str, limits: ModelLimits) -> Engine
     return dataclasses.replace(request, sampling_params=dataclasses.replace(params, max_generate_length=room))
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
+    """`value` as a message quotes it: at most 80 characters."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -6,10 +6,10 @@ It speaks the two APIs of `ridgeline.inference.remote`'s client:
 SGLang-style native routes (the same request and answer shapes as SGLang's server)
   GET  /health, /health_generate                 200 when the engine answers
   GET  /get_model_info, /get_server_info         model path, dtype, tp_size, weight version
-  POST /generate          {input_ids, sampling_params, return_logprob, logprob_start_len,
-                           top_logprobs_num}; sampling_params: max_new_tokens, temperature,
-                           top_p, top_k, min_p, repetition_penalty, stop, stop_token_ids,
-                           skip_special_tokens, no_stop_trim, sampling_seed
+  POST /generate          {text or input_ids (one, or a list), sampling_params, return_logprob,
+                           logprob_start_len, top_logprobs_num}; sampling_params: max_new_tokens,
+                           temperature, top_p, top_k, min_p, repetition_penalty, stop,
+                           stop_token_ids, skip_special_tokens, no_stop_trim, sampling_seed
   POST /flush_cache
   POST /init_weights_update_group     {master_address, master_port, rank_offset, world_size,
                                        group_name, backend}
@@ -18,24 +18,15 @@ SGLang-style native routes (the same request and answer shapes as SGLang's serve
   POST /destroy_weights_update_group  {group_name}
   POST /update_weights_from_disk      {model_path}: a folder of safetensors in HF names
   POST /release_memory_occupation, /resume_memory_occupation {tags}: sleep / wake_up(tags)
-OpenAI-compatible routes (the subset of vLLM's that rollouts and agents need)
-  GET  /v1/models
-  POST /v1/completions    {model, prompt: token ids or text, n, max_tokens, temperature, top_p,
-                           top_k, min_p, repetition_penalty, stop, include_stop_str_in_output,
-                           logprobs, prompt_logprobs, seed, stop_token_ids, skip_special_tokens,
-                           return_token_ids, return_tokens_as_token_ids}
-  POST /v1/chat/completions {model, messages, n, max_completion_tokens / max_tokens, the sampling
-                           fields above, logprobs: bool, top_logprobs, chat_template_kwargs}:
-                           the messages rendered with the tokenizer's chat template
+vLLM's OpenAI-compatible routes (ridgeline.inference.openai_api)
+  GET  /v1/models, POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
 
 Both APIs answer like their servers: the matched stop string in `finish_reason["matched"]` /
 `stop_reason`, the top logprobs in `meta_info["output_top_logprobs"]` / `logprobs.top_logprobs`
 (chat: OpenAI's `logprobs.content`), and text without special tokens and without the stop string
 unless `no_stop_trim` / `include_stop_str_in_output` (token ids always end with the token that
-completed it). OpenAI requests must name the served model (`served_model_name`, the config's
-`generator.model_name`); a request naming another, a field this server does not act on, or
-`stream=true` is refused with a 400 in OpenAI's error shape ({"error": {message, type, param,
-code}}, which every error answer takes but the weight routes' SGLang-style {success, message}).
+completed it). Errors take OpenAI's shape ({"error": {message, type, param, code}}), but the
+weight routes' SGLang-style {success, message}.
 
 Safety (docs/security.md): the server binds 127.0.0.1 unless told otherwise and refuses to serve
 the routes that change weights, memory or the cache beyond loopback without an API key; with a key
@@ -61,10 +52,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from jinja2 import TemplateError
 
 from ridgeline.inference import request_fields as fields
 from ridgeline.inference.http_app import HttpServer, Route, build_app, check_exposure
+from ridgeline.inference.openai_api import OpenAIApi
 from ridgeline.inference.request_fields import ModelLimits, RequestError
 from ridgeline.inference.scheduler import EngineScheduler, single_step
 from ridgeline.inference.sglang_engine import CUDA_GRAPH, KV_CACHE, WEIGHTS
@@ -113,18 +104,6 @@ def sampling_from_native(p: dict[str, Any], top_logprobs_num: Any, limits: Model
                            limits=limits)
 
 
-# The fields of the OpenAI routes. Any other is refused with a 400 naming it, never ignored; `user`
-# and SkyRL's `session_id` (a routing hint) change no answer, so they are accepted.
-_OPENAI_FIELDS = {"model", "n", "seed", "stream", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-                  "repetition_penalty", "stop", "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output",
-                  "return_token_ids", "return_tokens_as_token_ids", "logprobs", "user", "session_id"}
-COMPLETION_FIELDS = _OPENAI_FIELDS | {"prompt", "prompt_logprobs"}
-CHAT_FIELDS = _OPENAI_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs"}
-# penalties this server does not apply: accepted only at OpenAI's default, which applies none
-_ZERO_ONLY = ("frequency_penalty", "presence_penalty")
-_OPENAI_FLAGS = ("skip_special_tokens", "include_stop_str_in_output", "return_token_ids", "return_tokens_as_token_ids")
-
-
 @dataclass
 class _Group:
     spec: GroupSpec
@@ -136,10 +115,13 @@ class EngineService:
     for a bad request). Engine work goes through the service's `EngineScheduler`."""
 
     def __init__(self, engine, tokenizer, model_path: str, *, tp_size: int = 1, served_model_name: str | None = None,
-                 chat_max_tokens: int = 1024, context_length: int | None = None, vocab_size: int | None = None,
+                 tokenizer_path: str | None = None, chat_max_tokens: int = 1024, context_length: int | None = None,
+                 vocab_size: int | None = None,
                  steps: GenerationSteps | None = None, limits: ServeLimits = ServeLimits()):
         """`served_model_name`: the name OpenAI requests must give as `model` (default `model_path`,
-        vLLM's rule); `chat_max_tokens`: the `max_tokens` of a chat request that sets none (vLLM fills
+        vLLM's rule); `tokenizer_path`: a hub id or folder AutoTokenizer loads the model's tokenizer
+        from (/v1/models' `root`, /get_model_info's `tokenizer_path`; default `model_path`);
+        `chat_max_tokens`: the `max_tokens` of a chat request that sets none (vLLM fills
         the context; here the config's `generator.sampling_params.max_generate_length`);
         `context_length`: prompt + response tokens a request may take (None: the engine judges);
         `vocab_size`: token ids accepted (default: the tokenizer's); `steps`: the engine's
@@ -149,6 +131,7 @@ class EngineService:
         self.tokenizer = tokenizer
         self.model_path = model_path
         self.served_model_name = served_model_name or model_path
+        self.tokenizer_path = tokenizer_path or model_path
         self.chat_max_tokens = chat_max_tokens
         self.tp_size = tp_size
         self.limits = limits
@@ -161,6 +144,7 @@ class EngineService:
         self.scheduler = EngineScheduler(max_running=limits.max_running_requests,
                                          max_queued=limits.max_queued_requests, timeout_s=limits.request_timeout_s)
         self.started = time.time()
+        self.openai = OpenAIApi(self)
 
     def close(self) -> None:
         """Stop the engine loop; requests still waiting fail."""
@@ -168,7 +152,7 @@ class EngineService:
 
     # -- info ---------------------------------------------------------------------------------
     def model_info(self, _: dict) -> dict:
-        return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
                 "dtype": str(self.engine.dtype).removeprefix("torch."), "weight_version": self.weight_version,
                 "context_length": self.model_limits.context_length}
 
@@ -180,19 +164,21 @@ class EngineService:
                 "max_running_requests": self.limits.max_running_requests, "running_requests": running,
                 "queued_requests": queued}
 
-    def models(self, _: dict) -> dict:
-        return {"object": "list", "data": [{"id": self.served_model_name, "object": "model", "owned_by": "ridgeline",
-                                            "root": self.model_path, "created": int(self.started),
-                                            "max_model_len": self.model_limits.context_length}]}
-
     # -- generation ---------------------------------------------------------------------------
     def generate(self, body: dict) -> Any:
-        if body.get("stream"):
-            raise RequestError("stream=true is not supported by ridgeline serve", "stream")
-        if "text" in body and "input_ids" not in body:
-            raise RequestError("send input_ids: ridgeline serve is token-in/token-out", "text")
+        """SGLang's /generate: `text` (a text or a list, tokenized with the tokenizer's special
+        tokens, as SGLang does) or `input_ids`, one of the two."""
+        if body.get("stream") is not None and fields.flag(body["stream"], "stream"):
+            raise RequestError("stream=true is not supported: ridgeline serve answers with the whole response. "
+                               "Fix: send stream=false", "stream")
+        if ("text" in body) == ("input_ids" in body):
+            raise RequestError("send either text (a text or a list of texts) or input_ids (token ids or a list of "
+                               "them), one of the two", "input_ids")
         limits = self.model_limits
-        prompts, single = fields.token_batch(body.get("input_ids"), "input_ids", limits)
+        if "text" in body:
+            prompts, single = self._texts(body["text"])
+        else:
+            prompts, single = fields.token_batch(body["input_ids"], "input_ids", limits)
         raw = body.get("sampling_params") or {}
         raw_list = raw if isinstance(raw, list) else [raw] * len(prompts)
         if len(raw_list) != len(prompts) or not all(isinstance(p, dict) for p in raw_list):
@@ -213,7 +199,7 @@ class EngineService:
             stop = fields.stop_token_ids(p.get("stop_token_ids"), "sampling_params.stop_token_ids", limits)
             request = EngineRequest(ids, sampling_from_native(p, n, limits), stop)
             requests.append(fields.fit_context(request, "input_ids" if single else f"input_ids[{i}]", limits))
-        outputs = self._generate(requests, [p.get("sampling_seed") for p in raw_list])
+        outputs = self.sample(requests, [p.get("sampling_seed") for p in raw_list])
         results = []
         for ids, out, first, p in zip(prompts, outputs, starts, raw_list):
             meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": len(out.response_ids),
@@ -222,13 +208,30 @@ class EngineService:
             if out.top_logprobs is not None:
                 meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in top] for top in out.top_logprobs]
             if first >= 0:
-                meta["input_token_logprobs"] = self._input_logprobs(ids, first)
-            text = self._text(out, p.get("skip_special_tokens", True), p.get("no_stop_trim", False))
+                meta["input_token_logprobs"] = self.prompt_logprobs(ids, first)
+            text = self.response_text(out, p.get("skip_special_tokens", True), p.get("no_stop_trim", False))
             results.append({"text": text, "output_ids": out.response_ids, "meta_info": meta})
         return results[0] if single else results
 
-    def _generate(self, requests: list[EngineRequest], seeds: list[Any]) -> list[EngineOutput]:
-        """Requests asking for no new token (scoring only) skip the engine."""
+    def _texts(self, value: Any) -> tuple[list[list[int]], bool]:
+        """SGLang's `text`: a text or a non-empty list of texts -> (token ids per text, was_single)."""
+        texts = [value] if isinstance(value, str) else value
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise RequestError(f"text must be a text or a non-empty list of texts, got {fields.short(value)}", "text")
+        prompts = [self.encode(t, add_special_tokens=True) for t in texts]
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise RequestError("text: an empty text has no token to continue from",
+                                   "text" if isinstance(value, str) else f"text[{i}]")
+        return prompts, isinstance(value, str)
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """`text`'s token ids; `add_special_tokens`: the tokenizer's own (e.g. a BOS) around them."""
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def sample(self, requests: list[EngineRequest], seeds: list[Any]) -> list[EngineOutput]:
+        """Generate through the scheduler. Requests asking for no new token (scoring only) skip the
+        engine."""
         todo = [i for i, r in enumerate(requests) if r.sampling_params.max_generate_length > 0]
         outputs = [EngineOutput([], [], "length", top_logprobs=[] if r.sampling_params.num_top_logprobs else None)
                    for r in requests]
@@ -243,7 +246,7 @@ class EngineService:
                 outputs[i] = out
         return outputs
 
-    def _input_logprobs(self, ids: list[int], first: int) -> list[list[Any]]:
+    def prompt_logprobs(self, ids: list[int], first: int) -> list[list[Any]]:
         """SGLang's `input_token_logprobs` from position `first`: like SGLang, the first entry has
         no logprob (None: the logits before it are not part of the request), the others are each
         token's logprob given everything before it."""
@@ -254,146 +257,12 @@ class EngineService:
                                            "scoring a prompt")
         return [[None, ids[first], None]] + [[lp, t, None] for lp, t in zip(scored, ids[first + 1:])]
 
-    def _text(self, out: EngineOutput, skip_special_tokens: bool, keep_stop: bool) -> str:
+    def response_text(self, out: EngineOutput, skip_special_tokens: bool, keep_stop: bool) -> str:
         """The response text as both servers give it: special tokens skipped unless asked, a matched
         stop string cut off unless kept (`no_stop_trim`, `include_stop_str_in_output`)."""
         text = self.tokenizer.decode(out.response_ids, skip_special_tokens=skip_special_tokens)
         cut = -1 if out.matched_stop is None or keep_stop else text.rfind(out.matched_stop)
         return text if cut < 0 else text[:cut]
-
-    def _check_openai(self, body: dict, route: str, known: set[str]) -> None:
-        """What every OpenAI request must satisfy: the served model named, no streaming, no field
-        this server would not act on, flags that are flags."""
-        if body.get("stream"):
-            raise RequestError(f"{route}: stream=true is not supported; send stream=false", "stream")
-        unknown = sorted(k for k in set(body) - known if not (k in _ZERO_ONLY and body[k] in (0, None)))
-        if unknown:
-            raise RequestError(f"{route}: fields this server does not act on: {unknown}; remove them", unknown[0])
-        if "model" not in body:
-            raise RequestError(f"{route}: the field `model` is required; this server serves {self.served_model_name!r}")
-        if body["model"] != self.served_model_name:
-            raise RequestError(f"{route}: model {body['model']!r} is not served here; this server serves "
-                               f"{self.served_model_name!r} (generator.model_name)")
-        for key in _OPENAI_FLAGS:
-            if body.get(key) is not None:
-                fields.flag(body[key], key)
-
-    def _openai_sampling(self, body: dict, max_tokens: tuple[str, Any], top_logprobs: tuple[str, Any]) -> \
-            tuple[SamplingParams, tuple[int, ...]]:
-        fields.seed(body.get("seed"), "seed")
-        params = fields.sampling(body, max_tokens=max_tokens, prefix="", top_logprobs=top_logprobs,
-                                 limits=self.model_limits)
-        return params, fields.stop_token_ids(body.get("stop_token_ids"), "stop_token_ids", self.model_limits)
-
-    def completions(self, body: dict) -> dict:
-        self._check_openai(body, "/v1/completions", COMPLETION_FIELDS)
-        limits = self.model_limits
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt)):
-            texts = [prompt] if isinstance(prompt, str) else prompt
-            prompts = [list(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-            if not all(prompts):
-                raise RequestError("prompt: an empty text has no token to continue from", "prompt")
-        else:
-            prompts, _ = fields.token_batch(prompt, "prompt", limits)
-        n = _sample_count(body)
-        params, stop = self._openai_sampling(body, ("max_tokens", body.get("max_tokens", 16)),
-                                             ("logprobs", body.get("logprobs")))
-        if body.get("prompt_logprobs") is not None:
-            fields.top_logprob_count(body["prompt_logprobs"], "prompt_logprobs", limits)
-        fitted = [fields.fit_context(EngineRequest(ids, params, stop), "prompt", limits) for ids in prompts]
-        requests = [r for r in fitted for _ in range(n)]
-        outputs = self._generate(requests, [body.get("seed")])
-        want_lp = body.get("logprobs") is not None
-        prompt_lp = body.get("prompt_logprobs") is not None
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
-        choices = []
-        for i, (req, out) in enumerate(zip(requests, outputs)):
-            text = self._text(out, body.get("skip_special_tokens", True), body.get("include_stop_str_in_output", False))
-            choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": out.stop_reason,
-                                      "stop_reason": out.matched_stop, "logprobs": None}
-            if want_lp:
-                choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in out.response_ids],
-                                      "token_logprobs": out.logprobs}
-                if out.top_logprobs is not None:
-                    # vLLM's shape: the top N and the sampled token, keyed by token
-                    choice["logprobs"]["top_logprobs"] = [
-                        {self._token_key(t, as_ids): v for t, v in [*top, (tok, lp)]}
-                        for top, tok, lp in zip(out.top_logprobs, out.response_ids, out.logprobs)]
-            if body.get("return_token_ids"):
-                choice["token_ids"] = out.response_ids
-                choice["prompt_token_ids"] = req.prompt_token_ids
-            if prompt_lp:
-                entries = self._input_logprobs(req.prompt_token_ids, 0)
-                choice["prompt_logprobs"] = [None if lp is None else {str(t): {"logprob": lp}}
-                                             for lp, t, _ in entries]
-            choices.append(choice)
-        usage = {"prompt_tokens": sum(len(p) for p in prompts) * n,
-                 "completion_tokens": sum(len(o.response_ids) for o in outputs)}
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.served_model_name, "choices": choices, "usage": usage}
-
-    def chat_completions(self, body: dict) -> dict:
-        """OpenAI's chat completions: the messages rendered with the tokenizer's chat template (the
-        one the run's prompts use, with the assistant turn opened), then `n` samples of one batch."""
-        self._check_openai(body, "/v1/chat/completions", CHAT_FIELDS)
-        prompt = self._chat_prompt(body.get("messages"), body.get("chat_template_kwargs"))
-        want_lp = fields.flag(body["logprobs"], "logprobs") if body.get("logprobs") is not None else False
-        top = body.get("top_logprobs")
-        if top is not None and not want_lp:
-            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
-        limit = next(((k, body[k]) for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
-                     ("max_tokens", self.chat_max_tokens))
-        params, stop = self._openai_sampling(body, limit, ("top_logprobs", top))
-        request = fields.fit_context(EngineRequest(prompt, params, stop), "messages", self.model_limits)
-        outputs = self._generate([request] * _sample_count(body), [body.get("seed")])
-        skip, keep = body.get("skip_special_tokens", True), body.get("include_stop_str_in_output", False)
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
-        choices = []
-        for i, out in enumerate(outputs):
-            choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": self._text(out, skip, keep)},
-                                      "logprobs": self._chat_logprobs(out, as_ids) if want_lp else None,
-                                      "finish_reason": out.stop_reason, "stop_reason": out.matched_stop}
-            if body.get("return_token_ids"):
-                choice["token_ids"] = out.response_ids
-            choices.append(choice)
-        completion_tokens = sum(len(o.response_ids) for o in outputs)
-        answer = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                  "model": self.served_model_name, "choices": choices,
-                  "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
-                            "total_tokens": len(prompt) + completion_tokens}}
-        if body.get("return_token_ids"):
-            answer["prompt_token_ids"] = prompt  # vLLM's field: with `token_ids`, the exact tokens sampled from
-        return answer
-
-    def _chat_prompt(self, messages: Any, template_kwargs: Any) -> list[int]:
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise RequestError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
-        if template_kwargs is not None and not isinstance(template_kwargs, dict):
-            raise RequestError(f"chat_template_kwargs must be an object, got {template_kwargs!r}")
-        try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                      **(template_kwargs or {}))
-        except (TemplateError, ValueError, TypeError) as e:
-            raise RequestError(f"the chat template cannot render these messages: {e}") from e
-        # the rendered text holds the template's special tokens: no second bos
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def _chat_logprobs(self, out: EngineOutput, as_ids: bool) -> dict[str, Any]:
-        """OpenAI's `logprobs.content`: per sampled token its text, logprob, UTF-8 bytes and the top
-        `top_logprobs` alternatives."""
-        def entry(token: int, logprob: float) -> dict[str, Any]:
-            text = self._token_key(token, as_ids)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-        tops = out.top_logprobs or [[] for _ in out.response_ids]
-        return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top]}
-                            for t, lp, top in zip(out.response_ids, out.logprobs, tops)]}
-
-    def _token_key(self, token: int, as_ids: bool) -> str:
-        return f"token_id:{token}" if as_ids else self.tokenizer.decode([token])
 
     # -- weights ------------------------------------------------------------------------------
     def flush_cache(self, _: dict) -> dict:
@@ -494,11 +363,10 @@ class EngineService:
         return {}
 
     def openai_routes(self) -> list[Route]:
-        """The OpenAI API and /health: all a training run's HTTP endpoint exposes (no weight, memory
-        or cache route: agents sample from the run's engine, they do not steer it)."""
-        return [Route("GET", "/health", lambda _: {}, "native"), Route("GET", "/v1/models", self.models, "openai"),
-                Route("POST", "/v1/completions", self.completions, "openai"),
-                Route("POST", "/v1/chat/completions", self.chat_completions, "openai")]
+        """The OpenAI API (openai_api: with vLLM's /tokenize and /detokenize) and /health: all a
+        training run's HTTP endpoint exposes (no weight, memory or cache route: agents sample from
+        the run's engine, they do not steer it)."""
+        return [Route("GET", "/health", lambda _: {}, "native"), *self.openai.routes()]
 
     def routes(self) -> list[Route]:
         """Every route: `ridgeline serve`."""
@@ -516,10 +384,6 @@ class EngineService:
             Route("POST", "/release_memory_occupation", self.release_memory, "weights"),
             Route("POST", "/resume_memory_occupation", self.resume_memory, "weights"),
         ]
-
-
-def _sample_count(body: dict) -> int:
-    return fields.whole(body.get("n", 1), "n", 1)
 
 
 def _group_name(body: dict) -> str:

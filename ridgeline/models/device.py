@@ -46,11 +46,28 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def resident_gib() -> float | None:
+    """This process's resident memory now (Linux: /proc/self/statm's second field, in pages);
+    None where there is no /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**30
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def memory_metrics(device: torch.device) -> dict[str, float]:
-    """`memory/peak_rss_gib` (this process's peak resident memory; Linux reports KiB) and, on
-    CUDA, `memory/peak_gpu_gib` (the peak of tensors allocated since the last call, which resets
-    it: one figure per step) and `memory/reserved_gpu_gib` (what the caching allocator holds)."""
-    metrics = {"memory/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    """`memory/rss_gib` (this process's resident memory now, where the OS reports it: it falls
+    when memory is given back, so a chart over steps shows growth), `memory/peak_rss_gib` (its
+    peak so far; Linux reports KiB) and, on CUDA, `memory/peak_gpu_gib` (the peak of tensors
+    allocated since the last call, which resets it: one figure per step) and
+    `memory/reserved_gpu_gib` (what the caching allocator holds)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    rss = resident_gib()
+    # Linux updates the high-water mark lazily: it may lag the resident size read just now
+    metrics = {"memory/peak_rss_gib": peak if rss is None else max(peak, rss)}
+    if rss is not None:
+        metrics["memory/rss_gib"] = rss
     if device.type == "cuda":
         metrics["memory/peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         metrics["memory/reserved_gpu_gib"] = torch.cuda.memory_reserved(device) / 2**30

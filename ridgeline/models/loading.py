@@ -217,13 +217,35 @@ def engine_model_folder(spec: ModelSpec) -> str:
         target = cache_root() / "random" / f"{name}{key}-seed{spec.seed}"
     if not (target / "config.json").exists():
         tokenizer = build_char_tokenizer()
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        load_model(spec, tokenizer=tokenizer).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)  # atomic; a concurrent writer may have won, which is as good
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        def write(tmp: Path) -> None:
+            load_model(spec, tokenizer=tokenizer).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        _write_once(target, write)
+    return str(target)
+
+
+def _write_once(target: Path, write) -> None:
+    """`write(folder)` into a temporary folder beside `target`, then renamed to it: a crash never
+    leaves a half-written `target`, and a concurrent writer that won is as good."""
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    write(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tokenizer_folder(spec: ModelSpec) -> str:
+    """A folder (or hub id) a client's `AutoTokenizer.from_pretrained` loads this model's tokenizer
+    from (`ridgeline serve`'s /v1/models `root`): the model's own folder, hub id or dequantized
+    GGUF folder; for tiny:// and random:// models, which have no folder, the character tokenizer
+    written once under the cache root (the same for all of them)."""
+    if not is_built_locally(spec):
+        return model_folder(spec)
+    target = cache_root() / "tokenizers" / "char"
+    if not (target / "tokenizer_config.json").exists():
+        _write_once(target, build_char_tokenizer().save_pretrained)
     return str(target)
 
 

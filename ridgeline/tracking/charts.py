@@ -26,15 +26,16 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _axes(title: str, ylabel: str):
+def _axes(title: str, ylabel: str, xlabel: str = "step"):
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="tight")
     ax = fig.subplots()
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    if xlabel == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_title(_label(title), fontsize=10)
-    ax.set_xlabel("step", fontsize=8)
+    ax.set_xlabel(_label(xlabel), fontsize=8)
     if ylabel:
         ax.set_ylabel(_label(ylabel), fontsize=8)
     ax.tick_params(labelsize=7)
@@ -43,17 +44,19 @@ def _axes(title: str, ylabel: str):
 
 
 def line_chart(title: str, series: dict[str, Points], ylabel: str = "",
-               ylim: tuple[float, float] | None = None, dashed: Sequence[str] = ()) -> str | None:
+               ylim: tuple[float, float] | None = None, dashed: Sequence[str] = (),
+               xlabel: str = "step", faint: Sequence[str] = ()) -> str | None:
     """Lines (with point markers when there are few points, so a single eval shows), one per
-    non-empty series; None when every series is empty."""
+    non-empty series, against `xlabel` (steps by default); `faint` series are drawn pale (raw
+    values behind their smoothed line). None when every series is empty."""
     series = {name: points for name, points in series.items() if points}
     if not series:
         return None
-    fig, ax = _axes(title, ylabel)
+    fig, ax = _axes(title, ylabel, xlabel)
     for name, points in series.items():
         xs, ys = zip(*points)
         ax.plot(xs, ys, label=_label(name), linestyle="--" if name in dashed else "-",
-                marker="o" if len(xs) <= 40 else None, markersize=3)
+                marker="o" if len(xs) <= 40 else None, markersize=3, alpha=0.35 if name in faint else 1.0)
     if ylim is not None:
         ax.set_ylim(*ylim)
     ax.legend(fontsize=7, loc="best")

@@ -25,13 +25,17 @@ the response with each masked run replaced by `[N tokens not trained]`.
 `<export_path>/dumped_evals/global_step_<N>_evals/` (`eval_only/` outside training): one
 `<data_source>.jsonl` per data source ("/" written as "_") with one line per sample, and
 `aggregated_results.jsonl`, one line holding the eval metrics (`write_eval_dump`,
-`read_eval_dump`).
+`read_eval_dump`). A training run also writes `ridgeline_run.json` there (`DumpOwner`: its run id
+and folder): every run with the same `export_path` shares SkyRL's `dumped_evals/`, and the run
+report shows only the dumps its own run wrote.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -41,6 +45,8 @@ if TYPE_CHECKING:  # only for annotations: the dump works on the tensors it is h
     import torch
 
     from ridgeline.training.batch import TrainingBatch
+
+log = logging.getLogger(__name__)
 
 # per-token tensors summarised for each row, when the batch carries them
 _SUMMARISED = ("rewards", "advantages", "returns", "values", "old_logprobs", "ref_logprobs", "rollout_logprobs")
@@ -108,6 +114,7 @@ def dump_training_batch(batch: TrainingBatch, tokenizer, path: str | Path, step:
 # ------------------------------------------------------------------------------------ eval dumps
 EVAL_DUMPS = "dumped_evals"
 AGGREGATED_FILE = "aggregated_results.jsonl"
+OWNER_FILE = "ridgeline_run.json"   # not a .jsonl: readers of the dump's samples never see it
 _STEP_FOLDER = re.compile(r"^global_step_(\d+)_evals$")
 
 
@@ -127,15 +134,41 @@ def source_file(data_source: str) -> str:
     return data_source.replace("/", "_") + ".jsonl"
 
 
-def write_eval_dump(folder: str | Path, records: Sequence[dict[str, Any]], metrics: dict[str, float]) -> Path:
+@dataclass(frozen=True)
+class DumpOwner:
+    """The training run that wrote an eval dump (`RUN_DIR/run.json`'s run id and folder)."""
+
+    run_id: str
+    run_dir: str
+
+
+def eval_dump_owner(folder: str | Path) -> DumpOwner | None:
+    """Who wrote the dump in `folder`; None for a dump without a readable owner file (SkyRL's,
+    `ridgeline eval`'s, or one from before owner files)."""
+    try:
+        return DumpOwner(**json.loads((Path(folder) / OWNER_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_eval_dump(folder: str | Path, records: Sequence[dict[str, Any]], metrics: dict[str, float],
+                    owner: DumpOwner | None = None) -> Path:
     """`folder/<data_source>.jsonl` for each `records[i]["data_source"]` (records in their order)
-    and `folder/aggregated_results.jsonl` (`metrics` on one line); returns the folder. An earlier
-    dump in the folder (it holds `aggregated_results.jsonl`) is replaced as a whole, so a data
-    source it had and this one has not leaves no file behind."""
+    and `folder/aggregated_results.jsonl` (`metrics` on one line), then `folder/ridgeline_run.json`
+    naming `owner` when given; returns the folder. An earlier dump in the folder (it holds
+    `aggregated_results.jsonl`) is replaced as a whole, owner file included, so a data source it
+    had and this one has not leaves no file behind; replacing another run's dump is logged (runs
+    that share `trainer.export_path` share SkyRL's dump folders)."""
     folder = Path(folder)
     if (folder / AGGREGATED_FILE).is_file():
+        earlier = eval_dump_owner(folder)
+        if owner is not None and earlier is not None and earlier.run_id != owner.run_id:
+            log.warning("%s held the eval dump of another run (%s); this run's replaces it. Runs with the same "
+                        "trainer.export_path share SkyRL's dumped_evals/: give each run its own "
+                        "trainer.export_path to keep both", folder, earlier.run_dir)
         for old in folder.glob("*.jsonl"):
             old.unlink()
+        (folder / OWNER_FILE).unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     by_file: dict[str, list[dict[str, Any]]] = {}
     for record in records:
@@ -146,6 +179,8 @@ def write_eval_dump(folder: str | Path, records: Sequence[dict[str, Any]], metri
                 # default=str: ground truths and extras from parquet may be numpy scalars and the like
                 f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     (folder / AGGREGATED_FILE).write_text(json.dumps(metrics, ensure_ascii=False) + "\n", encoding="utf-8")
+    if owner is not None:  # last: a dump cut short by a crash names no owner
+        (folder / OWNER_FILE).write_text(json.dumps(asdict(owner)) + "\n", encoding="utf-8")
     return folder
 
 

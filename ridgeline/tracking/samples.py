@@ -2,7 +2,7 @@
 
 One line per sample: `{"step": 1, "prompt": "...", "response": "...", "reward": 1.0}`. The prompt
 is text (a chat prompt is written as `role: content` lines); the reward is the trajectory's total.
-The trainer writes samples at the first and last step; the report shows those two steps.
+The trainer writes samples at every step; the report's step browser shows them all.
 """
 
 from __future__ import annotations

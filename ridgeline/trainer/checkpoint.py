@@ -51,6 +51,7 @@ from ridgeline.errors import UserError, disk_full_error, is_disk_full
 from ridgeline.models import lora
 from ridgeline.models.loading import critic_spec, load_model, policy_spec, read_safetensors, ref_spec, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE, load_value_model
+from ridgeline.tracking.samples import SAMPLES_FILE
 from ridgeline.trainer.state import RunState
 from ridgeline.training.build import needs_ref
 from ridgeline.training.protocols import Workers
@@ -297,17 +298,21 @@ def metrics_rows(run_dir: Path) -> int:
 def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
     """Before the trackers open metrics.jsonl. Resuming in the run's own folder: cut the file back
     to the rows it held when the checkpoint was written, so the steps redone after it are not
-    logged twice. Otherwise (step 0, or another folder's checkpoint) the file is not this run's
-    history: set it aside (metrics.jsonl.<time>.old)."""
+    logged twice, and samples.jsonl back to the checkpoint's steps (`_cut_samples`). Otherwise
+    (step 0, or another folder's checkpoint) the file, and the sampled rollouts beside it
+    (samples.jsonl), are not this run's history: set them aside (metrics.jsonl.<time>.old,
+    samples.jsonl.<time>.old), so its report shows only its own."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return
     state = json.loads((resume_from / "trainer_state.json").read_text()) if resume_from is not None else {}
     if resume_from is None or Path(state.get("run_dir", "")).resolve() != Path(run_dir).resolve():
-        if path.stat().st_size:
-            old = path.with_name(f"{METRICS_FILE}.{time.strftime('%Y%m%d-%H%M%S')}.old")
-            path.rename(old)
-            log.info("%s holds another run's metrics; moved to %s", path, old)
+        for other in (path, Path(run_dir) / SAMPLES_FILE):
+            if other.is_file() and other.stat().st_size:
+                old = other.with_name(f"{other.name}.{time.strftime('%Y%m%d-%H%M%S')}.old")
+                other.rename(old)
+                log.info("%s holds another run's history; moved to %s", other, old)
+        return
+    _cut_samples(Path(run_dir) / SAMPLES_FILE, int(state["global_step"]))
+    if not path.is_file():
         return
     keep = state["metrics_rows"]
     lines = path.read_bytes().split(b"\n")[:-1]  # complete rows only
@@ -321,6 +326,25 @@ def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
     os.replace(tmp, path)
     if dropped:
         log.info("%s: dropped %d row(s) logged after the checkpoint (those steps run again)", path, dropped)
+
+
+def _cut_samples(path: Path, last_step: int) -> None:
+    """Drop the sampled rollouts of the steps after `last_step` (the checkpoint's: they are redone)."""
+    if not path.is_file():
+        return
+    lines = path.read_bytes().split(b"\n")
+    kept = []
+    for line in lines:
+        try:
+            step = json.loads(line).get("step") if line.strip() else None
+        except (ValueError, AttributeError):  # a truncated last line, left by the killed process
+            continue
+        if isinstance(step, int) and step <= last_step:
+            kept.append(line + b"\n")
+    if len(kept) < sum(1 for line in lines if line.strip()):
+        tmp = path.with_name(f".{SAMPLES_FILE}.{secrets.token_hex(4)}.tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------ writing

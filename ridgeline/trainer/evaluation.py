@@ -37,7 +37,7 @@ from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward, total_reward
 from ridgeline.inference.types import SamplingParams
 from ridgeline.seeding import derive_seed
-from ridgeline.tracking.dumps import write_eval_dump
+from ridgeline.tracking.dumps import DumpOwner, write_eval_dump
 from ridgeline.trainer.builders import generator_input, truncation_policy
 from ridgeline.trainer.metrics import SOLVED_THRESHOLD, passes, positive_reward
 
@@ -185,11 +185,13 @@ class EvalAccumulator:
             result[f"eval/all/{name}"] = value
         return result
 
-    def dump(self, folder: Path, extra_metrics: dict[str, float] | None = None) -> Path:
+    def dump(self, folder: Path, extra_metrics: dict[str, float] | None = None,
+             owner: DumpOwner | None = None) -> Path:
         """SkyRL's dump files in `folder` (`ridgeline.tracking.dumps.write_eval_dump`): one
         `<data_source>.jsonl` per data source, every sample's record, and `aggregated_results.jsonl`,
-        the metrics plus `extra_metrics` (e.g. timings). Returns the folder."""
-        return write_eval_dump(folder, self.records, {**self.metrics(), **(extra_metrics or {})})
+        the metrics plus `extra_metrics` (e.g. timings); `owner`: the training run writing it.
+        Returns the folder."""
+        return write_eval_dump(folder, self.records, {**self.metrics(), **(extra_metrics or {})}, owner=owner)
 
 
 # ------------------------------------------------------------------------------------ the eval loop

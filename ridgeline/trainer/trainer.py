@@ -45,9 +45,10 @@ from ridgeline.models.device import memory_metrics, resolve_device
 from ridgeline.models.loading import configure_chat_template, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
-from ridgeline.tracking.dumps import dump_training_batch, eval_dump_folder
+from ridgeline.tracking.dumps import DumpOwner, dump_training_batch, eval_dump_folder
 from ridgeline.tracking.report import write_report
 from ridgeline.tracking.progress import run_progress
+from ridgeline.tracking.run_info import RunInfo
 from ridgeline.tracking.samples import write_samples
 from ridgeline.tracking.trackers import Tracker, build_trackers, disabled_trackers
 from ridgeline.trainer import checkpoint
@@ -63,6 +64,7 @@ from ridgeline.trainer.advantages import compute_advantages
 from ridgeline.trainer.evaluation import run_eval
 from ridgeline.trainer.metrics import reward_metrics, rollout_metrics
 from ridgeline.trainer.run_lock import RunLock, run_folders
+from ridgeline.trainer.run_record import start_run_info
 from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.protocols import Workers
@@ -92,7 +94,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, workers: Workers, engine: InferenceEngine,
                  generator: Generator, train_data: PromptDataset, val_data: PromptDataset | None,
                  trackers: list[Tracker], run_dir: Path, run: RunState, checkpointer: Checkpointer,
-                 weight_sync: WeightSync, device: torch.device, colocated: bool = False,
+                 weight_sync: WeightSync, device: torch.device, run_info: RunInfo, colocated: bool = False,
                  shutdown: Callable[[], None] | None = None, env_override: str | None = None,
                  endpoint: HttpEndpoint | None = None, run_lock: RunLock | None = None):
         """`workers` are the one-process workers, or with trainer.strategy=fsdp2 the Ray groups of
@@ -102,7 +104,7 @@ class Trainer:
         training GPUs, so they sleep while the trainer trains; `shutdown()` (if any) stops the
         workers and engines; `endpoint` (generator.enable_http_endpoint) serves `engine`, its
         SharedEngine, over HTTP from the start of `train()` to its end; `run_lock`: the run's folders,
-        held until `close()`."""
+        held until `close()`; `run_info`: the run's `run.json` (its start: `timing/elapsed`)."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.workers = workers
@@ -116,6 +118,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.weight_sync = weight_sync
         self.device = device
+        self.run_info = run_info
         self._shutdown = shutdown
         self.endpoint = endpoint
         self.run_lock = run_lock
@@ -142,6 +145,7 @@ class Trainer:
     @classmethod
     def _build(cls, cfg: DictConfig, run_lock: RunLock) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
+        started = time.time()  # the run's start in run.json: before models and data load
         seed_everything(t.seed)
         load_algorithm_modules(alg.algorithm_modules)  # the user's estimators and losses, by name
         if alg.advantage_estimator == "no_op" and alg.use_kl_in_reward and not alg.on_policy_distillation:
@@ -228,9 +232,10 @@ class Trainer:
             trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
                                       config=OmegaConf.to_container(cfg, resolve=True), run_id=run.run_id,
                                       resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
+            run_info = start_run_info(cfg, run_dir, run.run_id, where, started)  # after prepare_metrics
             checkpointer = Checkpointer(cfg, tokenizer, fingerprint, run_dir)
             trainer = cls(cfg, tokenizer, workers, engine, generator, train_data, val_data, trackers, run_dir, run,
-                          checkpointer, weight_sync, device, colocated=colocated, shutdown=shutdown,
+                          checkpointer, weight_sync, device, run_info, colocated=colocated, shutdown=shutdown,
                           env_override=env_override, endpoint=endpoint, run_lock=run_lock)
             if resume_from is not None:
                 checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
@@ -442,6 +447,8 @@ class Trainer:
                  self.run.global_step // max(1, self.steps_per_epoch))
 
     def _log(self, metrics: dict[str, float]) -> None:
+        # wall-clock seconds since the run's first start (a resumed run counts the time it was down)
+        metrics = {**metrics, "timing/elapsed": time.time() - self.run_info.started}
         self.history.append(dict(metrics, step=self.run.global_step))
         for tracker in self.trackers:
             tracker.log(metrics, self.run.global_step)
@@ -530,11 +537,10 @@ class Trainer:
             with timer.phase("postprocess_generator_output"):
                 # SkyRL's reward metrics: the trajectories trained on, with the rewards they train with
                 metrics.update(reward_metrics(out.rewards, out.loss_masks, out.uids, n))
-                if self.run.global_step in (1, self.total_steps):
-                    # sample rollouts of the first and last steps, for the run report
-                    write_samples(self.run_dir / "samples.jsonl", self.run.global_step,
-                                  [self.tokenizer.decode(p, skip_special_tokens=True) for p in out.prompt_token_ids],
-                                  out.responses, out.rewards, overwrite=self.run.global_step == 1)
+                # a few rollouts of every step, for the run report's step browser
+                write_samples(self.run_dir / "samples.jsonl", self.run.global_step,
+                              [self.tokenizer.decode(p, skip_special_tokens=True) for p in out.prompt_token_ids],
+                              out.responses, out.rewards, overwrite=self.run.global_step == 1)
             with timer.phase("convert_to_training_input"):
                 # one sample per trajectory, or per turn (generator.step_wise_trajectories); a rank's
                 # share of a mini-batch that does not split evenly is padded there (rank_shares)
@@ -626,7 +632,8 @@ class Trainer:
         metrics, acc = run_eval(self.generator, [(row.data_source, row) for row in self.val_data], cfg,
                                 env_override=self.env_override, global_step=self.run.global_step)
         if cfg.trainer.dump_eval_results:
-            acc.dump(eval_dump_folder(cfg.trainer.export_path, self.run.global_step))
+            acc.dump(eval_dump_folder(cfg.trainer.export_path, self.run.global_step),
+                     owner=DumpOwner(self.run_info.run_id, self.run_info.run_dir))
         return metrics
 
     def save_final_model(self) -> Path:
