@@ -1,0 +1,135 @@
+"""docs/tutorial.md runs: every ```bash block, in order, in one bash shell, in a scratch folder.
+
+The blocks run as written with three visible changes (the tutorial says so at its top):
+- `ridgeline train` and `ridgeline eval` get TINY_OVERRIDES appended (the tiny random model instead
+  of SmolLM2, short answers), through a `ridgeline` shim first on PATH;
+- the port 8001 becomes a free one;
+- a block preceded by `<!-- tutorial-test: skip: REASON -->` is not run (the install; its pins are
+  checked against the Makefile instead, below).
+The scratch folder sits beside a link to the repository's `../shared`, so `../shared/data/gsm8k`
+reads the same files as from the repository root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TUTORIAL = REPO / "docs" / "tutorial.md"
+SHARED = REPO.parent / "shared"
+
+# what the test swaps in for SmolLM2: a tiny random Llama (512 positions, character tokens), so
+# prompts are capped at 400 tokens (longer GSM8K questions are dropped) and answers at 8 tokens
+TINY_OVERRIDES = (
+    "trainer.policy.model.path=tiny://llama", "trainer.policy.model.gguf_file=null",
+    "trainer.max_prompt_length=400", "generator.sampling_params.max_generate_length=8",
+    "generator.eval_sampling_params.max_generate_length=8", "trainer.mixed_precision=fp32",
+    "generator.model_dtype=float32",
+)
+TUTORIAL_PORT = "8001"
+SKIP_MARK = re.compile(r"<!--\s*tutorial-test:\s*skip:\s*(?P<reason>.+?)\s*-->")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int            # 1-based line of the opening fence in docs/tutorial.md
+    code: str
+    skip_reason: str | None
+
+
+def bash_blocks(text: str) -> list[Block]:
+    """The ```bash blocks of a markdown text, with the skip reason of a marker on the line above."""
+    blocks, lines = [], text.split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```bash":
+            start, body = i, []
+            i += 1
+            while lines[i].strip() != "```":
+                body.append(lines[i])
+                i += 1
+            mark = SKIP_MARK.search(lines[start - 1]) if start else None
+            blocks.append(Block(start + 1, "\n".join(body), mark.group("reason") if mark else None))
+        i += 1
+    return blocks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ridgeline_shim(folder: Path) -> None:
+    """A `ridgeline` command that runs this checkout's CLI, with TINY_OVERRIDES after the arguments
+    of `train` and `eval`."""
+    shim = folder / "ridgeline"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        f'case "$1" in train|eval) set -- "$@" {" ".join(shlex.quote(o) for o in TINY_OVERRIDES)} ;; esac\n'
+        f'exec {shlex.quote(sys.executable)} -m ridgeline.cli "$@"\n')
+    shim.chmod(0o755)
+
+
+def script(blocks: list[Block], port: int) -> str:
+    """One bash script: the blocks in order, each announced on stderr, stopping at the first failure."""
+    parts = ["set -euo pipefail"]
+    for block in blocks:
+        if block.skip_reason is None:
+            parts.append(f"echo '### tutorial.md line {block.line}' >&2")
+            parts.append(block.code.replace(TUTORIAL_PORT, str(port)))
+    return "\n".join(parts) + "\n"
+
+
+def test_blocks_are_found_and_only_the_install_is_skipped():
+    blocks = bash_blocks(TUTORIAL.read_text())
+    assert len(blocks) >= 8
+    skipped = [b for b in blocks if b.skip_reason]
+    assert len(skipped) == 1 and "pip install" in skipped[0].code
+
+
+def test_install_block_matches_makefile():
+    """The tutorial's pip lines install what `make setup` installs, with the same pins and flags."""
+    install = next(b for b in bash_blocks(TUTORIAL.read_text()) if b.skip_reason).code
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
+    made = [line.split("pip install", 1)[1].replace("-q ", "").strip()
+            for line in recipe.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    taught = [line.split("#", 1)[0].split("pip install", 1)[1].strip()
+              for line in install.splitlines() if line.startswith("pip install")]
+    assert taught == made
+
+
+@pytest.mark.skipif(not (SHARED / "data" / "gsm8k" / "train.jsonl").is_file(),
+                    reason="../shared/data/gsm8k (GSM8K's jsonl files) is not on this machine")
+def test_tutorial_runs(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "shared").symlink_to(SHARED)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ridgeline_shim(bin_dir)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    blocks = bash_blocks(TUTORIAL.read_text())
+    done = subprocess.run(["bash", "-c", script(blocks, free_port())], cwd=work, env=env, text=True,
+                          capture_output=True, timeout=300)
+    log = f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, log
+    # what each step leaves behind, and what the client printed
+    assert (work / "data" / "gsm8k" / "train_64.parquet").is_file()
+    assert "1.0 0.1 0.0" in done.stdout, log
+    assert (work / "runs" / "gsm8k_tutorial" / "final_model" / "config.json").is_file()
+    assert (work / "runs" / "gsm8k_tutorial" / "eval" / "aggregated_results.jsonl").is_file()
+    assert (work / "exported" / "policy" / "model.safetensors").is_file()
+    assert "LlamaForCausalLM" in done.stdout and "['gsm8k-tutorial']" in done.stdout, log
