@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 from doc_blocks import REPO, Block, fenced_blocks, makefile_installs, pip_installs
 
 TUTORIAL = REPO / "docs" / "tutorial.md"
@@ -35,12 +35,6 @@ TINY_OVERRIDES = (
     "generator.model_dtype=float32",
 )
 TUTORIAL_PORT = "8001"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ridgeline_shim(folder: Path) -> None:
@@ -97,7 +91,7 @@ def test_tutorial_runs(tmp_path):
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     blocks = bash_blocks(TUTORIAL.read_text())
     done = subprocess.run(["bash", "-c", script(blocks, free_port())], cwd=work, env=env, text=True,
-                          capture_output=True, timeout=300)
+                          capture_output=True, timeout=600)
     log = f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-6000:]}"
     assert done.returncode == 0, log
     # what each step leaves behind, and what the client printed
