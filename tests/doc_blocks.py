@@ -19,19 +19,21 @@ class Block:
 
 
 def fenced_blocks(text: str, lang: str) -> list[Block]:
-    """The ```<lang> blocks of a markdown text, with the reason of a `tutorial-test: skip` marker on
-    the line above a block."""
+    """The ```<lang> blocks of a markdown text (lang "" for bare ``` blocks), with the reason of a
+    `tutorial-test: skip` marker on the line above a block."""
     blocks, lines = [], text.split("\n")
     i = 0
     while i < len(lines):
-        if lines[i].strip() == f"```{lang}":
+        opening = lines[i].strip()
+        if opening.startswith("```"):
             start, body = i, []
             i += 1
             while lines[i].strip() != "```":
                 body.append(lines[i])
                 i += 1
-            mark = SKIP_MARK.search(lines[start - 1]) if start else None
-            blocks.append(Block(start + 1, "\n".join(body), mark.group("reason") if mark else None))
+            if opening[3:].strip() == lang:
+                mark = SKIP_MARK.search(lines[start - 1]) if start else None
+                blocks.append(Block(start + 1, "\n".join(body), mark.group("reason") if mark else None))
         i += 1
     return blocks
 
