@@ -1,5 +1,6 @@
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +33,13 @@ def tiny_model(tiny_tokenizer):
 def chat_ids(tokenizer, text: str) -> list[int]:
     from ridgeline.data import encode_chat_prompt
     return encode_chat_prompt(tokenizer, [{"role": "user", "content": text}])
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:

@@ -11,7 +11,7 @@ import requests
 import torch
 from transformers import AutoTokenizer
 
-from conftest import chat_ids, in_thread
+from conftest import chat_ids, free_port, in_thread
 from ridgeline.inference.endpoint import EndpointError, EndpointSettings, HttpEndpoint, SharedEngine, check_address
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.server import EngineService, RequestError
@@ -19,12 +19,6 @@ from ridgeline.inference.types import EngineError, EngineRequest, SamplingParams
 from ridgeline.models.tiny import build_char_tokenizer, build_tiny_model
 
 NAME = "policy-under-training"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_is_free(port: int) -> bool:
