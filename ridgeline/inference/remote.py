@@ -15,7 +15,8 @@ Two server APIs, picked by `generator.backend`:
 
 Both send the repetition penalty and the stop strings (kept in the output, as SkyRL asks: SGLang's
 `no_stop_trim`, vLLM's `include_stop_str_in_output`); a server matches stop strings only if it
-loaded its tokenizer (an SGLang server started with `--skip-tokenizer-init` cannot).
+loaded its tokenizer (the client refuses to send stop strings to an SGLang server started with
+`--skip-tokenizer-init`, which would ignore them).
 
 Requests are spread over the servers in contiguous slices (samples of one prompt stay on one server,
 where its prefix is cached). Connection errors are retried with exponential backoff; every request
@@ -133,6 +134,7 @@ class RemoteEngine:
         self._group: _UpdateGroup | None = None
         self._asleep_tags: tuple[MemoryTag, ...] = ()   # put to sleep by this client (WAKE_TAGS)
         self._released: list[str] = []                  # SGLang servers: their memory tags released
+        self._detokenizes: dict[str, bool] = {}         # SGLang servers: whether they loaded a tokenizer
         self.check_health()
         self.model_names = [self._model_name(u) for u in self.urls]
 
@@ -207,6 +209,10 @@ class RemoteEngine:
         return [out for part in parts for out in part]
 
     def _generate_native(self, url: str, reqs: list[EngineRequest], seeds: list[int]) -> list[EngineOutput]:
+        if any(r.sampling_params.stop for r in reqs) and not self._matches_stop_strings(url):
+            raise EngineError(f"remote inference engine {url} was started with --skip-tokenizer-init, so it cannot "
+                              "match stop strings (generator.sampling_params.stop / eval_sampling_params.stop): it "
+                              "would ignore them. Fix: restart it without --skip-tokenizer-init")
         params = [sglang_sampling_params(r.sampling_params, r.stop_token_ids, seed=sd) for r, sd in zip(reqs, seeds)]
         body = {"input_ids": [r.prompt_token_ids for r in reqs], "sampling_params": params,
                 "return_logprob": True, "top_logprobs_num": [r.sampling_params.num_top_logprobs for r in reqs]}
@@ -217,6 +223,14 @@ class RemoteEngine:
             raise EngineError(f"remote inference engine {url}: /generate answered {type(answer).__name__} "
                               f"of length {len(answer) if isinstance(answer, list) else '-'} for {len(reqs)} inputs")
         return [native_output(a, url, r.sampling_params.num_top_logprobs) for a, r in zip(answer, reqs)]
+
+    def _matches_stop_strings(self, url: str) -> bool:
+        """Whether the SGLang server at `url` loaded its tokenizer (SGLang matches stop strings on
+        detokenized text); asked once, from `/get_server_info`."""
+        if url not in self._detokenizes:
+            info = self.request("GET", url, "/get_server_info") or {}
+            self._detokenizes[url] = not info.get("skip_tokenizer_init", False)
+        return self._detokenizes[url]
 
     def _complete(self, url: str, model: str, req: EngineRequest, seed: int) -> EngineOutput:
         answer = self.request("POST", url, "/v1/completions", completion_body(model, req, seed))
