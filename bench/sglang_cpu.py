@@ -70,6 +70,9 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(Path(__file__).resolve().parents[1] / ".venv-vllm/bin/python"))
     args = ap.parse_args()
     engines = args.engines.split(",")
+    if "vllm" in engines and not Path(args.vllm_python).exists():
+        print(f"no vLLM here ({args.vllm_python} is missing: make setup-vllm builds it): vLLM is not measured")
+        engines.remove("vllm")
     cfg = load_config(["+experiment=quickstart", "generator.backend=sglang", f"generator.model_dtype={args.dtype}",
                        "+generator.engine_init_kwargs.log_level=warning",
                        *([f"+generator.engine_init_kwargs.model_path={args.model}"] if args.model else [])])
