@@ -39,6 +39,7 @@ import torch
 from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port, usable_backend
 from ridgeline.inference.launch import WORKER_EXTENSION
 from ridgeline.inference.sglang_engine import (
+    IDLE_TIMEOUT_S,
     native_output as sglang_native_output,
     release_tags,
     resume_tags,
@@ -279,9 +280,16 @@ class RemoteEngine:
             self._map(lambda u: self.request("POST", u, f"/sleep?level={level}"), self.urls)
         else:
             tags = release_tags(2, weights_cpu_backup=False)
-            self._map(lambda u: self.request("POST", u, "/release_memory_occupation", {"tags": tags}), self.urls)
+            self._map(lambda u: self._release_when_idle(u, tags), self.urls)
             self._released = tags
         self._asleep_tags = WAKE_TAGS
+
+    def _release_when_idle(self, url: str, tags: list[str]) -> None:
+        """An SGLang server asserts that its scheduler is idle when memory is released (the assertion
+        kills a scheduler still closing its last batch, and the server with it): `/flush_cache?timeout=`
+        first waits, server-side, until it is idle (400 if it is not within the time)."""
+        self.request("POST", url, f"/flush_cache?timeout={IDLE_TIMEOUT_S:g}")
+        self.request("POST", url, "/release_memory_occupation", {"tags": tags})
 
     def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
         """Take back what this client put to sleep, for `tags`: vLLM's `/wake_up?tags=...`, SGLang's

@@ -75,6 +75,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -119,6 +120,8 @@ SGLANG_CPU_KWARGS: dict[str, Any] = {"device": "cpu", "attention_backend": "torc
                                      "disable_overlap_schedule": True, "max_total_tokens": CPU_KV_CACHE_TOKENS}
 # SGLang picks its CPU platform from this variable, read once when it is imported
 SGLANG_CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+# How long a release waits for SGLang's scheduler to finish its last batch (`_wait_until_idle`)
+IDLE_TIMEOUT_S = 60.0
 
 
 # ---------------------------------------------------------------- mapping (pure)
@@ -424,8 +427,21 @@ class SGLangEngine(LibraryEngine):
             log.info("SGLang runs on the CPU: sleep()/wake_up() call release/resume_memory_occupation, which "
                      "free nothing there (no device memory); generation waits for wake_up() all the same")
             self._said_cpu_sleep = True
+        self._wait_until_idle()
         self._released = release_tags(level, self._weights_cpu_backup)
         self.engine.release_memory_occupation(tags=self._released)
+
+    def _wait_until_idle(self) -> None:
+        """SGLang asserts that its scheduler is idle when memory is released, and a scheduler still
+        closing the batch a `generate` just returned from is not: the assertion kills it, and the
+        process with it. A cache flush asserts nothing and answers whether it found the scheduler
+        idle (then flushes, as releasing the KV cache does anyway): flush until it does."""
+        deadline = time.monotonic() + IDLE_TIMEOUT_S
+        while getattr(self.engine.flush_cache(), "success", True) is False:
+            if time.monotonic() > deadline:
+                raise EngineError(f"SGLang's scheduler was still busy {IDLE_TIMEOUT_S:g} s after the last request: "
+                                  "its memory cannot be released")
+            time.sleep(0.01)
 
     def _resume(self, tags: tuple[str, ...]) -> None:
         todo = resume_tags(tags, self._released)

@@ -34,12 +34,11 @@ from ridgeline.inference.weight_transport import free_port
 from ridgeline.models.loading import load_model, load_tokenizer
 from ridgeline.training.build import policy_spec
 
-from sglang_checks import tiny_run, train_steps_then_probe
+from sglang_checks import (PROMPT_TEXT, TOLERANCE, check_prefix_caching, check_stop_string, check_stop_token_ids,
+                           max_diff, stop_string_request, tiny_run, train_steps_then_probe)
 
 pytestmark = pytest.mark.sglang
 
-TOLERANCE = 1e-4
-PROMPT_TEXT = "Probe: 12 + 30 = 42. The quick brown fox"
 SETTINGS = {
     "cache_on_tokenizer": ["generator.enable_prefix_caching=true", "generator.sampling_params.stop=['</answer>']"],
     "cache_off_ids_only": ["generator.enable_prefix_caching=false"],
@@ -69,10 +68,6 @@ def setup(request):
     yield request.param, engine, reference, model, tokenizer, prompt
     engine.close()
 
-
-def max_diff(a, b) -> float:
-    assert len(a) == len(b)
-    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
 def perturbed(model, seed: int) -> list[tuple[str, torch.Tensor]]:
@@ -116,30 +111,17 @@ def test_score_and_greedy_decoding_match_the_embedded_engine(setup):
 
 def test_stop_token_ids_end_the_response_as_in_the_embedded_engine(setup):
     _, engine, reference, _, _, prompt = setup
-    greedy = SamplingParams(max_generate_length=16, temperature=0.0)
-    free = reference.generate([EngineRequest(prompt, greedy)])[0].response_ids
-    stop = free[3]
-    request = [EngineRequest(prompt, greedy, stop_token_ids=(stop,))]
-    ours, theirs = engine.generate(request)[0], reference.generate(request)[0]
-    assert ours.response_ids == theirs.response_ids == free[:free.index(stop) + 1]  # the stop token is kept
-    assert ours.stop_reason == theirs.stop_reason == "stop" and ours.matched_stop is None
+    check_stop_token_ids(engine, reference, prompt)
 
 
 def test_stop_strings_need_the_tokenizer_and_end_the_response_there(setup):
     name, engine, reference, _, tokenizer, prompt = setup
-    greedy = SamplingParams(max_generate_length=24, temperature=0.0)
-    text = tokenizer.decode(reference.generate([EngineRequest(prompt, greedy)])[0].response_ids,
-                            skip_special_tokens=True)
-    stop = text[6:8]
-    request = [EngineRequest(prompt, SamplingParams(max_generate_length=24, temperature=0.0, stop=(stop,)))]
+    request, stop = stop_string_request(reference, tokenizer, prompt)
     if name == "cache_off_ids_only":  # built with skip_tokenizer_init: SGLang would not match it
         with pytest.raises(EngineError, match=r"stop strings.*generator.sampling_params.stop"):
             engine.generate(request)
         return
-    ours, theirs = engine.generate(request)[0], reference.generate(request)[0]
-    assert ours.response_ids == theirs.response_ids and (ours.stop_reason, ours.matched_stop) == ("stop", stop)
-    assert tokenizer.decode(ours.response_ids, skip_special_tokens=True).endswith(stop)  # the string is kept
-    assert max_diff(ours.logprobs, theirs.logprobs) < TOLERANCE
+    check_stop_string(engine, reference, tokenizer, request, stop)
 
 
 def cached_tokens(engine, prompt: list[int]) -> int:
@@ -150,17 +132,7 @@ def cached_tokens(engine, prompt: list[int]) -> int:
 
 def test_prefix_caching_on_and_off(setup):
     name, engine, reference, _, _, prompt = setup
-    long_prompt = prompt * 3
-    first = cached_tokens(engine, long_prompt)
-    again = cached_tokens(engine, long_prompt)
-    if name == "cache_on_tokenizer":
-        assert again >= len(long_prompt) - 1 > first  # the repeat is served from the cache
-    else:
-        assert first == again == 0
-    # the samples of one prompt give the same logprobs whether their prefix was cached or not
-    outs = engine.generate([EngineRequest(long_prompt, SamplingParams(max_generate_length=8))] * 3, seed=3)
-    for out in outs:
-        assert max_diff(out.logprobs, reference.score(long_prompt, out.response_ids)) < TOLERANCE
+    check_prefix_caching(engine, reference, prompt * 3, cached_tokens, cache_on=name == "cache_on_tokenizer")
 
 
 def test_update_weights_from_tensor_then_the_probe_passes_and_a_skipped_sync_is_caught(setup):

@@ -30,12 +30,11 @@ from ridgeline.inference.weight_transport import free_port
 from ridgeline.models.loading import engine_model_folder, load_model, load_tokenizer
 from ridgeline.training.build import policy_spec
 
-from sglang_checks import tiny_run, train_steps_then_probe
+from sglang_checks import (PROMPT_TEXT, TOLERANCE, check_prefix_caching, check_stop_string, check_stop_token_ids,
+                           max_diff, stop_string_request, tiny_run, train_steps_then_probe)
 
 pytestmark = pytest.mark.sglang
 
-TOLERANCE = 1e-4
-PROMPT_TEXT = "Probe: 12 + 30 = 42. The quick brown fox"
 SERVERS = {"tokenizer_cache_on": (), "ids_only_cache_off": ("--skip-tokenizer-init", "--disable-radix-cache")}
 
 
@@ -69,10 +68,6 @@ def setup(server, tmp_path_factory):
     yield name, client, reference, model, tokenizer, prompt
     client.close()
 
-
-def max_diff(a, b) -> float:
-    assert len(a) == len(b)
-    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
 def cached_tokens(client: RemoteEngine, prompt: list[int]) -> int:
@@ -108,43 +103,22 @@ def test_n_samples_and_their_logprobs_match_the_embedded_engine(setup):
 
 def test_stop_token_ids_end_the_response_as_in_the_embedded_engine(setup):
     _, client, reference, _, _, prompt = setup
-    greedy = SamplingParams(max_generate_length=16, temperature=0.0)
-    free = reference.generate([EngineRequest(prompt, greedy)])[0].response_ids
-    stop = free[3]
-    request = [EngineRequest(prompt, greedy, stop_token_ids=(stop,))]
-    ours, theirs = client.generate(request)[0], reference.generate(request)[0]
-    assert ours.response_ids == theirs.response_ids == free[:free.index(stop) + 1]  # the stop token is kept
-    assert ours.stop_reason == theirs.stop_reason == "stop" and ours.matched_stop is None
+    check_stop_token_ids(client, reference, prompt)
 
 
 def test_stop_strings_end_the_response_or_are_refused_without_a_tokenizer(setup):
     name, client, reference, _, tokenizer, prompt = setup
-    greedy = SamplingParams(max_generate_length=24, temperature=0.0)
-    text = tokenizer.decode(reference.generate([EngineRequest(prompt, greedy)])[0].response_ids,
-                            skip_special_tokens=True)
-    stop = text[6:8]
-    request = [EngineRequest(prompt, SamplingParams(max_generate_length=24, temperature=0.0, stop=(stop,)))]
+    request, stop = stop_string_request(reference, tokenizer, prompt)
     if name == "ids_only_cache_off":  # the server would ignore it: refused, naming the server and the fix
         with pytest.raises(EngineError, match=r"--skip-tokenizer-init.*Fix: restart it without"):
             client.generate(request)
         return
-    ours, theirs = client.generate(request)[0], reference.generate(request)[0]
-    assert ours.response_ids == theirs.response_ids and (ours.stop_reason, ours.matched_stop) == ("stop", stop)
-    assert tokenizer.decode(ours.response_ids, skip_special_tokens=True).endswith(stop)  # the string is kept
-    assert max_diff(ours.logprobs, theirs.logprobs) < TOLERANCE
+    check_stop_string(client, reference, tokenizer, request, stop)
 
 
 def test_prefix_caching_on_and_off(setup):
     name, client, reference, _, _, prompt = setup
-    long_prompt = prompt * 2
-    first, again = cached_tokens(client, long_prompt), cached_tokens(client, long_prompt)
-    if name == "tokenizer_cache_on":
-        assert again >= len(long_prompt) - 1 > first  # the repeat is served from the cache
-    else:
-        assert first == again == 0
-    outs = client.generate([EngineRequest(long_prompt, SamplingParams(max_generate_length=8))] * 3, seed=3)
-    for out in outs:
-        assert max_diff(out.logprobs, reference.score(long_prompt, out.response_ids)) < TOLERANCE
+    check_prefix_caching(client, reference, prompt * 2, cached_tokens, cache_on=name == "tokenizer_cache_on")
 
 
 def test_weight_sync_over_an_update_group_then_the_probe_passes_and_a_skipped_sync_is_caught(setup):
