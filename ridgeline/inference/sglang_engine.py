@@ -64,7 +64,8 @@ brings the weights back. `wake_up(("weights",))` resumes SGLang's "weights", `wa
 its "kv_cache" and "cuda_graph" (what generation needs besides the weights), each only if released
 (`resume_tags`); weights are resumed before they are loaded.
 On SGLang's CPU backend the same calls run, with the same tags, and free nothing (there is no
-device memory; the engine logs so once).
+device memory; the engine logs so once). A release first waits until SGLang's scheduler is idle
+(`_wait_until_idle`): SGLang asserts it, and the failed assertion takes the scheduler down.
 
 The mapping functions are tested in the default suite; the engine itself, on SGLang 0.5.23's CPU
 backend, by `make test-sglang` (tests/sglang).
