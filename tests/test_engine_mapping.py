@@ -352,12 +352,24 @@ def test_worker_receive_before_init_is_an_error():
 
 
 def test_sglang_kwargs_of_the_default_config(default_cfg):
-    assert sglang_engine_kwargs(default_cfg) == {
+    assert sglang_engine_kwargs(default_cfg, cuda=True) == {
         "model_path": MODEL, "dtype": "bfloat16", "tp_size": 4, "pp_size": 1, "ep_size": 1, "mem_fraction_static": 0.8,
         "disable_radix_cache": False, "max_running_requests": 1024, "chunked_prefill_size": 8192,
         "disable_cuda_graph": False, "random_seed": 42, "context_length": 1536, "enable_memory_saver": True,
         "skip_tokenizer_init": True,
     }
+
+
+def test_sglang_kwargs_on_a_cpu_add_its_cpu_backend_settings(default_cfg):
+    """SGLang's CPU backend: torch_native attention, no overlap schedule, a capped KV cache, and no
+    memory saver (CUDA-only: it fails at start); the user's engine_init_kwargs still win."""
+    gpu = sglang_engine_kwargs(default_cfg, cuda=True)
+    cpu = sglang_engine_kwargs(default_cfg, cuda=False)
+    assert cpu == {**gpu, "enable_memory_saver": False, "device": "cpu", "attention_backend": "torch_native",
+                   "disable_overlap_schedule": True, "max_total_tokens": 32768}
+    mine = sglang_engine_kwargs(config("+generator.engine_init_kwargs.max_total_tokens=4096"), cuda=False)
+    assert mine["max_total_tokens"] == 4096 and mine["device"] == "cpu"
+    assert sglang_engine_kwargs(default_cfg) == (gpu if torch.cuda.is_available() else cpu)
 
 
 def test_sglang_kwargs_follow_the_config_and_engine_init_kwargs_win():
@@ -367,7 +379,7 @@ def test_sglang_kwargs_follow_the_config_and_engine_init_kwargs_win():
                  "trainer.placement.colocate_all=false", "trainer.seed=3",
                  "+generator.engine_init_kwargs.context_length=4096",
                  "+generator.engine_init_kwargs.attention_backend=flashinfer")
-    assert sglang_engine_kwargs(cfg) == {
+    assert sglang_engine_kwargs(cfg, cuda=True) == {
         "model_path": MODEL, "dtype": "float16", "tp_size": 2, "pp_size": 1, "ep_size": 1, "mem_fraction_static": 0.6,
         "disable_radix_cache": True, "max_running_requests": 128, "chunked_prefill_size": -1,
         "disable_cuda_graph": True, "random_seed": 3, "context_length": 4096, "enable_memory_saver": False,
@@ -432,8 +444,8 @@ def test_sglang_resumes_what_a_wake_up_tag_needs_and_only_what_is_released():
 class _Released(LibraryEngine):
     """The base class's sleep bookkeeping over an engine that records what it releases and resumes."""
 
-    def __init__(self, device_sleeps: bool):
-        self._device_sleeps, self._can_sleep, self.calls = device_sleeps, True, []
+    def __init__(self, device_sleeps: bool, can_sleep: bool = True):
+        self._device_sleeps, self._can_sleep, self.calls = device_sleeps, can_sleep, []
 
     def _release(self, level: int) -> None:
         self.calls.append(("release", level))
@@ -442,9 +454,11 @@ class _Released(LibraryEngine):
         self.calls.append(("resume", tags))
 
 
-@pytest.mark.parametrize("device_sleeps", [True, False])
-def test_library_engines_wake_weights_then_kv_cache_each_once(device_sleeps):
-    engine = _Released(device_sleeps)
+@pytest.mark.parametrize("device_sleeps,can_sleep", [(True, True), (False, True), (False, False)])
+def test_library_engines_wake_weights_then_kv_cache_each_once(device_sleeps, can_sleep):
+    # (False, True): SGLang on a CPU, whose release / resume run there and free nothing;
+    # (False, False): vLLM on a CPU, built without sleep mode: bookkeeping only
+    engine = _Released(device_sleeps, can_sleep)
     engine.sleep(2)
     engine.sleep(1)  # already asleep: nothing more to release
     engine.wake_up(("weights",))
@@ -454,7 +468,12 @@ def test_library_engines_wake_weights_then_kv_cache_each_once(device_sleeps):
     engine._check_awake("generate")
     engine.wake_up()
     expected = [("release", 2), ("resume", ("weights",)), ("resume", ("kv_cache",))]
-    assert engine.calls == (expected if device_sleeps else [])  # a CPU platform has nothing to free
+    assert engine.calls == (expected if can_sleep else [])
+
+
+def test_a_gpu_engine_built_without_its_sleep_kwarg_refuses_to_sleep():
+    with pytest.raises(EngineError, match="needs enable_sleep_mode.*colocate_all=true"):
+        _Released(device_sleeps=True, can_sleep=False).sleep(1)
 
 
 def test_wake_order_puts_weights_before_the_kv_cache():

@@ -24,13 +24,16 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ridgeline.inference.gpu_support import (
     attention_backend_problem,
     fitting_attention_backend,
     format_capability,
 )
+
+if TYPE_CHECKING:
+    from ridgeline.entrypoints.doctor_sglang import SGLangInstall
 
 OK, WARN, FAIL, NOT_CHECKED = "ok", "warn", "FAIL", "not checked"
 MIN_PYTHON = (3, 11)
@@ -78,6 +81,7 @@ class MachineFacts:
     ray_cluster: dict[str, Any] | None = None  # {"nodes", "cpus", "gpus"} or {"error"}
     remote: dict[str, str | None] = field(default_factory=dict)  # server URL -> None (answers) or the error
     sandbox: str | None = None  # the code sandbox: "" when bubblewrap works, else why not; None: not probed
+    sglang: SGLangInstall | None = None  # SGLang's engine imported in a child process (generator.backend=sglang)
 
 
 @dataclass
@@ -93,10 +97,11 @@ class Check:
 def find_package(module: str, distributions: tuple[str, ...]) -> Package | None:
     # find_spec only locates the module: importing vllm/sglang is slow and can crash
     try:
-        if importlib.util.find_spec(module) is None:
-            return None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
+    if spec is None or spec.origin is None:  # None: a namespace package, i.e. a mere folder of that name
+        return None                          # on sys.path (tests/sglang under pytest), not an install
     for dist in distributions:
         try:
             return Package(importlib.metadata.version(dist), dist)
@@ -298,6 +303,10 @@ def config_checks(cfg: Any, facts: MachineFacts) -> list[Check]:
     else:
         attention = OmegaConf.select(cfg, "generator.engine_init_kwargs.attention_backend", default=None)
         checks += engine_checks(backend, attention, facts)
+    if backend == "sglang":
+        from ridgeline.entrypoints.doctor_sglang import sglang_known_issues
+
+        checks += sglang_known_issues(cfg, os.environ)
     if strategy in RAY_STRATEGIES and facts.packages.get("ray") is None:
         checks.append(Check("trainer.strategy", FAIL,
                             f"trainer.strategy={strategy} runs its ranks as Ray actors, but ray is "
@@ -329,24 +338,9 @@ def engine_checks(backend: str, attention: str | None, facts: MachineFacts) -> l
         return [Check(name, OK, f"vllm {pkg.version or '?'}"
                       + (" (CPU build)" if cpu_build else f" on {len(facts.gpus)} GPU(s)"))]
     if backend == "sglang":
-        checks = []
-        if not facts.gpus:
-            checks.append(Check(name, FAIL, "generator.backend=sglang needs a CUDA GPU; this machine "
-                                "has none. Fix: generator.backend=hf (embedded, runs on CPU) or run on "
-                                "a GPU machine"))
-        if facts.packages.get("sglang") is None:
-            checks.append(Check(name, FAIL, "generator.backend=sglang needs the sglang package, which "
-                                "is not installed. Fix: pip install sglang, or generator.backend=hf"))
-        if not checks:
-            checks.append(Check(name, OK, f"sglang {facts.packages['sglang'].version or '?'} on "
-                                f"{len(facts.gpus)} GPU(s)"))
-        if attention:
-            cap = facts.gpus[0].capability if facts.gpus else None
-            problem = attention_backend_problem(str(attention), cap)
-            checks.append(Check("attention backend", FAIL, problem) if problem else
-                          Check("attention backend", OK, f"{attention} on GPU 0 ("
-                                f"{format_capability(cap) if cap else 'no GPU'})"))
-        return checks
+        from ridgeline.entrypoints.doctor_sglang import sglang_engine_checks
+
+        return sglang_engine_checks(attention, facts)
     return [Check(name, WARN, f"generator.backend={backend}: the doctor has no rule for this engine")]
 
 
@@ -401,6 +395,10 @@ def run(args: argparse.Namespace) -> int:
     facts = gather_facts(paths)
     if cfg is not None and not cfg.generator.run_engines_locally:
         facts.remote = probe_remote_engines(cfg)
+    elif cfg is not None and cfg.generator.backend == "sglang" and facts.packages.get("sglang") is not None:
+        from ridgeline.entrypoints.doctor_sglang import probe_sglang_install
+
+        facts.sglang = probe_sglang_install(cuda=facts.cuda_available)
     if config_error is not None:
         checks = machine_checks(facts) + [Check("config", FAIL, config_error)]
         line, code = "NOT READY: invalid configuration (see config above)", 2

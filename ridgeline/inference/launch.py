@@ -1,17 +1,21 @@
 """Start an inference server as a child process and wait until it answers `/health`.
 
-Used by `make test-vllm` and `bench/vllm_cpu.py` (vLLM's CPU build on 127.0.0.1), and handy for
-scripts that bring their own servers for `generator.run_engines_locally=false`."""
+Used by `make test-vllm` / `make test-sglang` and `bench/vllm_cpu.py` / `bench/sglang_cpu.py` (vLLM's
+CPU build and SGLang's CPU backend on 127.0.0.1), and handy for scripts that bring their own
+servers for `generator.run_engines_locally=false`."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 
 import requests
+
+from ridgeline.inference.sglang_engine import SGLANG_CPU_ENV, SGLANG_CPU_KWARGS
 
 WORKER_EXTENSION = "ridgeline.inference.vllm_worker.RidgelineWorkerExtension"
 
@@ -35,6 +39,24 @@ VLLM_CPU_ENV = {"VLLM_SERVER_DEV_MODE": "1",     # /collective_rpc, /sleep, /res
                 "OMP_NUM_THREADS": "1"}
 
 
+def sglang_server_command(model_folder: str, port: int, *extra: str, dtype: str = "float32",
+                          context_length: int = 512, cuda: bool = False, python: str = sys.executable) -> list[str]:
+    """SGLang's server (`python -m sglang.launch_server`) on 127.0.0.1; without `cuda`, with the flags
+    of its CPU backend (`sglang_engine.SGLANG_CPU_KWARGS`, the in-process engine's settings) and
+    `SGLANG_CPU_SERVER_ENV` in its environment. `extra` flags come last (SGLang takes the last of a
+    repeated flag)."""
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_folder, "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", dtype, "--context-length", str(context_length)]
+    if not cuda:
+        for key, value in SGLANG_CPU_KWARGS.items():
+            flag = "--" + key.replace("_", "-")
+            cmd += [flag] if value is True else [flag, str(value)]
+    return cmd + list(extra)
+
+
+SGLANG_CPU_SERVER_ENV = {**SGLANG_CPU_ENV, "OMP_NUM_THREADS": "1"}
+
+
 class ServerProcess:
     """A server child process; `url` once it answers `/health`; `stop()` terminates it."""
 
@@ -42,8 +64,9 @@ class ServerProcess:
                  timeout_s: float = 300.0):
         self.url = url
         self.log: list[str] = []
+        # a session of its own: the servers start worker processes, stopped with it as one group
         self.proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
         # drain the output so the child never blocks on a full pipe; keep it for error messages
         threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
         deadline = time.time() + timeout_s
@@ -60,8 +83,16 @@ class ServerProcess:
         raise RuntimeError(f"server at {url} did not answer /health in {timeout_s:g} s:\n" + "".join(self.log[-60:]))
 
     def stop(self) -> None:
-        self.proc.terminate()
+        """Terminate the server and its worker processes (its process group); kill them after 30 s."""
+        self._signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass  # the group is gone already

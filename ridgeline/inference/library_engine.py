@@ -200,7 +200,9 @@ class LibraryEngine:
     sleep_kwarg: str = "enable_sleep_mode"   # the engine kwarg that lets sleep free device memory
     _asleep_tags: tuple[MemoryTag, ...] = ()  # Ridgeline's tags (WAKE_TAGS) released right now
     _device_sleeps: bool = False   # this platform has device memory to free (not a CPU)
-    _can_sleep: bool = False       # the engine was built with `sleep_kwarg`
+    # the engine's release / resume calls work: built with `sleep_kwarg` on a device, or an engine
+    # whose calls also run (freeing nothing) on a CPU (SGLang's)
+    _can_sleep: bool = False
 
     @staticmethod
     def engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -219,23 +221,24 @@ class LibraryEngine:
     def sleep(self, level: int = 1) -> None:
         """Free the device for training (level 1 keeps the weights in host memory where the engine
         can, level 2 drops them: the next `update_weights` brings them back). On a CPU there is
-        nothing to free: the engine only refuses work until `wake_up`."""
+        nothing to free: the engine refuses work until `wake_up`, and calls its release / resume
+        only where they run there (SGLang's, freeing nothing)."""
         if level not in (1, 2):
             raise EngineError(f"sleep level must be 1 or 2, got {level}")
         if self._asleep_tags:
             return
-        if self._device_sleeps:
-            if not self._can_sleep:
-                raise EngineError(f"{type(self).__name__}.sleep needs {self.sleep_kwarg}, which this engine was built "
-                                  "without. Fix: trainer.placement.colocate_all=true (or "
-                                  f"+generator.engine_init_kwargs.{self.sleep_kwarg}=true)")
+        if self._device_sleeps and not self._can_sleep:
+            raise EngineError(f"{type(self).__name__}.sleep needs {self.sleep_kwarg}, which this engine was built "
+                              "without. Fix: trainer.placement.colocate_all=true (or "
+                              f"+generator.engine_init_kwargs.{self.sleep_kwarg}=true)")
+        if self._can_sleep:
             self._release(level)
         self._asleep_tags = WAKE_TAGS
 
     def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
         """Take back the memory of `tags` that is released, weights before the KV cache."""
         todo = tuple(t for t in wake_order(tags) if t in self._asleep_tags)
-        if todo and self._device_sleeps:
+        if todo and self._can_sleep:
             self._resume(todo)
         self._asleep_tags = tuple(t for t in self._asleep_tags if t not in todo)
 

@@ -15,7 +15,8 @@ Two server APIs, picked by `generator.backend`:
 
 Both send the repetition penalty and the stop strings (kept in the output, as SkyRL asks: SGLang's
 `no_stop_trim`, vLLM's `include_stop_str_in_output`); a server matches stop strings only if it
-loaded its tokenizer (an SGLang server started with `--skip-tokenizer-init` cannot).
+loaded its tokenizer (the client refuses to send stop strings to an SGLang server started with
+`--skip-tokenizer-init`, which would ignore them).
 
 Requests are spread over the servers in contiguous slices (samples of one prompt stay on one server,
 where its prefix is cached). Connection errors are retried with exponential backoff; every request
@@ -38,11 +39,9 @@ import torch
 from ridgeline.inference.weight_transport import GroupSpec, TensorBroadcaster, WeightSender, free_port, usable_backend
 from ridgeline.inference.launch import WORKER_EXTENSION
 from ridgeline.inference.sglang_engine import (
-    CUDA_GRAPH,
-    KV_CACHE,
-    WEIGHTS,
-    matched_stop_string,
-    native_top_logprobs,
+    IDLE_TIMEOUT_S,
+    native_output as sglang_native_output,
+    release_tags,
     resume_tags,
     sglang_sampling_params,
 )
@@ -99,6 +98,14 @@ def normalize_url(url: str) -> str:
     return url if url.startswith(("http://", "https://")) else f"http://{url}"
 
 
+class EngineHTTPError(EngineError):
+    """A server answered a call with an HTTP error status (`status`)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 class EngineUnreachable(EngineError):
     """No answer from a server after the retries (or a timeout while it worked on a request)."""
 
@@ -128,6 +135,7 @@ class RemoteEngine:
         self._group: _UpdateGroup | None = None
         self._asleep_tags: tuple[MemoryTag, ...] = ()   # put to sleep by this client (WAKE_TAGS)
         self._released: list[str] = []                  # SGLang servers: their memory tags released
+        self._detokenizes: dict[str, bool] = {}         # SGLang servers: whether they loaded a tokenizer
         self.check_health()
         self.model_names = [self._model_name(u) for u in self.urls]
 
@@ -154,8 +162,8 @@ class RemoteEngine:
                 raise EngineError(f"remote inference engine {url} refused the request (401 Unauthorized). "
                                   f"Fix: export {API_KEY_ENV}=<the server's API key>.")
             if r.status_code >= 400:
-                raise EngineError(f"remote inference engine {url}: {method} {route} answered "
-                                  f"{r.status_code}: {r.text[:500]}")
+                raise EngineHTTPError(f"remote inference engine {url}: {method} {route} answered "
+                                      f"{r.status_code}: {r.text[:500]}", r.status_code)
             return r.json() if r.content and r.headers.get("content-type", "").startswith("application/json") \
                 else None
         raise AssertionError("unreachable")
@@ -202,6 +210,10 @@ class RemoteEngine:
         return [out for part in parts for out in part]
 
     def _generate_native(self, url: str, reqs: list[EngineRequest], seeds: list[int]) -> list[EngineOutput]:
+        if any(r.sampling_params.stop for r in reqs) and not self._matches_stop_strings(url):
+            raise EngineError(f"remote inference engine {url} was started with --skip-tokenizer-init, so it cannot "
+                              "match stop strings (generator.sampling_params.stop / eval_sampling_params.stop): it "
+                              "would ignore them. Fix: restart it without --skip-tokenizer-init")
         params = [sglang_sampling_params(r.sampling_params, r.stop_token_ids, seed=sd) for r, sd in zip(reqs, seeds)]
         body = {"input_ids": [r.prompt_token_ids for r in reqs], "sampling_params": params,
                 "return_logprob": True, "top_logprobs_num": [r.sampling_params.num_top_logprobs for r in reqs]}
@@ -212,6 +224,14 @@ class RemoteEngine:
             raise EngineError(f"remote inference engine {url}: /generate answered {type(answer).__name__} "
                               f"of length {len(answer) if isinstance(answer, list) else '-'} for {len(reqs)} inputs")
         return [native_output(a, url, r.sampling_params.num_top_logprobs) for a, r in zip(answer, reqs)]
+
+    def _matches_stop_strings(self, url: str) -> bool:
+        """Whether the SGLang server at `url` loaded its tokenizer (SGLang matches stop strings on
+        detokenized text); asked once, from `/get_server_info`."""
+        if url not in self._detokenizes:
+            info = self.request("GET", url, "/get_server_info") or {}
+            self._detokenizes[url] = not info.get("skip_tokenizer_init", False)
+        return self._detokenizes[url]
 
     def _complete(self, url: str, model: str, req: EngineRequest, seed: int) -> EngineOutput:
         answer = self.request("POST", url, "/v1/completions", completion_body(model, req, seed))
@@ -253,14 +273,23 @@ class RemoteEngine:
         self._map(lambda u: self.request("POST", u, route), self.urls)
 
     def sleep(self, level: int = 1) -> None:
-        """vLLM servers: `/sleep?level=N`; SGLang servers release all their memory (SGLang's
-        release has no levels)."""
+        """vLLM servers: `/sleep?level=N`; SGLang servers release all their memory by its tags
+        (KV cache, weights, CUDA graphs) at either level: the client cannot know whether a server
+        keeps a host copy of its weights, and the next `update_weights` refills them."""
         if self.settings.api == "openai":
             self._map(lambda u: self.request("POST", u, f"/sleep?level={level}"), self.urls)
         else:
-            self._map(lambda u: self.request("POST", u, "/release_memory_occupation", {}), self.urls)
-            self._released = [WEIGHTS, KV_CACHE, CUDA_GRAPH]
+            tags = release_tags(2, weights_cpu_backup=False)
+            self._map(lambda u: self._release_when_idle(u, tags), self.urls)
+            self._released = tags
         self._asleep_tags = WAKE_TAGS
+
+    def _release_when_idle(self, url: str, tags: list[str]) -> None:
+        """An SGLang server asserts that its scheduler is idle when memory is released (the assertion
+        kills a scheduler still closing its last batch, and the server with it): `/flush_cache?timeout=`
+        first waits, server-side, until it is idle (400 if it is not within the time)."""
+        self.request("POST", url, f"/flush_cache?timeout={IDLE_TIMEOUT_S:g}")
+        self.request("POST", url, "/release_memory_occupation", {"tags": tags})
 
     def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
         """Take back what this client put to sleep, for `tags`: vLLM's `/wake_up?tags=...`, SGLang's
@@ -302,26 +331,11 @@ def spread(n: int, servers: int) -> list[tuple[int, int]]:
 
 
 def native_output(answer: dict, url: str, top_n: int = 0) -> EngineOutput:
-    """An SGLang `/generate` item -> EngineOutput (`top_n`: the request's `top_logprobs_num`)."""
+    """An SGLang `/generate` item -> EngineOutput (`sglang_engine.native_output`), errors naming `url`."""
     try:
-        meta = answer["meta_info"]
-        ids = [int(t) for t in answer["output_ids"]]
-        lps = [float(e[0]) for e in meta["output_token_logprobs"]]
-        finish = meta.get("finish_reason") or {}
-        kind = finish.get("type")
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise EngineError(f"remote inference engine {url}: /generate answer lacks output_ids / "
-                          f"meta_info.output_token_logprobs (was return_logprob honoured?): {e!r}") from e
-    if kind == "abort":
-        raise EngineError(f"remote inference engine {url} aborted a request: {meta.get('finish_reason')}")
-    if len(lps) != len(ids):
-        raise EngineError(f"remote inference engine {url}: {len(ids)} output ids but {len(lps)} logprobs")
-    try:
-        top = native_top_logprobs(meta, top_n, len(ids))
+        return sglang_native_output(answer, top_n)
     except EngineError as e:
         raise EngineError(f"remote inference engine {url}: {e}") from e
-    return EngineOutput(ids, lps, "stop" if kind == "stop" else "length",
-                        matched_stop=matched_stop_string(finish), top_logprobs=top)
 
 
 def completion_body(model: str, req: EngineRequest, seed: int) -> dict:
@@ -412,8 +426,13 @@ class _UpdateGroup:
 
 
 class _SGLangUpdateGroup(_UpdateGroup):
+    """SGLang's update group. From 0.5.2x a server loads weights only inside a session,
+    `/begin_weight_update` ... `/end_weight_update` (400 otherwise); an older server (and
+    `ridgeline serve`) answers those routes 404 and updates without one."""
+
     def __init__(self, client: RemoteEngine):
         super().__init__(client)
+        self.sessions: dict[str, bool] = {}   # server URL -> whether it has weight-update sessions
         c = client
         sizes = [int(c.request("GET", u, "/get_server_info").get("tp_size", 1)) for u in c.urls]
         offsets, world = self._world(sizes)
@@ -440,9 +459,35 @@ class _SGLangUpdateGroup(_UpdateGroup):
                 "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME, "flush_cache": True,
                 "weight_version": str(self.version)}
         c = self.client
+        opened = [u for u, has in zip(c.urls, c._map(self._begin, c.urls)) if has]
         calls = [lambda u=u: c.request("POST", u, "/update_weights_from_distributed", body) for u in c.urls]
-        sent = self._together(calls, lambda: self.endpoint.send_tensors(tensors))
+        try:
+            sent = self._together(calls, lambda: self.endpoint.send_tensors(tensors))
+        except BaseException:
+            for u in opened:  # close the sessions so the next sync can open them; the failure is what counts
+                try:
+                    c.request("POST", u, "/end_weight_update", {})
+                except EngineError as e:
+                    log.warning("remote inference engine %s: closing its weight-update session failed: %s", u, e)
+            raise
+        c._map(lambda u: c.request("POST", u, "/end_weight_update", {}), opened)
         return {"bytes": sent, "seconds": time.perf_counter() - t0}
+
+    def _begin(self, url: str) -> bool:
+        """Open `url`'s weight-update session; False for a server without sessions (404, learned once)."""
+        if self.sessions.get(url) is False:
+            return False
+        try:
+            self.client.request("POST", url, "/begin_weight_update", {})
+        except EngineHTTPError as e:
+            if e.status != 404:
+                raise
+            log.info("remote inference engine %s has no /begin_weight_update (SGLang before 0.5.2x, or ridgeline "
+                     "serve): its weights are updated without a session", url)
+            self.sessions[url] = False
+            return False
+        self.sessions[url] = True
+        return True
 
     def close(self) -> None:
         self.endpoint.close()

@@ -27,6 +27,14 @@ ServerArgs):
 `generator.inference_engine_data_parallel_size` is no kwarg (SGLang's `dp_size` stays 1): each
 data-parallel rank is an engine of its own (`ridgeline.inference.parallelism`).
 
+Without CUDA (`cuda=False`, the default on a machine without a GPU) the mapping adds what SGLang's
+CPU backend needs (`SGLANG_CPU_KWARGS`): `device="cpu"`, `attention_backend="torch_native"`,
+`disable_overlap_schedule=True` and a KV cache of `CPU_KV_CACHE_TOKENS` tokens (uncapped, SGLang
+sizes it from host RAM: 15 GB on a 24 GB machine), with `enable_memory_saver` off (its
+`torch_memory_saver` is CUDA-only and fails at start). The engine sets `SGLANG_USE_CPU_ENGINE=1`
+before SGLang is imported (read once, at import). On a CPU without AMX SGLang needs no
+`sgl_kernel` call in plain decoding (`make setup-sglang` installs a stand-in module; docs/engines.md).
+
 `disable_cuda_graph` is SGLang's older switch: 0.5.23 prefers cuda_graph_backend_{decode,prefill}
 but still honours it (turning both phases off), and older 0.5 releases know only it.
 
@@ -44,23 +52,33 @@ with `generator.sampling_params.stop` or `eval_sampling_params.stop` set the eng
 folder's tokenizer. The stop string is kept (`no_stop_trim`, SkyRL's setting) and reported in
 `finish_reason["matched"]`.
 
+Weight updates (`update_weights_from_tensor` in batches, `update_weights_from_distributed` from an
+update group) sit between `begin_weight_update()` and `end_weight_update()`: SGLang 0.5.23 refuses
+them outside such a session; releases before it have neither call, and get none
+(`_weight_update_session`).
+
 Sleep (`enable_memory_saver`): level 1 releases the KV cache, and the weights too only when they
 can come back (`+generator.engine_init_kwargs.enable_weights_cpu_backup=true` keeps a host copy);
 level 2 releases everything (weights, KV cache, CUDA graphs), and the next `update_weights`
 brings the weights back. `wake_up(("weights",))` resumes SGLang's "weights", `wake_up(("kv_cache",))`
 its "kv_cache" and "cuda_graph" (what generation needs besides the weights), each only if released
 (`resume_tags`); weights are resumed before they are loaded.
-On SGLang's CPU backend there is no device memory to free: sleep is bookkeeping only.
+On SGLang's CPU backend the same calls run, with the same tags, and free nothing (there is no
+device memory; the engine logs so once). A release first waits until SGLang's scheduler is idle
+(`_wait_until_idle`): SGLang asserts it, and the failed assertion takes the scheduler down.
 
-Only the mapping functions are tested here (no SGLang in the test environments); the engine's
-calls follow SGLang 0.5.23's `Engine` (entrypoints/engine.py) and `io_struct.py`.
+The mapping functions are tested in the default suite; the engine itself, on SGLang 0.5.23's CPU
+backend, by `make test-sglang` (tests/sglang).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable, Sequence
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from omegaconf import DictConfig
@@ -95,14 +113,27 @@ log = logging.getLogger(__name__)
 ATTENTION_BACKEND_KEYS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 # SGLang's memory tags (sglang.srt.constants.GPU_MEMORY_ALL_TYPES in 0.5.23)
 KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
+# KV cache size on a CPU, in tokens, each 2 x layers x kv heads x head_dim values: 0.75 GB for
+# SmolLM2-135M in bf16 (1.5 GB in fp32); a 64-row CPU batch of 512-token sequences fits
+CPU_KV_CACHE_TOKENS = 32768
+# What SGLang's CPU backend needs (module docstring); generator.engine_init_kwargs overrides each
+SGLANG_CPU_KWARGS: dict[str, Any] = {"device": "cpu", "attention_backend": "torch_native",
+                                     "disable_overlap_schedule": True, "max_total_tokens": CPU_KV_CACHE_TOKENS}
+# SGLang picks its CPU platform from this variable, read once when it is imported
+SGLANG_CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+# How long a release waits for SGLang's scheduler to finish its last batch (`_wait_until_idle`)
+IDLE_TIMEOUT_S = 60.0
 
 
 # ---------------------------------------------------------------- mapping (pure)
 
 
-def sglang_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    """`sglang.Engine(**kwargs)` for this run (mapping table in the module docstring)."""
+def sglang_engine_kwargs(cfg: DictConfig, cuda: bool | None = None) -> dict[str, Any]:
+    """`sglang.Engine(**kwargs)` for this run (mapping table in the module docstring); `cuda`:
+    whether the engine runs on a GPU (default: whether this process sees one)."""
     g = cfg.generator
+    if cuda is None:
+        cuda = torch.cuda.is_available()
     warning = sglang_logprobs_warning(SamplingParams.from_config(g.sampling_params))
     if warning:
         log.warning(warning)
@@ -120,8 +151,10 @@ def sglang_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "disable_cuda_graph": bool(g.enforce_eager),
         "random_seed": int(cfg.trainer.seed),
         "context_length": max_model_len(cfg),
-        "enable_memory_saver": bool(cfg.trainer.placement.colocate_all),
+        # torch_memory_saver is CUDA-only: SGLang fails at start with it on a CPU
+        "enable_memory_saver": bool(cfg.trainer.placement.colocate_all) and cuda,
         "skip_tokenizer_init": not uses_stop_strings(cfg),
+        **({} if cuda else SGLANG_CPU_KWARGS),
     }
     return {**with_config_overrides(kwargs, cfg, "json_model_override_args", json.dumps), **engine_init_kwargs(cfg)}
 
@@ -161,6 +194,26 @@ def sglang_sampling_params(params: SamplingParams, stop_token_ids: Sequence[int]
     if seed is not None:
         out["sampling_seed"] = int(seed)
     return out
+
+
+def native_output(answer: dict, top_n: int = 0) -> EngineOutput:
+    """One item of SGLang's generate answer (`Engine.generate` or `POST /generate`, asked with
+    `return_logprob`) -> EngineOutput; `top_n`: the request's `top_logprobs_num`. `output_ids` is in
+    every answer of 0.5.x; older servers that loaded their tokenizer answer text without it, and the
+    ids come from the logprob entries, (logprob, token id, text) per token."""
+    try:
+        meta = answer["meta_info"]
+        entries = meta["output_token_logprobs"]
+        logprobs = [float(e[0]) for e in entries]
+        ids = [int(t) for t in answer["output_ids"]] if "output_ids" in answer else [int(e[1]) for e in entries]
+        finish = meta.get("finish_reason")
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise EngineError(f"SGLang's generate answer lacks output_ids / meta_info.output_token_logprobs "
+                          f"(was return_logprob honoured?): {e!r}") from e
+    if len(logprobs) != len(ids):
+        raise EngineError(f"SGLang returned {len(logprobs)} logprobs for {len(ids)} sampled tokens")
+    return EngineOutput(response_ids=ids, logprobs=logprobs, stop_reason=stop_reason(finish),
+                        matched_stop=matched_stop_string(finish), top_logprobs=native_top_logprobs(meta, top_n, len(ids)))
 
 
 def stop_reason(finish_reason: dict | None) -> StopReason:
@@ -246,22 +299,30 @@ class SGLangEngine(LibraryEngine):
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Sequence[int] = ()):
         kwargs = dict(engine_kwargs)
         check_attention_backends(kwargs)  # a config problem is reported before a missing package
+        on_cpu = str(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu"
+        if on_cpu:
+            os.environ.update(SGLANG_CPU_ENV)  # before the import below: SGLang reads it once
         try:
             from sglang import Engine
         except ImportError as e:
             raise missing_package_error("sglang", "sglang", e) from e
         self.dtype: torch.dtype = engine_torch_dtype(str(kwargs.get("dtype", "bfloat16")))
         self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
+        if on_cpu and kwargs.get("enable_memory_saver"):
+            log.warning("SGLang runs on the CPU here: built without its memory saver (CUDA-only)")
+            kwargs["enable_memory_saver"] = False
         self.engine_kwargs = kwargs
-        self._can_sleep = bool(kwargs.get("enable_memory_saver", False))
-        # SGLang's memory saver pauses CUDA allocations; on its CPU backend there is no device
-        # memory to hand to the trainer, so sleep is bookkeeping there (like the embedded engine)
-        self._device_sleeps = str(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu"
-        if self._can_sleep and not self._device_sleeps:
-            log.warning("SGLang runs on the CPU here: built without its memory saver; sleep()/wake_up() free nothing")
-            kwargs["enable_memory_saver"] = self._can_sleep = False
+        # On a GPU, release / resume free memory only with the memory saver; on SGLang's CPU backend
+        # they run as well (same calls, same tags) and free nothing: there is no device memory
+        self._device_sleeps = not on_cpu
+        self._can_sleep = on_cpu or bool(kwargs.get("enable_memory_saver", False))
+        self._said_cpu_sleep = False
         self._weights_cpu_backup = bool(kwargs.get("enable_weights_cpu_backup", False))
         self._seeded = bool(kwargs.get("enable_deterministic_inference", False))
+        self._detokenizes = not kwargs.get("skip_tokenizer_init", False)
+        # SGLang >= 0.5.2x loads weights only inside begin/end_weight_update (a release feature,
+        # not a Ridgeline implementation, hence looked up on the class)
+        self._weight_sessions = callable(getattr(Engine, "begin_weight_update", None))
         self.update_batch_bytes = 512 * 1024 * 1024
         self.engine = Engine(**kwargs)
         self._released: list[str] = []  # SGLang's memory tags released right now
@@ -271,26 +332,18 @@ class SGLangEngine(LibraryEngine):
         self._check_awake("generate")
         if not requests:
             return []
+        if not self._detokenizes and any(r.sampling_params.stop for r in requests):
+            # SGLang matches stop strings on text, which skip_tokenizer_init turns off: it would ignore them
+            raise EngineError("a request has stop strings, but this SGLang engine was built without its tokenizer "
+                              "(skip_tokenizer_init, as no generator.sampling_params.stop / eval_sampling_params.stop "
+                              "is set). Fix: set generator.sampling_params.stop in the config, so the engine loads it")
         seeds = request_seeds(seed if self._seeded else None, len(requests))
         params = [sglang_sampling_params(r.sampling_params, self.eos_token_ids + tuple(r.stop_token_ids), s)
                   for r, s in zip(requests, seeds)]
         outputs = self.engine.generate(input_ids=[list(r.prompt_token_ids) for r in requests],
                                        sampling_params=params, return_logprob=True,
                                        top_logprobs_num=[r.sampling_params.num_top_logprobs for r in requests])
-        return [self._engine_output(o, r.sampling_params) for o, r in zip(outputs, requests)]
-
-    @staticmethod
-    def _engine_output(output: dict, params: SamplingParams) -> EngineOutput:
-        ids = [int(t) for t in output["output_ids"]]
-        meta = output["meta_info"]
-        # entries are (logprob, token_id, text-or-None)
-        logprobs = [float(entry[0]) for entry in meta["output_token_logprobs"]]
-        if len(logprobs) != len(ids):
-            raise EngineError(f"SGLang returned {len(logprobs)} logprobs for {len(ids)} sampled tokens")
-        finish = meta.get("finish_reason")
-        return EngineOutput(response_ids=ids, logprobs=logprobs, stop_reason=stop_reason(finish),
-                            matched_stop=matched_stop_string(finish),
-                            top_logprobs=native_top_logprobs(meta, params.num_top_logprobs, len(ids)))
+        return [native_output(o, r.sampling_params.num_top_logprobs) for o, r in zip(outputs, requests)]
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Teacher-forced logprobs of `response_ids` from SGLang's input logprobs, generating
@@ -316,12 +369,28 @@ class SGLangEngine(LibraryEngine):
         Tensors stay on their device: SGLang hands CUDA tensors to its workers by IPC handle."""
         self.wake_up((WEIGHTS,))
         batches = tensor_batches(named_tensors, self.dtype, self.update_batch_bytes, device=None)
-        batch = next(batches, None)
-        while batch is not None:
-            following = next(batches, None)
-            self._checked("update_weights_from_tensor",
-                          self.engine.update_weights_from_tensor(batch, flush_cache=following is None))
-            batch = following
+        with self._weight_update_session():
+            batch = next(batches, None)
+            while batch is not None:
+                following = next(batches, None)
+                self._checked("update_weights_from_tensor",
+                              self.engine.update_weights_from_tensor(batch, flush_cache=following is None))
+                batch = following
+
+    @contextmanager
+    def _weight_update_session(self) -> Iterator[None]:
+        """`begin_weight_update()` ... `end_weight_update()` around weight loads, where SGLang has them
+        (module docstring). The session is closed on a failed load too, so the next sync can open one."""
+        if not self._weight_sessions:
+            yield
+            return
+        self._checked("begin_weight_update", self.engine.begin_weight_update())
+        try:
+            yield
+        except BaseException:
+            self.engine.end_weight_update()  # the load's own error is the one to report
+            raise
+        self._checked("end_weight_update", self.engine.end_weight_update())
 
     def reset_prefix_cache(self) -> None:
         result = self.engine.flush_cache()
@@ -339,9 +408,13 @@ class SGLangEngine(LibraryEngine):
                                         shapes: list[list[int]], group_name: str, flush_cache: bool = True) -> None:
         self.wake_up((WEIGHTS,))
         dtype_names = [str(d).removeprefix("torch.") for d in dtypes]
-        self._checked("update_weights_from_distributed", self.engine.update_weights_from_distributed(
-            names=list(names), dtypes=dtype_names, shapes=[list(s) for s in shapes],
-            group_name=group_name, flush_cache=flush_cache))
+        with self._weight_update_session():
+            self._checked("update_weights_from_distributed", self.engine.update_weights_from_distributed(
+                names=list(names), dtypes=dtype_names, shapes=[list(s) for s in shapes],
+                group_name=group_name, flush_cache=flush_cache))
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        self._checked("destroy_weights_update_group", self.engine.destroy_weights_update_group(group_name=group_name))
 
     @staticmethod
     def _checked(what: str, result: Any) -> None:
@@ -351,8 +424,25 @@ class SGLangEngine(LibraryEngine):
 
     # -- sleep ---------------------------------------------------------------------------------
     def _release(self, level: int) -> None:
+        if not self._device_sleeps and not self._said_cpu_sleep:
+            log.info("SGLang runs on the CPU: sleep()/wake_up() call release/resume_memory_occupation, which "
+                     "free nothing there (no device memory); generation waits for wake_up() all the same")
+            self._said_cpu_sleep = True
+        self._wait_until_idle()
         self._released = release_tags(level, self._weights_cpu_backup)
         self.engine.release_memory_occupation(tags=self._released)
+
+    def _wait_until_idle(self) -> None:
+        """SGLang asserts that its scheduler is idle when memory is released, and a scheduler still
+        closing the batch a `generate` just returned from is not: the assertion kills it, and the
+        process with it. A cache flush asserts nothing and answers whether it found the scheduler
+        idle (then flushes, as releasing the KV cache does anyway): flush until it does."""
+        deadline = time.monotonic() + IDLE_TIMEOUT_S
+        while getattr(self.engine.flush_cache(), "success", True) is False:
+            if time.monotonic() > deadline:
+                raise EngineError(f"SGLang's scheduler was still busy {IDLE_TIMEOUT_S:g} s after the last request: "
+                                  "its memory cannot be released")
+            time.sleep(0.01)
 
     def _resume(self, tags: tuple[str, ...]) -> None:
         todo = resume_tags(tags, self._released)

@@ -324,9 +324,18 @@ class TensorBroadcaster(_Endpoint):
     `/update_weights_from_distributed`), both ends: the names, dtypes and shapes travel in the HTTP
     request, then rank 0 broadcasts the tensors one by one in that order. There is no header and no
     ack in the group: the server's HTTP answer is the acknowledgement. The rendezvous is the same as
-    SGLang's (`tcp://master_address:master_port`, a store prefixed by the group name, engine ranks
-    from `rank_offset`), so Ridgeline's client can push to a real SGLang server, and a real SGLang
-    trainer-side group could push to `ridgeline serve`."""
+    SGLang's (`tcp://master_address:master_port`, engine ranks from `rank_offset`) and so is the group
+    (`_make_group`), so Ridgeline's client pushes to a real SGLang server (make test-sglang), and a
+    real SGLang trainer-side group could push to `ridgeline serve`."""
+
+    def _make_group(self, store: dist.Store) -> dist.ProcessGroup:
+        """The group as SGLang's `init_custom_process_group` builds it through torch's
+        `_new_process_group_helper`: the store prefixed by `<group name>/` once more and by the first
+        device the backend serves (`Backend.backend_capability`: `cpu/` for gloo, `cuda/` for nccl;
+        one backend serves them all). A group keyed otherwise never meets SGLang's ranks: its
+        scheduler waits in the rendezvous until the timeout."""
+        device = dist.Backend.backend_capability[self.spec.backend][0]
+        return super()._make_group(dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{self.spec.group_name}/", store)))
 
     @torch.no_grad()
     def send_tensors(self, tensors: Iterable[torch.Tensor]) -> int:
