@@ -155,7 +155,7 @@ def test_resume_goes_through_skyrls_pointer_file_alone(critic_run, tmp_path):
     (ckpts / "latest_ckpt_global_step.txt").write_text("1")
     data = out / "tiny" / "data"
     resumed = Trainer.from_config(tiny(out, *CRITIC, "trainer.resume_mode=latest", f"trainer.ckpt_path={ckpts}",
-                                       f"trainer.run_dir={tmp_path / 'run'}", f"data.train_data=[{data}/train.parquet]",
+                                       f"trainer.run_dir={tmp_path / 'run'}", f"trainer.export_path={tmp_path / 'run'}", f"data.train_data=[{data}/train.parquet]",
                                        f"data.val_data=[{data}/validation.parquet]"))
     assert resumed.run.global_step == 1 and resumed.run.data_position == (0, 1)
     assert resumed.checkpointer.last == ckpts / "global_step_1"

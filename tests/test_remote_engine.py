@@ -297,7 +297,7 @@ def test_a_run_starts_by_pushing_its_weights_to_the_servers(server, tmp_path):
     client = _client(server)
     client.update_weights(_perturbed(3).named_parameters())
     client.close()
-    cfg = load_config(["+experiment=tiny", f"trainer.run_dir={tmp_path}", "generator.model_dtype=float32",
+    cfg = load_config(["+experiment=tiny", f"trainer.run_dir={tmp_path}", f"trainer.export_path={tmp_path}", "generator.model_dtype=float32",
                        "generator.run_engines_locally=false", f"generator.remote_inference_engine_urls=['{server}']"])
     trainer = Trainer.from_config(cfg)
     try:
@@ -315,7 +315,7 @@ def test_training_with_rollouts_from_a_remote_server(server, tmp_path):
     from ridgeline.entrypoints.run import run_training
 
     cfg = load_config(["+experiment=tiny", "trainer.strategy=single", "trainer.logger=[console,jsonl]",
-                       f"trainer.run_dir={tmp_path}", "trainer.epochs=1", "generator.model_dtype=float32",
+                       f"trainer.run_dir={tmp_path}", f"trainer.export_path={tmp_path}", "trainer.epochs=1", "generator.model_dtype=float32",
                        "generator.run_engines_locally=false", f"generator.remote_inference_engine_urls=['{server}']"])
     cfg.trainer.train_batch_size = cfg.trainer.policy_mini_batch_size
     run_training(cfg)
@@ -349,7 +349,7 @@ def test_fsdp2_ranks_push_to_a_remote_server(server, tmp_path):
         client = _client(server)  # both runs start from the server holding the initial weights; each
         client.update_weights(build_tiny_model("llama", build_char_tokenizer(), seed=SEED).named_parameters())
         client.close()            # run's own client then takes the server's update group over
-        cfg = load_config(common + extra + [f"trainer.run_dir={tmp_path / name}"])
+        cfg = load_config(common + extra + [f"trainer.run_dir={tmp_path / name}", f"trainer.export_path={tmp_path / name}"])
         run_training(cfg)
         rows[name] = [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
                       if "policy/policy_loss" in r]

@@ -67,7 +67,7 @@ def check_stop_string(engine, reference, tokenizer, request: list[EngineRequest]
 
 def tiny_run(tmp_path, *overrides: str):
     """`+experiment=tiny` on SGLang: 2 steps of 16 prompts x 8 samples, fp32 everywhere."""
-    return load_config(["+experiment=tiny", f"trainer.run_dir={tmp_path}", "generator.backend=sglang",
+    return load_config(["+experiment=tiny", f"trainer.run_dir={tmp_path}", f"trainer.export_path={tmp_path}", "generator.backend=sglang",
                         f"trainer.policy.model.path={MODEL}", "generator.model_dtype=float32",
                         "data.prepare.num_train=32", *overrides])
 
