@@ -198,3 +198,24 @@ def test_skyrl_fully_async_script_loads_with_the_preset():
     assert cfg.trainer.algorithm.use_tis and cfg.trainer.algorithm.tis_imp_ratio_cap == 2.0   # the script's own
     cfg = load_config(["+experiment=one_step_off_policy", *SKYRL_COMMANDS["async/async_run_gsm8k.sh"]])
     assert cfg.trainer.async_mode == "one_step_off_policy" and cfg.trainer.algorithm.use_tis
+
+
+def test_one_step_off_policy_on_ray_matches_the_single_process_run(tmp_path):
+    """2 FSDP2 policy ranks (+ 2 reference ranks) and an engine actor on a local Ray: the generation
+    thread drives the engine actor while the ranks train; the same versions, and the single
+    process's metrics (to 1e-5: the ranks reduce in another order)."""
+    from ridgeline.entrypoints.run import run_training
+
+    base = ["+experiment=[tiny,one_step_off_policy]", "data.prepare.num_train=48", *TINY]
+    ray_keys = ["trainer.strategy=fsdp2", "trainer.placement.colocate_all=false",
+                "trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=2"]
+    run_training(load_config([*base, f"trainer.export_path={tmp_path / 'one'}"]))
+    run_training(load_config([*base, *ray_keys, f"trainer.export_path={tmp_path / 'ray'}"]))
+    single, multi = step_rows(tmp_path / "one" / "tiny"), step_rows(tmp_path / "ray" / "tiny")
+    assert [multi[j]["async/policy_version"] for j in multi] == [0, 0, 1]
+    assert [multi[j]["async/engine_version"] for j in multi] == [1, 2, 3]
+    for j in single:
+        assert multi[j]["weight_sync/probe_abs_diff"] <= 1e-5   # every version reached the engine actor
+        for key in ("reward/avg_raw_reward", "policy/policy_loss", "policy/raw_grad_norm",
+                    "rollout/logprob_abs_diff_mean"):
+            assert multi[j][key] == pytest.approx(single[j][key], abs=1e-5), (j, key)
