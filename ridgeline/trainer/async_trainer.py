@@ -11,9 +11,10 @@ synchronous loop's own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ridgeline.data import PromptRow
 from ridgeline.distributed.weight_sync import WeightSync
@@ -43,11 +44,19 @@ class PipelineWeightSync:
 
     def __init__(self, inner: WeightSync, pipeline: RolloutPipeline):
         self.inner, self.pipeline = inner, pipeline
+        self._ready: tuple[int, float] | None = None   # (version, seconds waited for it)
 
-    def sync(self, version: int) -> dict[str, float]:
+    def prepare(self, version: int) -> None:
+        """Wait until the generation thread has generated every batch of the older weights."""
         start = time.perf_counter()
         self.pipeline.before_sync(version)
-        waited = time.perf_counter() - start
+        self._ready = (version, time.perf_counter() - start)
+
+    def sync(self, version: int) -> dict[str, float]:
+        if self._ready is None or self._ready[0] != version:
+            self.prepare(version)
+        assert self._ready is not None
+        waited, self._ready = self._ready[1], None
         metrics = self.inner.sync(version)
         self.pipeline.after_sync(version)
         return {**metrics, "async/engine_version": float(version), "async/sync_wait_seconds": waited}
@@ -73,6 +82,7 @@ class AsyncTrainer(Trainer):
     """`Trainer` with its rollouts generated ahead (module docstring)."""
 
     pipeline: RolloutPipeline | None = None
+    pipeline_sync: PipelineWeightSync | None = None
 
     @property
     def lag(self) -> int:
@@ -90,7 +100,8 @@ class AsyncTrainer(Trainer):
                         "correction. Fix: trainer.algorithm.use_tis=true trainer.algorithm.tis_imp_ratio_cap=2.0 "
                         "(the +experiment=fully_async / one_step_off_policy presets set them)", t.async_mode, self.lag)
         pipeline = self._start_pipeline()
-        inner, self.weight_sync = self.weight_sync, PipelineWeightSync(self.weight_sync, pipeline)
+        inner = self.weight_sync
+        self.weight_sync = self.pipeline_sync = PipelineWeightSync(inner, pipeline)
         finished = False
         try:
             summary = super()._train()
@@ -98,7 +109,7 @@ class AsyncTrainer(Trainer):
             return summary
         finally:
             pipeline.stop(wait_s=None if finished else 30.0)
-            self.weight_sync, self.pipeline = inner, None
+            self.weight_sync, self.pipeline, self.pipeline_sync = inner, None, None
 
     def _start_pipeline(self) -> RolloutPipeline:
         """The generation thread over the steps still to train, after the batches the checkpoint
@@ -138,6 +149,23 @@ class AsyncTrainer(Trainer):
         metrics.update(staleness_metrics(batch, self.lag))
         metrics["timing/wait_for_generation_buffer"] = time.perf_counter() - start
         return batch.out, metrics
+
+    @contextlib.contextmanager
+    def _weights_changing(self) -> Iterator[None]:
+        """Wait for the generation thread's batch on the old weights first, then hold the HTTP
+        endpoint's requests only for the sync itself."""
+        assert self.pipeline_sync is not None, "weights change inside _train"
+        self.pipeline_sync.prepare(self.run.global_step)
+        with super()._weights_changing():
+            yield
+
+    def evaluate(self) -> dict[str, float]:
+        """The synchronous eval, once the generation thread is between batches (the engine is
+        one caller's at a time); the engine holds the current policy then."""
+        if self.pipeline is None:
+            return super().evaluate()
+        with self.pipeline.engine_lock:
+            return super().evaluate()
 
     def save_checkpoint(self, timer: StepTimer | None = None):
         """The synchronous checkpoint, plus the batches generated for the next `lag` steps."""

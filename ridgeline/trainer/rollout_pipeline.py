@@ -64,6 +64,9 @@ class RolloutPipeline:
         self._error: BaseException | None = None
         self._stopping = False
         self._cond = threading.Condition()
+        # held while a batch is generated: the trainer takes it to use the engine itself (eval), since
+        # an engine in this process (the embedded one, vLLM's LLM) is not made for two callers at once
+        self.engine_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ridgeline-rollouts", daemon=True)
 
     def required_version(self, step: int) -> int:
@@ -86,10 +89,12 @@ class RolloutPipeline:
                 if version != needed:  # the sync rule makes this impossible; never train on a guess
                     raise RuntimeError(f"internal: step {item.step}'s batch needs policy version {needed}, the "
                                        f"engine holds {version}")
-                start = time.perf_counter()
-                out, metrics = self._produce(item.step, item.rows)
+                with self.engine_lock:
+                    start = time.perf_counter()
+                    out, metrics = self._produce(item.step, item.rows)
+                    seconds = time.perf_counter() - start
                 batch = ScheduledBatch(step=item.step, version=version, position=item.position, out=out,
-                                       metrics=metrics, generate_seconds=time.perf_counter() - start)
+                                       metrics=metrics, generate_seconds=seconds)
                 with self._cond:
                     self._ready[item.step] = batch
                     self._done_through = item.step
