@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ from ridgeline.trainer.async_trainer import AsyncTrainer
 from ridgeline.trainer.checkpoint import ROLLOUTS_AHEAD
 from ridgeline.trainer.trainer import Trainer
 from skyrl_commands import SKYRL_COMMANDS
-from test_resume import comparable, read_rows, train_steps
+from test_resume import comparable, kill_after_step_2, read_rows, train_steps
 
 TINY = ["data.prepare.num_val=8", "trainer.logger=jsonl", "trainer.eval_before_train=false"]
 ONE_STEP = ["+experiment=[tiny,one_step_off_policy]", "data.prepare.num_train=64", *TINY]   # 4 steps
@@ -141,21 +139,10 @@ def test_a_killed_async_run_resumes_exactly(tmp_path):
     Trainer.from_config(load_config([*args, f"trainer.export_path={tmp_path / 'full'}"])).train()
     command = [sys.executable, "-m", "ridgeline.cli", "train", *args, f"trainer.export_path={tmp_path / 'killed'}"]
     run_dir = tmp_path / "killed" / "tiny"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    with open(tmp_path / "first.log", "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and any(s >= 2 for s in train_steps(
-                    [json.loads(line) for line in metrics.read_text().splitlines() if line.endswith("}")])):
-                break
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-3000:]
+    kill_after_step_2(command, run_dir, tmp_path / "first.log")
     assert 2 <= max(train_steps(read_rows(run_dir))) < 8
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "restored from the checkpoint" in again.stderr
     rows = read_rows(run_dir)
