@@ -570,6 +570,10 @@ class Checkpointer:
         run.run_id = state["run_id"]
         ahead = folder / ROLLOUTS_AHEAD
         run.rollouts_ahead = ([batch_from_json(b) for b in json.loads(ahead.read_text())] if ahead.exists() else [])
+        if run.rollouts_ahead and self.cfg.trainer.async_mode == "sync":
+            log.warning("%s holds %d batch(es) an asynchronous run generated ahead; with trainer.async_mode=sync those "
+                        "steps are generated again by the current policy", folder, len(run.rollouts_ahead))
+            run.rollouts_ahead = []
         self.last = folder
         log.info("resumed from %s: step %d, next batch %d of epoch %d, run id %s", folder, run.global_step,
                  batch, epoch, run.run_id)
