@@ -108,7 +108,7 @@ class AsyncTrainer(Trainer):
             finished = True
             return summary
         finally:
-            pipeline.stop(wait_s=None if finished else 30.0)
+            pipeline.stop(wait_s=None if finished else 5.0)  # on an error: never hold up its report
             self.weight_sync, self.pipeline, self.pipeline_sync = inner, None, None
 
     def _start_pipeline(self) -> RolloutPipeline:
