@@ -43,6 +43,24 @@ def train_steps(rows: list[dict]) -> list[int]:
     return [r["step"] for r in rows if "policy/policy_loss" in r]
 
 
+def kill_after_step_2(command: list[str], run_dir: Path, log_file: Path, wait_s: float = 180) -> None:
+    """Start `command`, SIGKILL it once step 2 is in `run_dir`'s metrics.jsonl: the process is
+    then writing checkpoint 2 (its temp folder is left behind, never loaded) or already in step 3
+    (its rows, if any, are cut on resume)."""
+    metrics = run_dir / "metrics.jsonl"
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and any(s >= 2 for s in train_steps(
+                    [json.loads(line) for line in metrics.read_text().splitlines() if line.endswith("}")])):
+                break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, log_file.read_text()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("uninterrupted")
@@ -52,21 +70,8 @@ def uninterrupted(tmp_path_factory) -> list[dict]:
 
 def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path):
     command = [sys.executable, "-m", "ridgeline.cli", "train", *KILLED, f"trainer.export_path={tmp_path}"]
-    run_dir, log_file = tmp_path / "tiny", tmp_path / "first.log"
-    metrics = run_dir / "metrics.jsonl"
-    with open(log_file, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and any(s >= 2 for s in train_steps(
-                    [json.loads(line) for line in metrics.read_text().splitlines() if line.endswith("}")])):
-                break
-            time.sleep(0.005)
-        # once step 2 is logged: the process is writing checkpoint 2 (its temp folder is left
-        # behind, never loaded) or already in step 3 (its rows, if any, are cut on resume)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, log_file.read_text()[-3000:]
+    run_dir = tmp_path / "tiny"
+    kill_after_step_2(command, run_dir, tmp_path / "first.log")
     killed_at = max(train_steps(read_rows(run_dir)))
     assert 2 <= killed_at < 8
     assert (run_dir / "ckpts" / "latest_ckpt_global_step.txt").read_text().isdigit()

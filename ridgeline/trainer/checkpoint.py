@@ -16,6 +16,8 @@ to go on as if it had never stopped (docs/checkpointing.md):
     trainer_state.json  global step, data position, run id, KL controller, running reward std,
                         skipped-step counters, metrics rows written so far
     rng_state.pt        python `random`, numpy, torch CPU (+ CUDA) RNG states
+    rollouts_ahead.json asynchronous modes: the batches of the next steps, generated (by older policies)
+                        but not yet trained on (ridgeline.trainer.scheduled, docs/async.md)
     config.yaml         the resolved config of the run
     fingerprint.json    what identifies the run: models, training data (sha256), seed, batch size
     COMPLETE            written last: a folder without it is never loaded
@@ -52,6 +54,7 @@ from ridgeline.models import lora
 from ridgeline.models.loading import critic_spec, load_model, policy_spec, read_safetensors, ref_spec, save_hf_model
 from ridgeline.models.value_model import VALUE_HEAD_FILE, load_value_model
 from ridgeline.tracking.samples import SAMPLES_FILE
+from ridgeline.trainer.scheduled import batch_from_json, batch_to_json
 from ridgeline.trainer.state import RunState
 from ridgeline.training.build import needs_ref
 from ridgeline.training.protocols import Workers
@@ -66,6 +69,7 @@ CKPT_PREFIX = "global_step_"
 POINTER = "latest_ckpt_global_step.txt"   # SkyRL-Train's pointer: the step number, nothing else
 LEGACY_POINTER = "latest"                  # Ridgeline's earlier pointer (`global_step_<N>`): read only
 COMPLETE = "COMPLETE"
+ROLLOUTS_AHEAD = "rollouts_ahead.json"     # asynchronous modes only
 SKYRL_STATE = "trainer_state.pt"           # in every checkpoint SkyRL-Train writes, in none of Ridgeline's
 FORMAT = 1
 _NAME = re.compile(rf"^{CKPT_PREFIX}(\d+)$")
@@ -501,6 +505,9 @@ class Checkpointer:
         if workers.ref is not None and run.ref_updated:
             workers.ref.save_weights(folder / "ref")
         _write_json(run_state_json(run, workers, self.run_dir, steps_per_epoch), folder / "trainer_state.json")
+        if run.rollouts_ahead:
+            ahead = [batch_to_json(b) for b in run.rollouts_ahead]
+            (folder / ROLLOUTS_AHEAD).write_text(json.dumps(ahead, default=str) + "\n")
         _write_json(self.fingerprint, folder / "fingerprint.json")
         OmegaConf.save(self.cfg, folder / "config.yaml", resolve=True)
 
@@ -585,6 +592,12 @@ class Checkpointer:
             epoch, batch = epoch + 1, 0
         run.data_position = (epoch, batch)
         run.run_id = state["run_id"]
+        ahead = folder / ROLLOUTS_AHEAD
+        run.rollouts_ahead = ([batch_from_json(b) for b in json.loads(ahead.read_text())] if ahead.exists() else [])
+        if run.rollouts_ahead and self.cfg.trainer.async_mode == "sync":
+            log.warning("%s holds %d batch(es) an asynchronous run generated ahead; with trainer.async_mode=sync those "
+                        "steps are generated again by the current policy", folder, len(run.rollouts_ahead))
+            run.rollouts_ahead = []
         self.last = folder
         log.info("resumed from %s: step %d, next batch %d of epoch %d, run id %s", folder, run.global_step,
                  batch, epoch, run.run_id)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ridgeline.algorithms.kl_control import KLController
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
+from ridgeline.trainer.scheduled import ScheduledBatch
 
 
 @dataclass
@@ -26,3 +27,6 @@ class RunState:
     data_position: tuple[int, int] = (0, 0)       # (epoch, batch within it) of the next step
     ref_updated: bool = False                     # the reference is no longer the initial model
     algorithm: AlgorithmState = field(default_factory=AlgorithmState)
+    # asynchronous modes: the batches of the next steps, generated but not yet trained on (a
+    # checkpoint keeps them, so a resumed run trains exactly what the uninterrupted one would)
+    rollouts_ahead: list[ScheduledBatch] = field(default_factory=list)

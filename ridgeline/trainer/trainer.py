@@ -135,6 +135,9 @@ class Trainer:
         in them (RunLockedError while another command holds one), and stay locked until `close()`."""
         if cfg.generator.enable_http_endpoint:  # a taken port stops the run before anything is written
             check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
+        if cfg.trainer.async_mode != "sync" and cls is Trainer:
+            from ridgeline.trainer.async_trainer import AsyncTrainer  # it builds on this module
+            return AsyncTrainer.from_config(cfg)
         run_lock = RunLock.acquire(run_folders(cfg.trainer))
         try:
             return cls._build(cfg, run_lock)
@@ -454,12 +457,14 @@ class Trainer:
             tracker.log(metrics, self.run.global_step)
 
     def _generator_input(self, rows: list[PromptRow], n: int, params: SamplingParams, mode: str,
-                         tag: str = "") -> GeneratorInput:
-        return generator_input(rows, n, params, uid_prefix=f"{self.run.global_step}-{mode}{tag}", mode=mode,
-                               env_override=self.env_override, global_step=self.run.global_step)
+                         tag: str = "", step: int | None = None) -> GeneratorInput:
+        step = self.run.global_step if step is None else step
+        return generator_input(rows, n, params, uid_prefix=f"{step}-{mode}{tag}", mode=mode,
+                               env_override=self.env_override, global_step=step)
 
     # --------------------------------------------------------------------------------- rollout
-    def _generate_train(self, rows: list[PromptRow], round_index: int) -> tuple[GeneratorOutput, dict[str, float]]:
+    def _generate_train(self, rows: list[PromptRow], round_index: int,
+                        step: int) -> tuple[GeneratorOutput, dict[str, float]]:
         """Sample n responses per prompt and score them, then apply the truncation policy
         (`generation.truncation`) to rewards and loss masks. The metrics describe what was
         sampled, with the environment's own rewards, plus what the policy did."""
@@ -467,8 +472,8 @@ class Trainer:
         n = cfg.generator.n_samples_per_prompt
         params = SamplingParams.from_config(cfg.generator.sampling_params)
         tag = f".{round_index}" if round_index else ""
-        inp = self._generator_input(rows, n, params, "train", tag)
-        out = self.generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "train", self.run.global_step, round_index))
+        inp = self._generator_input(rows, n, params, "train", tag, step=step)
+        out = self.generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "train", step, round_index))
         metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, out.uids)
         shaped = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
                                          out.loss_masks, truncation_policy(cfg), training=True)
@@ -478,16 +483,23 @@ class Trainer:
             metrics["generate/zero_variance_masked"] = float(mask_signal_less_groups(out))
         return out, metrics
 
-    def collect_rollout(self, rows: list[PromptRow]) -> tuple[GeneratorOutput, dict[str, float]]:
-        """The step's trajectories after dynamic sampling, and the metrics of the first generated
-        batch (what the policy sampled) plus those of dynamic sampling."""
+    def rollout_for_step(self, rows: list[PromptRow]) -> tuple[GeneratorOutput, dict[str, float]]:
+        """The trajectories step `global_step` trains on: generated now (the asynchronous trainer
+        takes them from its generation thread instead)."""
+        return self.collect_rollout(rows)
+
+    def collect_rollout(self, rows: list[PromptRow], step: int | None = None) -> tuple[GeneratorOutput, dict[str, float]]:
+        """The trajectories of training step `step` (default: the current one) after dynamic
+        sampling, and the metrics of the first generated batch (what the policy sampled) plus those
+        of dynamic sampling. Every seed and uid derives from `step`, never from the clock."""
+        step = self.run.global_step if step is None else step
         ds = self.cfg.trainer.algorithm.dynamic_sampling
-        first, metrics = self._generate_train(rows, 0)
+        first, metrics = self._generate_train(rows, 0, step)
         if ds.type is None:
             return first, metrics
         target = len(rows)
         if ds.type == "replace":
-            rng = random.Random(derive_seed(self.cfg.trainer.seed, "replace", self.run.global_step))
+            rng = random.Random(derive_seed(self.cfg.trainer.seed, "replace", step))
             rollout, copies = replace_rollout(first, ds.min_replace_ratio, rng)
             kept = num_groups(filter_rollout(first))
             if copies == 0 and kept < target:
@@ -500,7 +512,7 @@ class Trainer:
         parts = [filter_rollout(first)]
         batches = 1
         while sum(num_groups(p) for p in parts) < target and batches < ds.max_sample_batches:
-            extra, _ = self._generate_train(self._extra_prompts(target, batches), batches)
+            extra, _ = self._generate_train(self._extra_prompts(target, batches, step), batches, step)
             parts.append(filter_rollout(extra))
             batches += 1
         collected = GeneratorOutput.concat(parts)
@@ -513,10 +525,10 @@ class Trainer:
                         "dynamic_sampling/short_batch": float(groups < target)})
         return first_groups(collected, target), metrics
 
-    def _extra_prompts(self, count: int, round_index: int) -> list[PromptRow]:
+    def _extra_prompts(self, count: int, round_index: int, step: int) -> list[PromptRow]:
         """Prompts for a further dynamic-sampling batch: drawn at random from the training set,
         reproducibly per (seed, step, round), so the epoch's own order is left alone."""
-        rng = random.Random(derive_seed(self.cfg.trainer.seed, "extra_prompts", self.run.global_step, round_index))
+        rng = random.Random(derive_seed(self.cfg.trainer.seed, "extra_prompts", step, round_index))
         return [self.train_data[i] for i in rng.sample(range(len(self.train_data)), count)]
 
     # --------------------------------------------------------------------------------- step
@@ -526,7 +538,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         with timer.phase("step"):
             with timer.phase("generate"):
-                out, rollout_stats = self.collect_rollout(rows)
+                out, rollout_stats = self.rollout_for_step(rows)
             metrics.update(rollout_stats)
             metrics.update(out.metrics)
             n = cfg.generator.n_samples_per_prompt
