@@ -105,6 +105,14 @@ def test_fully_async_holds_its_bound_with_dynamic_sampling_and_eval(tmp_path):
     assert [r["step"] for r in all_rows if "eval/all/avg_score" in r] == [2, 4, 5]
 
 
+def test_a_step_cap_ends_an_async_run_and_its_generation_ahead(tmp_path):
+    """trainer.max_steps caps the batches the generation thread plans, not only the loop: 3 of the
+    5 steps are trained and no batch past the cap is generated."""
+    trainer, _ = probed_run([*FULLY, f"trainer.export_path={tmp_path}", "trainer.max_steps=3"])
+    assert sorted(step_rows(tmp_path / "tiny")) == [1, 2, 3]
+    assert sorted(trainer.engine_probe) == [1, 2, 3]
+
+
 def test_zero_staleness_is_the_synchronous_loop(tmp_path):
     base = ["+experiment=tiny", "data.prepare.num_train=48", *TINY]
     Trainer.from_config(load_config([*base, f"trainer.export_path={tmp_path / 'sync'}"])).train()
