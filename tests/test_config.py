@@ -232,6 +232,17 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("environment.reward_fn", None),
     ("environment.sandbox.allow_weak_isolation", False),
     ("environment.sandbox.packages", ["numpy"]),
+    # `ridgeline sft` / `ridgeline dpo` (docs/sft_dpo.md)
+    ("sft.messages_key", "messages"),
+    ("sft.prompt_key", "prompt"),
+    ("sft.response_key", "response"),
+    ("sft.max_length", 2048),
+    ("dpo.beta", 0.1),
+    ("dpo.loss_type", "sigmoid"),
+    ("dpo.prompt_key", "prompt"),
+    ("dpo.chosen_key", "chosen"),
+    ("dpo.rejected_key", "rejected"),
+    ("dpo.max_length", 2048),
     # SkyRL 0.3.1 sampling keys beyond CONFIG_REFERENCE (docs/config.md), with SkyRL's defaults
     ("generator.sampling_params.repetition_penalty", 1.0),
     ("generator.sampling_params.logprobs", None),
