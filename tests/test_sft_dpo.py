@@ -182,3 +182,14 @@ def test_dpo_ipo_runs_and_wrong_rows_are_one_message(tmp_path, capsys):
     assert main(_args("dpo", chats, tmp_path / "bad", "trainer.max_steps=1")) == 2
     err = capsys.readouterr().err
     assert "row 0: missing column(s) ['chosen', 'rejected']" in err and "Fix:" in err and "Traceback" not in err
+
+
+def test_sample_packing_trains_the_same_sft_steps(tmp_path):
+    chats, _ = _write_data(tmp_path)
+    losses = {}
+    for packing in ("false", "true"):
+        run_dir = tmp_path / f"packing_{packing}"
+        assert main(_args("sft", chats, run_dir, "trainer.max_steps=2", "trainer.ckpt_interval=-1",
+                          "trainer.eval_before_train=false", f"trainer.use_sample_packing={packing}")) == 0
+        losses[packing] = [r["train/loss"] for r in _rows(run_dir) if "train/loss" in r]
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-5)
