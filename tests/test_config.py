@@ -238,6 +238,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("sft.response_key", "response"),
     ("sft.max_length", 2048),
     ("dpo.beta", 0.1),
+    ("dpo.pairs", "file"),
     ("dpo.loss_type", "sigmoid"),
     ("dpo.prompt_key", "prompt"),
     ("dpo.chosen_key", "chosen"),

@@ -193,3 +193,41 @@ def test_sample_packing_trains_the_same_sft_steps(tmp_path):
                           "trainer.eval_before_train=false", f"trainer.use_sample_packing={packing}")) == 0
         losses[packing] = [r["train/loss"] for r in _rows(run_dir) if "train/loss" in r]
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-5)
+
+
+# ------------------------------------------------------------------------ pairs from an env
+def test_best_worst_pairs_take_each_prompts_extremes_and_skip_ties():
+    from ridgeline.generation.types import GeneratorOutput, TrajectoryID
+    from ridgeline.trainer.env_pairs import best_worst_pairs
+
+    uids = ["a", "a", "a", "b", "b", "c", "c"]
+    rewards = [0.5, 1.0, 0.0, 0.25, 0.25, [0.0, 1.0], 0.0]  # c's first answer: a per-token reward summing to 1
+    out = GeneratorOutput(prompt_token_ids=[[u] for u in range(7)], response_ids=[[10 + i, 20 + i] for i in range(7)],
+                          rewards=rewards, loss_masks=[[1, 1]] * 5 + [[1, 0], [1, 1]], stop_reasons=["stop"] * 7,
+                          rollout_logprobs=[[0.0, 0.0]] * 7, responses=[""] * 7,
+                          trajectory_ids=[TrajectoryID(uid, k) for k, uid in enumerate(uids)])
+    pairs, tied = best_worst_pairs(out)
+    assert tied == 1  # b: both answers scored 0.25
+    assert [(p.chosen.response_ids, p.rejected.response_ids) for p in pairs] == [([11, 21], [12, 22]),
+                                                                                 ([15, 25], [16, 26])]
+    assert pairs[1].chosen.prompt_ids == [5] and pairs[1].chosen.loss_mask == [1, 0]  # the generator's mask, kept
+
+
+def test_dpo_on_pairs_sampled_from_an_env(tmp_path):
+    run_dir = tmp_path / "envdpo"
+    assert main(["dpo", "+experiment=tiny", "dpo.pairs=env", f"trainer.run_dir={run_dir}", "trainer.max_steps=2",
+                 "trainer.policy_mini_batch_size=16", "trainer.policy.optimizer_config.lr=1e-3"]) == 0
+    rows = _rows(run_dir)
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    # 16 prompts x 8 answers scored by the arithmetic env; a pair per prompt whose answers differ
+    assert all(r["dpo/pairs"] + r["dpo/tied_prompts"] == 16 and r["dpo/pairs"] > 0 for r in steps)
+    assert steps[0]["train/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert "rewards/margins" in steps[1] and "reward/avg_raw_reward" in steps[1]
+    assert "eval/all/pass_at_1" in rows[0] and "eval/all/pass_at_1" in rows[-1]  # through the generator
+
+
+def test_env_pairs_need_two_answers_per_prompt(tmp_path, capsys):
+    args = ["dpo", "+experiment=tiny", "dpo.pairs=env", f"trainer.run_dir={tmp_path}", "generator.n_samples_per_prompt=1"]
+    assert main(args) == 2
+    assert "Fix: generator.n_samples_per_prompt=4" in capsys.readouterr().err

@@ -35,8 +35,11 @@ def run(command: str, cfg: DictConfig) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     summary = run_supervised(cfg, SFT if command == "sft" else DPO)
     if summary["eval_after"]:
-        before = summary["eval_before"]["eval/loss"] if summary["eval_before"] else None
-        after = summary["eval_after"]["eval/loss"]
-        print(f"held-out loss: {before:.4f} -> {after:.4f}" if before is not None else f"held-out loss: {after:.4f}")
+        # the held-out loss, or with dpo.pairs=env the held-out pass@1 through the generator
+        key, name = (("eval/loss", "held-out loss") if "eval/loss" in summary["eval_after"]
+                     else ("eval/all/pass_at_1", "held-out pass@1"))
+        before = summary["eval_before"][key] if summary["eval_before"] else None
+        after = summary["eval_after"][key]
+        print(f"{name}: {before:.4f} -> {after:.4f}" if before is not None else f"{name}: {after:.4f}")
     print(f"{summary['steps']} steps in {summary['wall_seconds']:.0f} s; final model: {summary['final_model']}")
     return summary

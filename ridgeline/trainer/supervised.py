@@ -38,6 +38,7 @@ from ridgeline.tracking.trackers import build_trackers
 from ridgeline.trainer import checkpoint
 from ridgeline.trainer.builders import check_model_paths
 from ridgeline.trainer.checkpoint import Checkpointer
+from ridgeline.trainer.env_pairs import EnvPairs
 from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.state import RunState
 from ridgeline.training.batch import TrainingBatch, build_training_batch
@@ -122,6 +123,10 @@ def check_supported(cfg: DictConfig, objective: Objective) -> None:
     if t.critic.model.path is not None:
         problems.append(f"trainer.critic.model.path={t.critic.model.path}: {objective.name} trains no critic. "
                         "Fix: trainer.critic.model.path=null")
+    if objective is DPO and cfg.dpo.pairs == "env" and cfg.generator.n_samples_per_prompt < 2:
+        problems.append(f"dpo.pairs=env pairs the best and worst of each prompt's answers, but "
+                        f"generator.n_samples_per_prompt={cfg.generator.n_samples_per_prompt} samples one. "
+                        "Fix: generator.n_samples_per_prompt=4 (or more than 1)")
     if problems:
         raise SupervisedConfigError("\n".join(problems))
 
@@ -137,10 +142,14 @@ def fingerprint(cfg: DictConfig, objective: Objective, digests: list[SourceDiges
 
 class SupervisedTrainer:
     def __init__(self, cfg: DictConfig, objective: Objective, tokenizer, workers: Workers, train: list[Any],
-                 val: list[Any] | None, checkpointer: Checkpointer, run: RunState, trackers, run_dir: Path):
+                 val: list[Any] | None, checkpointer: Checkpointer, run: RunState, trackers, run_dir: Path,
+                 env_pairs: EnvPairs | None = None):
+        """`train` / `val`: the examples (chats, pairs), or with `env_pairs` (dpo.pairs=env) the
+        prompt rows each step samples its pairs from and the held-out prompts."""
         self.cfg, self.objective, self.tokenizer, self.workers = cfg, objective, tokenizer, workers
         self.train_examples, self.val_examples = train, val
         self.checkpointer, self.run, self.trackers, self.run_dir = checkpointer, run, trackers, run_dir
+        self.env_pairs = env_pairs
         self.history: list[dict[str, float]] = []
 
     @classmethod
@@ -154,8 +163,14 @@ class SupervisedTrainer:
         check_model_paths(cfg)
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
-        train, digests = objective.load(list(cfg.data.train_data), tokenizer, cfg, "data.train_data")
-        val = objective.load(list(cfg.data.val_data), tokenizer, cfg, "data.val_data")[0] if cfg.data.val_data else None
+        env_pairs = EnvPairs(cfg, tokenizer) if objective is DPO and cfg.dpo.pairs == "env" else None
+        if env_pairs is not None:
+            train, digests = list(env_pairs.train), env_pairs.train.digests()
+            val = list(env_pairs.val) if env_pairs.val is not None else None
+        else:
+            train, digests = objective.load(list(cfg.data.train_data), tokenizer, cfg, "data.train_data")
+            val = (objective.load(list(cfg.data.val_data), tokenizer, cfg, "data.val_data")[0]
+                   if cfg.data.val_data else None)
         if len(train) < t.train_batch_size:
             raise DatasetError(f"data.train_data holds {len(train)} usable examples, fewer than "
                                f"trainer.train_batch_size={t.train_batch_size}. Fix: more rows, or a smaller "
@@ -169,6 +184,8 @@ class SupervisedTrainer:
         ref = (build_ref_worker(worker_config(cfg, objective, with_reference=True), tokenizer, policy=policy)
                if objective is DPO else None)
         workers = Workers(policy, ref)
+        if env_pairs is not None:
+            env_pairs.start(tokenizer, policy)
         run = RunState(run_id=checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id())
         checkpoint.prepare_metrics(run_dir, resume_from)
         loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
@@ -176,9 +193,11 @@ class SupervisedTrainer:
                                   config=OmegaConf.to_container(cfg, resolve=True), run_id=run.run_id,
                                   resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
         checkpointer = Checkpointer(cfg, tokenizer, identity, run_dir)
-        trainer = cls(cfg, objective, tokenizer, workers, train, val, checkpointer, run, trackers, run_dir)
+        trainer = cls(cfg, objective, tokenizer, workers, train, val, checkpointer, run, trackers, run_dir, env_pairs)
         if resume_from is not None:
             checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
+            if env_pairs is not None:
+                env_pairs.weight_sync.sync(run.global_step)  # the engine samples from the resumed policy
             checkpointer.restore_rng(resume_from)
         return trainer
 
@@ -239,13 +258,28 @@ class SupervisedTrainer:
         finally:
             for tracker in self.trackers:
                 tracker.close()
+            if self.env_pairs is not None:
+                self.env_pairs.close()
         return {"steps": self.run.global_step, "wall_seconds": time.perf_counter() - start, "eval_before": before,
                 "eval_after": after, "final_model": str(final), "history": self.history}
 
     def train_step(self, examples: Sequence[Any]) -> dict[str, float]:
+        sampled: dict[str, float] = {}
+        if self.env_pairs is not None:  # examples are prompts: this step's pairs are sampled now
+            t0 = time.perf_counter()
+            examples, sampled = self.env_pairs.pairs(examples, self.run.global_step)
+            sampled["timing/generate"] = time.perf_counter() - t0
+            if not examples:
+                log.warning("step %d: every prompt's answers scored the same, no pair to train on; the step takes "
+                            "no optimizer step (more answers per prompt, generator.n_samples_per_prompt, or a "
+                            "higher temperature make pairs likelier)", self.run.global_step)
+                return sampled
         batch = self._batch(examples, f"{self.run.global_step}-train")
         t0 = time.perf_counter()
         metrics = self.workers.policy.train(batch)
+        metrics.update(sampled)
+        if self.env_pairs is not None:
+            self.env_pairs.weight_sync.sync(self.run.global_step)
         if self.objective is DPO:  # TRL's names, means over the step's pairs
             metrics.update(preference_metrics(metrics, prefix="policy/"))
             metrics = {k: v for k, v in metrics.items() if not k.endswith("_sum")}
@@ -262,7 +296,10 @@ class SupervisedTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Held-out metrics over every example of `data.val_data` (`trainer.eval_batch_size` at a time)."""
+        """Held-out metrics over every example of `data.val_data` (`trainer.eval_batch_size` at a time);
+        with env pairs, the RL eval of the held-out prompts through the generator."""
+        if self.env_pairs is not None:
+            return self.env_pairs.evaluate(self.run.global_step)
         size = int(self.cfg.trainer.eval_batch_size)
         nll = tokens = 0.0
         chosen, rejected = [], []

@@ -30,6 +30,10 @@ class SFTConfig(Section):
 class DPOConfig(Section):
     # the strength of the implicit KL to the reference: rewards are beta * (log pi - log pi_ref)
     beta: float = setting(0.1)
+    # where pairs come from: `file` (rows of data.train_data with prompt / chosen / rejected) or
+    # `env` (on-policy: data.train_data holds RL prompt rows; each step samples
+    # generator.n_samples_per_prompt answers per prompt, the env scores them, best vs worst)
+    pairs: str = setting("file", choices=("file", "env"))
     # sigmoid: -log sigmoid(beta * margin) (DPO); ipo: (margin_avg - 1 / (2 beta))^2 on mean token logratios
     loss_type: str = setting("sigmoid", choices=("sigmoid", "ipo"))
     prompt_key: str = setting("prompt")
