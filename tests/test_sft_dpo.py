@@ -146,12 +146,14 @@ def _rows(run_dir):
 
 def test_sft_trains_and_a_resumed_run_repeats_the_same_losses(tmp_path):
     chats, _ = _write_data(tmp_path)
-    assert main(_args("sft", chats, tmp_path / "whole", "trainer.max_steps=4")) == 0
+    assert main(_args("sft", chats, tmp_path / "whole", "trainer.max_steps=4", "trainer.hf_save_interval=4",
+                      f"trainer.export_path={tmp_path / 'exports'}")) == 0
     whole = [r for r in _rows(tmp_path / "whole") if "train/loss" in r]
     assert [r["step"] for r in whole] == [1, 2, 3, 4]
     evals = [r["eval/loss"] for r in _rows(tmp_path / "whole") if "eval/loss" in r]
     assert evals[-1] < evals[0]
     assert (tmp_path / "whole" / "final_model" / "config.json").exists()
+    assert (tmp_path / "exports" / "global_step_4" / "policy" / "config.json").exists()  # hf_save_interval
     # killed after the step-2 checkpoint, then resumed: steps 3 and 4 repeat bit for bit
     assert main(_args("sft", chats, tmp_path / "cut", "trainer.max_steps=2")) == 0
     assert main(_args("sft", chats, tmp_path / "cut", "trainer.max_steps=4", "trainer.resume_mode=latest")) == 0
@@ -231,3 +233,15 @@ def test_env_pairs_need_two_answers_per_prompt(tmp_path, capsys):
     args = ["dpo", "+experiment=tiny", "dpo.pairs=env", f"trainer.run_dir={tmp_path}", "generator.n_samples_per_prompt=1"]
     assert main(args) == 2
     assert "Fix: generator.n_samples_per_prompt=4" in capsys.readouterr().err
+
+
+def test_dpo_on_env_pairs_resumes_exactly(tmp_path):
+    base = ["dpo", "+experiment=tiny", "dpo.pairs=env", "trainer.policy_mini_batch_size=16",
+            "trainer.policy.optimizer_config.lr=1e-3", "trainer.ckpt_interval=1", "trainer.eval_before_train=false",
+            "trainer.eval_interval=-1", "data.val_data=[]"]
+    assert main(base + [f"trainer.run_dir={tmp_path / 'whole'}", "trainer.max_steps=3"]) == 0
+    assert main(base + [f"trainer.run_dir={tmp_path / 'cut'}", "trainer.max_steps=2"]) == 0
+    assert main(base + [f"trainer.run_dir={tmp_path / 'cut'}", "trainer.max_steps=3", "trainer.resume_mode=latest"]) == 0
+    keys = ("train/loss", "dpo/pairs", "reward/avg_raw_reward", "rewards/margins", "policy/raw_grad_norm")
+    whole, cut = ([tuple(r[k] for k in keys) for r in _rows(tmp_path / d) if "train/loss" in r] for d in ("whole", "cut"))
+    assert len(whole) == 3 and cut == whole

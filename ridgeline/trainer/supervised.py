@@ -247,6 +247,9 @@ class SupervisedTrainer:
                     epoch_done = batch + 1 == self.steps_per_epoch
                     self.run.data_position = (epoch + 1, 0) if epoch_done else (epoch, batch + 1)
                     step = self.run.global_step
+                    if t.hf_save_interval > 0 and (step % t.hf_save_interval == 0 or step == self.total_steps):
+                        # SkyRL's place, as RL runs: <export_path>/global_step_<N>/policy
+                        self.checkpointer.export(self.workers, Path(t.export_path) / f"global_step_{step}", step)
                     if t.ckpt_interval > 0 and (step % t.ckpt_interval == 0 or step == self.total_steps):
                         self.checkpointer.save(self.run, self.workers, self.steps_per_epoch)
                         self.checkpointer.prune_old()
