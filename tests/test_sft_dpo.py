@@ -245,3 +245,24 @@ def test_dpo_on_env_pairs_resumes_exactly(tmp_path):
     keys = ("train/loss", "dpo/pairs", "reward/avg_raw_reward", "rewards/margins", "policy/raw_grad_norm")
     whole, cut = ([tuple(r[k] for k in keys) for r in _rows(tmp_path / d) if "train/loss" in r] for d in ("whole", "cut"))
     assert len(whole) == 3 and cut == whole
+
+
+def test_arithmetic_worked_answers_serve_sft_and_keep_the_rl_columns(tmp_path, tiny_tokenizer):
+    from ridgeline.data import PromptDataset
+    from ridgeline.data.prepare_arithmetic import prepare_arithmetic
+    from ridgeline.data.supervised import SFTColumns, load_sft_examples
+
+    files = prepare_arithmetic(tmp_path, num_train=4, num_val=2, prompt_style="hash", env_class="gsm8k",
+                               worked_answers=True)
+    examples, _ = load_sft_examples([str(files["train"])], tiny_tokenizer, SFTColumns(), 256, "data.train_data")
+    rows = list(PromptDataset([str(files["train"])], default_env_class="gsm8k"))
+    for example, row in zip(examples, rows):
+        expression, answer = row.extras["extra_info"]["expression"], row.extras["reward_spec"]["ground_truth"]
+        assert masked_runs(tiny_tokenizer, example) == [f"{expression} = {answer}\n#### {answer}<|im_end|>"]
+
+
+@pytest.mark.parametrize("preset", ["sft", "dpo", "sft_format", "grpo_after_sft"])
+def test_the_presets_compose(preset):
+    from ridgeline.config import load_config
+    cfg = load_config([f"+experiment={preset}"])
+    assert cfg.trainer.strategy == "single"

@@ -20,7 +20,7 @@ from ridgeline.inference.build import build_engine
 from ridgeline.inference.types import SamplingParams
 from ridgeline.seeding import derive_seed
 from ridgeline.trainer.builders import (build_generator, check_environments, generator_input, load_environments,
-                                        prepare_data, truncation_policy)
+                                        truncation_policy)
 from ridgeline.trainer.evaluation import run_eval
 from ridgeline.training.worker import PolicyWorker
 
@@ -33,7 +33,6 @@ class EnvPairs:
     def __init__(self, cfg: DictConfig, tokenizer):
         t, default_env = cfg.trainer, cfg.environment.env_class
         self.cfg = cfg
-        prepare_data(cfg)  # data.prepare writes the prompt files first, as for RL runs
         self.train = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
                                    max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
                                    config_key="data.train_data")

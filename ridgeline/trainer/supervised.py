@@ -36,7 +36,7 @@ from ridgeline.models.loading import configure_chat_template, load_tokenizer
 from ridgeline.tracking.progress import run_progress
 from ridgeline.tracking.trackers import build_trackers
 from ridgeline.trainer import checkpoint
-from ridgeline.trainer.builders import check_model_paths
+from ridgeline.trainer.builders import check_model_paths, prepare_data
 from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.env_pairs import EnvPairs
 from ridgeline.trainer.run_lock import RunLock, run_folders
@@ -163,6 +163,7 @@ class SupervisedTrainer:
         check_model_paths(cfg)
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
+        prepare_data(cfg)  # data.prepare writes the files first, as for RL runs
         env_pairs = EnvPairs(cfg, tokenizer) if objective is DPO and cfg.dpo.pairs == "env" else None
         if env_pairs is not None:
             train, digests = list(env_pairs.train), env_pairs.train.digests()
