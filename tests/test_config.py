@@ -237,6 +237,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("sft.prompt_key", "prompt"),
     ("sft.response_key", "response"),
     ("sft.max_length", 2048),
+    ("sft.eval_with_env", False),
     ("dpo.beta", 0.1),
     ("dpo.pairs", "file"),
     ("dpo.loss_type", "sigmoid"),

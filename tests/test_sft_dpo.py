@@ -266,3 +266,14 @@ def test_the_presets_compose(preset):
     from ridgeline.config import load_config
     cfg = load_config([f"+experiment={preset}"])
     assert cfg.trainer.strategy == "single"
+
+
+def test_sft_eval_with_env_scores_the_held_out_rows_through_the_generator(tmp_path, capsys):
+    run_dir = tmp_path / "sft_env"
+    assert main(["sft", "+experiment=tiny", "+data.prepare.worked_answers=true", "sft.eval_with_env=true",
+                 f"trainer.run_dir={run_dir}", "trainer.max_steps=2", "trainer.train_batch_size=8",
+                 "trainer.policy_mini_batch_size=8", "trainer.policy.optimizer_config.lr=1e-3"]) == 0
+    rows = _rows(run_dir)
+    for row in (rows[0], rows[-1]):  # before and after training: the loss and the env's verdicts
+        assert {"eval/loss", "eval/all/pass_at_1", "eval/arithmetic/avg_score"} <= set(row)
+    assert "held-out pass@1 (greedy): " in capsys.readouterr().out

@@ -35,11 +35,12 @@ def run(command: str, cfg: DictConfig) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     summary = run_supervised(cfg, SFT if command == "sft" else DPO)
     if summary["eval_after"]:
-        # the held-out loss, or with dpo.pairs=env the held-out pass@1 through the generator
-        key, name = (("eval/loss", "held-out loss") if "eval/loss" in summary["eval_after"]
-                     else ("eval/all/pass_at_1", "held-out pass@1"))
-        before = summary["eval_before"][key] if summary["eval_before"] else None
-        after = summary["eval_after"][key]
-        print(f"{name}: {before:.4f} -> {after:.4f}" if before is not None else f"{name}: {after:.4f}")
+        # the held-out loss, and with dpo.pairs=env / sft.eval_with_env pass@1 through the generator
+        for key, name in (("eval/loss", "held-out loss"), ("eval/all/pass_at_1", "held-out pass@1 (greedy)")):
+            if key not in summary["eval_after"]:
+                continue
+            before = summary["eval_before"][key] if summary["eval_before"] else None
+            after = summary["eval_after"][key]
+            print(f"{name}: {before:.4f} -> {after:.4f}" if before is not None else f"{name}: {after:.4f}")
     print(f"{summary['steps']} steps in {summary['wall_seconds']:.0f} s; final model: {summary['final_model']}")
     return summary

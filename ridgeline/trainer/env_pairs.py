@@ -3,7 +3,8 @@ step's batch gets `generator.n_samples_per_prompt` answers sampled by the curren
 the RL generator (its env, multi-turn included, and the truncation rules), and its highest- and
 lowest-scoring answers become one pair. The tokens are exactly the sampled ones, with the
 generator's loss mask (observation tokens of multi-turn answers do not train). Held-out eval is
-the RL eval through the generator (`eval/<source>/pass_at_1`, ...)."""
+the RL eval through the generator (`eval/<source>/pass_at_1`, ...), which SFT runs too with
+`sft.eval_with_env`."""
 
 from __future__ import annotations
 
@@ -26,22 +27,22 @@ from ridgeline.training.worker import PolicyWorker
 
 
 class EnvPairs:
-    """The prompts (`data.train_data` / `data.val_data`, RL rows with their checks), their
-    environments (checked before any model loads), and once `start`ed the engine that samples
-    from the policy."""
+    """The prompts (`data.train_data` unless `with_train` is False, and `data.val_data`: RL rows
+    with their checks), their environments (checked before any model loads), and once `start`ed
+    the engine that samples from the policy."""
 
-    def __init__(self, cfg: DictConfig, tokenizer):
+    def __init__(self, cfg: DictConfig, tokenizer, *, with_train: bool = True):
         t, default_env = cfg.trainer, cfg.environment.env_class
         self.cfg = cfg
-        self.train = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
-                                   max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
-                                   config_key="data.train_data")
+        self.train = (PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
+                                    max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
+                                    config_key="data.train_data") if with_train else None)
         self.val = (PromptDataset(list(cfg.data.val_data), default_env_class=default_env,
                                   max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
                                   config_key="data.val_data") if cfg.data.val_data else None)
         self.env_override = load_environments(cfg.environment)
-        check_environments(cfg, {"data.train_data": self.train, **({"data.val_data": self.val} if self.val else {})},
-                           self.env_override)
+        datasets = {"data.train_data": self.train, "data.val_data": self.val}
+        check_environments(cfg, {key: data for key, data in datasets.items() if data is not None}, self.env_override)
         self.generator = self.weight_sync = None
         self.close = lambda: None
 
@@ -68,6 +69,8 @@ class EnvPairs:
                        "dpo/pairs": float(len(pairs)), "dpo/tied_prompts": float(tied)}
 
     def evaluate(self, step: int) -> dict[str, float]:
+        """The RL eval of the held-out prompts with the policy's current weights."""
+        self.weight_sync.sync(step)
         return run_eval(self.generator, [(row.data_source, row) for row in self.val], self.cfg,
                         env_override=self.env_override, global_step=step)[0]
 

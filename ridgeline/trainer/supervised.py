@@ -123,6 +123,9 @@ def check_supported(cfg: DictConfig, objective: Objective) -> None:
     if t.critic.model.path is not None:
         problems.append(f"trainer.critic.model.path={t.critic.model.path}: {objective.name} trains no critic. "
                         "Fix: trainer.critic.model.path=null")
+    if objective is SFT and cfg.sft.eval_with_env and not cfg.data.val_data:
+        problems.append("sft.eval_with_env=true scores data.val_data through the generator, but data.val_data=[]. "
+                        "Fix: held-out RL rows in data.val_data, or sft.eval_with_env=false")
     if objective is DPO and cfg.dpo.pairs == "env" and cfg.generator.n_samples_per_prompt < 2:
         problems.append(f"dpo.pairs=env pairs the best and worst of each prompt's answers, but "
                         f"generator.n_samples_per_prompt={cfg.generator.n_samples_per_prompt} samples one. "
@@ -143,13 +146,13 @@ def fingerprint(cfg: DictConfig, objective: Objective, digests: list[SourceDiges
 class SupervisedTrainer:
     def __init__(self, cfg: DictConfig, objective: Objective, tokenizer, workers: Workers, train: list[Any],
                  val: list[Any] | None, checkpointer: Checkpointer, run: RunState, trackers, run_dir: Path,
-                 env_pairs: EnvPairs | None = None):
-        """`train` / `val`: the examples (chats, pairs), or with `env_pairs` (dpo.pairs=env) the
+                 envs: EnvPairs | None = None):
+        """`train` / `val`: the examples (chats, pairs), or with `envs` (dpo.pairs=env) the
         prompt rows each step samples its pairs from and the held-out prompts."""
         self.cfg, self.objective, self.tokenizer, self.workers = cfg, objective, tokenizer, workers
         self.train_examples, self.val_examples = train, val
         self.checkpointer, self.run, self.trackers, self.run_dir = checkpointer, run, trackers, run_dir
-        self.env_pairs = env_pairs
+        self.envs = envs   # dpo.pairs=env: sampling pairs; or sft.eval_with_env: the generator's eval only
         self.history: list[dict[str, float]] = []
 
     @classmethod
@@ -164,10 +167,14 @@ class SupervisedTrainer:
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
         prepare_data(cfg)  # data.prepare writes the files first, as for RL runs
-        env_pairs = EnvPairs(cfg, tokenizer) if objective is DPO and cfg.dpo.pairs == "env" else None
-        if env_pairs is not None:
-            train, digests = list(env_pairs.train), env_pairs.train.digests()
-            val = list(env_pairs.val) if env_pairs.val is not None else None
+        envs = None
+        if objective is DPO and cfg.dpo.pairs == "env":
+            envs = EnvPairs(cfg, tokenizer)
+        elif objective is SFT and cfg.sft.eval_with_env:
+            envs = EnvPairs(cfg, tokenizer, with_train=False)
+        if envs is not None and envs.train is not None:
+            train, digests = list(envs.train), envs.train.digests()
+            val = list(envs.val) if envs.val is not None else None
         else:
             train, digests = objective.load(list(cfg.data.train_data), tokenizer, cfg, "data.train_data")
             val = (objective.load(list(cfg.data.val_data), tokenizer, cfg, "data.val_data")[0]
@@ -185,8 +192,8 @@ class SupervisedTrainer:
         ref = (build_ref_worker(worker_config(cfg, objective, with_reference=True), tokenizer, policy=policy)
                if objective is DPO else None)
         workers = Workers(policy, ref)
-        if env_pairs is not None:
-            env_pairs.start(tokenizer, policy)
+        if envs is not None:
+            envs.start(tokenizer, policy)
         run = RunState(run_id=checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id())
         checkpoint.prepare_metrics(run_dir, resume_from)
         loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
@@ -194,11 +201,11 @@ class SupervisedTrainer:
                                   config=OmegaConf.to_container(cfg, resolve=True), run_id=run.run_id,
                                   resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
         checkpointer = Checkpointer(cfg, tokenizer, identity, run_dir)
-        trainer = cls(cfg, objective, tokenizer, workers, train, val, checkpointer, run, trackers, run_dir, env_pairs)
+        trainer = cls(cfg, objective, tokenizer, workers, train, val, checkpointer, run, trackers, run_dir, envs)
         if resume_from is not None:
             checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
-            if env_pairs is not None:
-                env_pairs.weight_sync.sync(run.global_step)  # the engine samples from the resumed policy
+            if envs is not None:
+                envs.weight_sync.sync(run.global_step)  # the engine samples from the resumed policy
             checkpointer.restore_rng(resume_from)
         return trainer
 
@@ -262,16 +269,16 @@ class SupervisedTrainer:
         finally:
             for tracker in self.trackers:
                 tracker.close()
-            if self.env_pairs is not None:
-                self.env_pairs.close()
+            if self.envs is not None:
+                self.envs.close()
         return {"steps": self.run.global_step, "wall_seconds": time.perf_counter() - start, "eval_before": before,
                 "eval_after": after, "final_model": str(final), "history": self.history}
 
     def train_step(self, examples: Sequence[Any]) -> dict[str, float]:
         sampled: dict[str, float] = {}
-        if self.env_pairs is not None:  # examples are prompts: this step's pairs are sampled now
+        if self.envs is not None and self.objective is DPO:  # examples are prompts: pairs are sampled now
             t0 = time.perf_counter()
-            examples, sampled = self.env_pairs.pairs(examples, self.run.global_step)
+            examples, sampled = self.envs.pairs(examples, self.run.global_step)
             sampled["timing/generate"] = time.perf_counter() - t0
             if not examples:
                 log.warning("step %d: every prompt's answers scored the same, no pair to train on; the step takes "
@@ -282,8 +289,8 @@ class SupervisedTrainer:
         t0 = time.perf_counter()
         metrics = self.workers.policy.train(batch)
         metrics.update(sampled)
-        if self.env_pairs is not None:
-            self.env_pairs.weight_sync.sync(self.run.global_step)
+        if self.envs is not None and self.objective is DPO:  # the next step samples from the updated policy
+            self.envs.weight_sync.sync(self.run.global_step)
         if self.objective is DPO:  # TRL's names, means over the step's pairs
             metrics.update(preference_metrics(metrics, prefix="policy/"))
             metrics = {k: v for k, v in metrics.items() if not k.endswith("_sum")}
@@ -302,8 +309,9 @@ class SupervisedTrainer:
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics over every example of `data.val_data` (`trainer.eval_batch_size` at a time);
         with env pairs, the RL eval of the held-out prompts through the generator."""
-        if self.env_pairs is not None:
-            return self.env_pairs.evaluate(self.run.global_step)
+        if self.envs is not None and self.objective is DPO:
+            return self.envs.evaluate(self.run.global_step)
+        generated = self.envs.evaluate(self.run.global_step) if self.envs is not None else {}
         size = int(self.cfg.trainer.eval_batch_size)
         nll = tokens = 0.0
         chosen, rejected = [], []
@@ -319,7 +327,7 @@ class SupervisedTrainer:
                 chosen.append(ratios[0::2])
                 rejected.append(ratios[1::2])
         if self.objective is SFT:
-            return {"eval/loss": nll / max(1.0, tokens)}
+            return {"eval/loss": nll / max(1.0, tokens), **generated}
         c, r = torch.cat(chosen), torch.cat(rejected)
         beta = float(self.cfg.dpo.beta)
         losses = PREFERENCE_LOSSES.get(str(self.cfg.dpo.loss_type))(c, r, beta)

@@ -20,6 +20,9 @@ class SFTConfig(Section):
     response_key: str = setting("response")
     # rows whose templated chat is longer (tokens) are dropped, with a count in the log
     max_length: int = setting(2048)
+    # also score data.val_data through the generator and each row's env (the RL eval: pass@1, ...);
+    # its rows must then be RL rows (prompt, env_class, reward_spec) carrying the response column too
+    eval_with_env: bool = setting(False)
 
     def check(self, at: str, report: Report) -> None:
         if self.max_length < 2:
