@@ -277,3 +277,10 @@ def test_sft_eval_with_env_scores_the_held_out_rows_through_the_generator(tmp_pa
     for row in (rows[0], rows[-1]):  # before and after training: the loss and the env's verdicts
         assert {"eval/loss", "eval/all/pass_at_1", "eval/arithmetic/avg_score"} <= set(row)
     assert "held-out pass@1 (greedy): " in capsys.readouterr().out
+
+
+def test_rl_runs_refuse_the_dpo_loss_and_may_train_sft_on_rollouts():
+    from ridgeline.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="policy_loss_type=dpo trains preference pairs.*Fix: `ridgeline dpo`"):
+        load_config(["+experiment=tiny", "trainer.algorithm.policy_loss_type=dpo"])
+    assert load_config(["+experiment=tiny", "trainer.algorithm.policy_loss_type=sft"]).trainer.algorithm.policy_loss_type == "sft"
