@@ -29,7 +29,7 @@ from ridgeline.algorithms.supervised import (PREFERENCE_LOSSES, preference_metri
 from ridgeline.data.schema import DatasetError
 from ridgeline.data.dataset import epoch_order
 from ridgeline.data.sources import SourceDigest
-from ridgeline.data.supervised import (PreferenceColumns, PreferencePair, SFTColumns, TokenizedChat,
+from ridgeline.data.supervised import (PreferenceColumns, SFTColumns, TokenizedChat,
                                        load_preference_pairs, load_sft_examples)
 from ridgeline.errors import UserError
 from ridgeline.models.loading import configure_chat_template, load_tokenizer
@@ -41,6 +41,7 @@ from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.env_pairs import EnvPairs
 from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.state import RunState
+from ridgeline.trainer.trainer import planned_steps
 from ridgeline.training.batch import TrainingBatch, build_training_batch
 from ridgeline.training.build import build_policy_worker, build_ref_worker, policy_spec, seed_everything
 from ridgeline.training.protocols import Workers
@@ -342,8 +343,7 @@ class SupervisedTrainer:
 
 def _planned_steps(examples: int, cfg: DictConfig) -> int:
     t = cfg.trainer
-    per_epoch = examples // int(t.train_batch_size)
-    return int(t.max_steps) if t.max_steps is not None else per_epoch * int(t.epochs)
+    return planned_steps(examples // int(t.train_batch_size), int(t.epochs), t.max_steps)
 
 
 def run_supervised(cfg: DictConfig, objective: Objective) -> dict[str, Any]:
