@@ -1,4 +1,5 @@
 """The `ridgeline` command: `ridgeline train [overrides] [--cfg job]`, `ridgeline eval [overrides]`,
+`ridgeline sft [overrides]`, `ridgeline dpo [overrides]`,
 `ridgeline prepare DATASET ...`, `ridgeline export CHECKPOINT OUT`, `ridgeline report RUN_DIR`,
 `ridgeline doctor [overrides] [--json]`,
 `ridgeline serve [overrides] [--port N]`; `--debug` anywhere adds tracebacks to error messages,
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                            epilog=presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     # REMAINDER: options may come before, between or after the overrides (picked out in _train_args)
     _add_train_arguments(train, overrides_nargs=argparse.REMAINDER)
+    from ridgeline.entrypoints import supervised as supervised_cmd
+    supervised_cmd.add_parsers(sub, _add_train_arguments)
     from ridgeline.data.cli import add_prepare_parser
     from ridgeline.entrypoints import doctor as doctor_cmd
     from ridgeline.entrypoints import report as report_cmd
@@ -70,10 +73,15 @@ def _run(args: argparse.Namespace) -> int:
         from ridgeline.entrypoints.eval import run as run_eval
         return run_eval(args)
     from ridgeline.config import load_config
+    command = args.command
     args = _train_args(args)
     cfg = load_config(args.overrides)
     if args.cfg is not None:
         print(config_yaml(cfg, resolve=args.resolve, package=args.package), end="")
+        return 0
+    if command in ("sft", "dpo"):
+        from ridgeline.entrypoints import supervised as supervised_cmd
+        supervised_cmd.run(command, cfg)
         return 0
     from ridgeline.entrypoints.run import run_training
     run_training(cfg)

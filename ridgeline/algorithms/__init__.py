@@ -51,6 +51,7 @@ from ridgeline.algorithms.policy_loss import (
     ppo_clip_loss,
     sapo_loss,
 )
+from ridgeline.algorithms.supervised import PREFERENCE_LOSSES, dpo_loss, preference_metrics, preference_sums, sft_loss
 
 __all__ = [
     "LossNormalizers",
@@ -86,6 +87,11 @@ __all__ = [
     "register_policy_loss",
     "resolve_kl_estimator",
     "sapo_loss",
+    "PREFERENCE_LOSSES",
+    "dpo_loss",
+    "preference_metrics",
+    "preference_sums",
+    "sft_loss",
     "seq_mean_token_sum_norm",
     "sequence_mean",
     "token_mean",

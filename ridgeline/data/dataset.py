@@ -19,7 +19,7 @@ from typing import Any
 from .schema import DatasetError, PromptRow, validate_row
 from .sources import SourceDigest, file_digest, is_data_file, read_rows, rows_digest
 
-__all__ = ["PromptDataset", "write_parquet"]
+__all__ = ["PromptDataset", "epoch_order", "write_parquet"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,14 @@ def _epoch_rng(seed: int, epoch: int) -> random.Random:
     such as (seed=1, epoch=0) == (seed=0, epoch=1)."""
     digest = hashlib.sha256(f"ridgeline-batches:{int(seed)}:{int(epoch)}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def epoch_order(size: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of `size` rows in `epoch`: a function of (seed, epoch, size) only, so a
+    resumed run regenerates it and skips the batches already done."""
+    order = list(range(size))
+    _epoch_rng(seed, epoch).shuffle(order)
+    return order
 
 
 class PromptDataset(Sequence[PromptRow]):
@@ -185,9 +193,7 @@ class PromptDataset(Sequence[PromptRow]):
             )
         if skip_batches < 0:
             raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
-        order = list(range(len(self._rows)))
-        _epoch_rng(seed, epoch).shuffle(order)
-        return self._chunks(order, batch_size, drop_last, skip_batches)
+        return self._chunks(epoch_order(len(self._rows), seed, epoch), batch_size, drop_last, skip_batches)
 
     def _chunks(
         self, order: Sequence[int], batch_size: int, drop_last: bool, skip_batches: int

@@ -77,6 +77,12 @@ def _evaluate(operands: list[int], operators: list[str]) -> int:
     return total + sign * term
 
 
+def _worked_answer(expression: str, answer: str, prompt_style: str) -> str:
+    """The answer a prompt of `prompt_style` asks for, worked: the sum, then the number alone
+    ("direct") or after "####" ("hash", GSM8K's format)."""
+    return f"{expression} = {answer}\n#### {answer}" if prompt_style == "hash" else answer
+
+
 def _sample_indices(rng: random.Random, space: int, count: int) -> list[int]:
     """``count`` distinct indices from range(space), in random order."""
     if count * 2 <= space:
@@ -126,6 +132,7 @@ def prepare_arithmetic(
     seed: int = 0,
     prompt_style: str = "direct",
     env_class: str = "arithmetic",
+    worked_answers: bool = False,
 ) -> dict[str, Path]:
     """Generate and write ``train.parquet`` and ``validation.parquet``.
 
@@ -138,6 +145,9 @@ def prepare_arithmetic(
             (answer after "####").
         env_class: the environment rows name (a custom env that checks the same
             ground truth, e.g. a tool-using calculator env, can reuse this data).
+        worked_answers: also write a `response` column, a worked answer in the
+            prompt style's format ("12 + 7 = 19", then "#### 19" for hash), so
+            the same files serve `ridgeline sft` (prompt + response) and RL.
 
     Returns ``{"train": path, "validation": path}``.
     """
@@ -172,20 +182,25 @@ def prepare_arithmetic(
 
     template = PROMPT_STYLES[prompt_style]
     schema = arrow_schema(_extra_info_fields())
+    if worked_answers:
+        import pyarrow as pa
+        schema = schema.append(pa.field("response", pa.string()))
     written: dict[str, Path] = {}
     for split, split_indices in (("train", train_indices), ("validation", val_indices)):
         rows = []
         for row_index, space_index in enumerate(split_indices):
             operands, operators = _decode(space_index, values, ops, num_operands)
             expression = _format(operands, operators)
-            rows.append(
-                {
-                    "data_source": "arithmetic",
-                    "prompt": [{"role": "user", "content": template.format(expr=expression)}],
-                    "env_class": env_class,
-                    "reward_spec": {"method": "rule", "ground_truth": str(_evaluate(operands, operators))},
-                    "extra_info": {"expression": expression, "split": split, "index": row_index},
-                }
-            )
+            answer = str(_evaluate(operands, operators))
+            row = {
+                "data_source": "arithmetic",
+                "prompt": [{"role": "user", "content": template.format(expr=expression)}],
+                "env_class": env_class,
+                "reward_spec": {"method": "rule", "ground_truth": answer},
+                "extra_info": {"expression": expression, "split": split, "index": row_index},
+            }
+            if worked_answers:
+                row["response"] = _worked_answer(expression, answer, prompt_style)
+            rows.append(row)
         written[split] = write_parquet(rows, Path(output_dir) / f"{split}.parquet", schema)
     return written

@@ -415,13 +415,15 @@ class PolicyWorker(TrainedWorker):
             "policy/policy_update_steps": float(len(grad_norms)),
             "policy/skipped_steps": float(self.skipped_steps),
         }
-        # The loss's own metrics: token-weighted means across micro-batches, `*_max` as maxima.
+        # The loss's own metrics: token-weighted means across micro-batches, `*_max` as maxima,
+        # `*_sum` as sums (a loss whose metrics are per sequence or pair reports sums and counts)
         for key, value in loss_sums.items():
             name = f"policy/{_LOSS_METRIC_NAMES.get(key, key)}"
-            metrics[name] = value if key.endswith("_max") else value / max(1.0, local_tokens)
+            metrics[name] = value if key.endswith(("_max", "_sum")) else value / max(1.0, local_tokens)
         if c.use_kl_loss:
             metrics["policy/policy_kl"] = sums["kl_loss"] / steps
-        metrics = reduce_rank_metrics(self.parallel, metrics, local_tokens, prefix="policy/", summed=_SUMMED,
+        summed = _SUMMED | {key for key in metrics if key.endswith("_sum")}
+        metrics = reduce_rank_metrics(self.parallel, metrics, local_tokens, prefix="policy/", summed=summed,
                                       shared=_SHARED)
         # how far the engine's numbers are from pi_old: exact over every rank's tokens, from sums
         mismatch_sum, mismatch_tokens, ratio_sum, ratio_sq, ratio_tokens = self.parallel.all_sum(
@@ -505,6 +507,8 @@ class PolicyWorker(TrainedWorker):
         for key, value in pg_metrics.items():
             if key.endswith("_max"):
                 loss_sums[key] = max(loss_sums.get(key, float("-inf")), float(value))
+            elif key.endswith("_sum"):
+                loss_sums[key] = loss_sums.get(key, 0.0) + float(value)
             else:
                 loss_sums[key] = loss_sums.get(key, 0.0) + float(value) * tokens
         return True

@@ -20,10 +20,11 @@ from ridgeline.config.fields import (
 from ridgeline.config.schema.algorithm import AlgorithmConfig
 from ridgeline.config.schema.environment import DataConfig, EnvironmentConfig
 from ridgeline.config.schema.generator import GeneratorConfig
+from ridgeline.config.schema.supervised import DPOConfig, SFTConfig
 from ridgeline.config.schema.trainer import TrainerConfig, check_rope
 
 __all__ = ["RidgelineConfig", "AlgorithmConfig", "DataConfig", "EnvironmentConfig", "GeneratorConfig",
-           "TrainerConfig", "base_config", "leaf_fields", "all_keys", "free_form_keys"]
+           "TrainerConfig", "SFTConfig", "DPOConfig", "base_config", "leaf_fields", "all_keys", "free_form_keys"]
 
 
 @dataclass
@@ -32,12 +33,17 @@ class RidgelineConfig(Section):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    # Ridgeline extensions: `ridgeline sft` / `ridgeline dpo` (docs/sft_dpo.md)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
 
     def check(self, at: str, report: Report) -> None:
         self.data.check("data", report)
         self.trainer.check("trainer", report)
         self.generator.check("generator", report)
         self.environment.check("environment", report)
+        self.sft.check("sft", report)
+        self.dpo.check("dpo", report)
         g, t = self.generator, self.trainer
         if (g.rope_scaling, g.rope_theta) != (t.rope_scaling, t.rope_theta):  # else reported once, as the trainer's
             check_rope("generator", g.rope_scaling, g.rope_theta, report)

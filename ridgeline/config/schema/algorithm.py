@@ -241,6 +241,11 @@ class AlgorithmConfig(Section):
                            f"{at}.algorithm_modules=[my_algorithms.py]; or name the function itself, "
                            f"{key}=my_pkg.my_module:my_function.")
                 continue
+            if registry is POLICY_LOSSES and value == "dpo":
+                # rows of (chosen, rejected) pairs with the reference's logprobs: only `ridgeline dpo` builds them
+                report.add(f"{key}=dpo trains preference pairs, which RL rollouts are not. Fix: `ridgeline dpo` "
+                           "(docs/sft_dpo.md), or another loss here.")
+                continue
             if registry is POLICY_LOSSES and value == self.loss_name:
                 try:
                     PolicyLoss.bind(value)

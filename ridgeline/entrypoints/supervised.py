@@ -1,0 +1,46 @@
+"""`ridgeline sft` and `ridgeline dpo`: a validated config -> ridgeline.trainer.supervised."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from omegaconf import DictConfig
+
+COMMANDS = {
+    "sft": ("supervised fine-tuning on chats: loss on the assistant turns only",
+            "ridgeline sft +experiment=sft data.train_data=[train.jsonl] data.val_data=[val.jsonl] ...",
+            "rows: {\"messages\": [{role, content}, ...]} or {\"prompt\": ..., \"response\": ...}; keys: sft.*, "
+            "trainer.* (batch sizes, optimizer, checkpoints), data.*. See docs/sft_dpo.md."),
+    "dpo": ("DPO (or IPO) on preference pairs against a frozen reference",
+            "ridgeline dpo +experiment=dpo data.train_data=[pairs.jsonl] dpo.beta=0.1 ...",
+            "rows: {\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}; keys: dpo.* (beta, loss_type=sigmoid|ipo), "
+            "trainer.* (batch sizes count pairs), data.*. See docs/sft_dpo.md."),
+}
+
+
+def add_parsers(sub, add_arguments) -> None:
+    """The `sft` and `dpo` subcommands, with `ridgeline train`'s arguments (`add_arguments`)."""
+    for name, (help_text, usage, epilog) in COMMANDS.items():
+        parser = sub.add_parser(name, help=f"{help_text}; arguments are Hydra overrides", description=usage,
+                                epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_arguments(parser, overrides_nargs=argparse.REMAINDER)
+
+
+def run(command: str, cfg: DictConfig) -> dict:
+    from ridgeline.entrypoints.run import setup_logging
+    from ridgeline.trainer.supervised import DPO, SFT, run_supervised
+
+    setup_logging()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    summary = run_supervised(cfg, SFT if command == "sft" else DPO)
+    if summary["eval_after"]:
+        # the held-out loss, and with dpo.pairs=env / sft.eval_with_env pass@1 through the generator
+        for key, name in (("eval/loss", "held-out loss"), ("eval/all/pass_at_1", "held-out pass@1 (greedy)")):
+            if key not in summary["eval_after"]:
+                continue
+            before = summary["eval_before"][key] if summary["eval_before"] else None
+            after = summary["eval_after"][key]
+            print(f"{name}: {before:.4f} -> {after:.4f}" if before is not None else f"{name}: {after:.4f}")
+    print(f"{summary['steps']} steps in {summary['wall_seconds']:.0f} s; final model: {summary['final_model']}")
+    return summary
