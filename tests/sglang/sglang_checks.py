@@ -92,8 +92,9 @@ def train_steps_then_probe(cfg) -> dict[str, float]:
         batches = trainer._remaining_batches()
 
         def step() -> dict[str, float]:
+            rows = next(batches)[2]   # before the step count moves: the batches left are counted from it
             trainer.run.global_step += 1
-            return trainer.train_step(next(batches)[2])
+            return trainer.train_step(rows)
 
         metrics = step()
         trainer_lp = probe_logprobs(policy, prompt_ids=prompt_ids, response_ids=response_ids)
