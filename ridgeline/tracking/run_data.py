@@ -12,15 +12,20 @@ listed in `RunData.foreign_dumps`, so the report can say what it left out.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ridgeline.tracking.dumps import EVAL_DUMPS, eval_dump_owner, eval_dump_step, read_eval_dump
 from ridgeline.tracking.jsonl import read_jsonl
 from ridgeline.tracking.run_info import RunInfo, read_run_info
 from ridgeline.tracking.samples import SAMPLES_FILE
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 ELAPSED = "timing/elapsed"     # seconds since the run's first start, in every row the trainer logs
@@ -102,9 +107,10 @@ def _read_config(run_dir: Path) -> tuple[dict, str]:
         return {}, ""
     text = path.read_text(encoding="utf-8", errors="replace")
     try:
-        import yaml
         loaded = yaml.safe_load(text)
-    except Exception:  # a hand-edited or partial file must not stop the report
+    except yaml.YAMLError as exc:  # a hand-edited or partial file must not stop the report: said, shown as text
+        log.warning("%s does not parse as YAML (%s): the report shows it as text, without its settings table",
+                    path, str(exc).splitlines()[0])
         return {}, text
     return (loaded if isinstance(loaded, dict) else {}), text
 
