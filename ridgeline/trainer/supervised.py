@@ -41,7 +41,7 @@ from ridgeline.trainer.checkpoint import Checkpointer
 from ridgeline.trainer.env_pairs import EnvPairs
 from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.state import RunState
-from ridgeline.trainer.trainer import planned_steps
+from ridgeline.trainer.trainer import batches_from, planned_steps
 from ridgeline.training.batch import TrainingBatch, build_training_batch
 from ridgeline.training.build import build_policy_worker, build_ref_worker, policy_spec, seed_everything
 from ridgeline.training.protocols import Workers
@@ -222,18 +222,14 @@ class SupervisedTrainer:
     def _remaining_batches(self) -> Iterator[tuple[int, int, list[Any]]]:
         """(epoch, batch in the epoch, examples) from the run's data position on."""
         t = self.cfg.trainer
-        size, per_epoch = int(t.train_batch_size), self.steps_per_epoch
-        first_epoch, skip = self.run.data_position
-        left = self.total_steps - self.run.global_step
-        epoch = first_epoch
-        while left > 0:
-            order = epoch_order(len(self.train_examples), int(t.seed), epoch)
-            for batch in range(skip if epoch == first_epoch else 0, per_epoch):
-                if left <= 0:
-                    return
-                left -= 1
-                yield epoch, batch, [self.train_examples[i] for i in order[batch * size:(batch + 1) * size]]
-            epoch += 1
+        size, examples = int(t.train_batch_size), self.train_examples
+
+        def epoch_batches(epoch: int, skip: int) -> Iterator[list[Any]]:
+            order = epoch_order(len(examples), int(t.seed), epoch)
+            for batch in range(skip, self.steps_per_epoch):
+                yield [examples[i] for i in order[batch * size:(batch + 1) * size]]
+
+        return batches_from(self.run.data_position, self.total_steps - self.run.global_step, epoch_batches)
 
     def train(self) -> dict[str, Any]:
         t = self.cfg.trainer

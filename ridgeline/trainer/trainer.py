@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -84,9 +84,32 @@ class StepTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
+T = TypeVar("T")
+
+
 def planned_steps(steps_per_epoch: int, epochs: int, max_steps: int | None) -> int:
     """The steps a run trains: `trainer.max_steps` when set, else `epochs` x `steps_per_epoch`."""
     return max_steps if max_steps is not None else steps_per_epoch * epochs
+
+
+def batches_from(position: tuple[int, int], steps_left: int,
+                 epoch_batches: Callable[[int, int], Iterable[T]]) -> Iterator[tuple[int, int, T]]:
+    """(epoch, batch index within the epoch, batch) for the next `steps_left` steps from `position`
+    (epoch, batches done in it), as many passes as that takes: `epoch_batches(epoch, skip)` gives an
+    epoch's batches from its `skip`-th on (each epoch's order a function of (seed, epoch), so a
+    resumed run picks up exactly where it was). Stops early on an epoch with no batches."""
+    epoch, skip = position
+    while steps_left > 0:
+        produced = False
+        for batch, items in enumerate(epoch_batches(epoch, skip), start=skip):
+            if steps_left <= 0:  # trainer.max_steps ends the run inside an epoch
+                return
+            steps_left -= 1
+            produced = True
+            yield epoch, batch, items
+        if not produced:
+            return
+        epoch, skip = epoch + 1, 0
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -355,16 +378,9 @@ class Trainer:
         """(epoch, batch index within the epoch, prompts) from `data_position` on: each epoch's
         order is a function of (seed, epoch), so a resumed run picks up exactly where it was."""
         t = self.cfg.trainer
-        first_epoch, skip = self.run.data_position
-        left = self.total_steps - self.run.global_step
-        for epoch in range(first_epoch, self.num_epochs):
-            skip = skip if epoch == first_epoch else 0
-            batches = self.train_data.batches(t.train_batch_size, seed=t.seed, epoch=epoch, skip_batches=skip)
-            for batch, rows in enumerate(batches, start=skip):
-                if left <= 0:  # trainer.max_steps ends the run inside an epoch
-                    return
-                left -= 1
-                yield epoch, batch, rows
+        return batches_from(self.run.data_position, self.total_steps - self.run.global_step,
+                            lambda epoch, skip: self.train_data.batches(t.train_batch_size, seed=t.seed, epoch=epoch,
+                                                                        skip_batches=skip))
 
     def _after_step(self, epoch: int, batch: int) -> dict[str, float]:
         """Bookkeeping once step `global_step` has trained and logged: the data position, the
