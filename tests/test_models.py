@@ -153,3 +153,27 @@ def test_tokenizer_folder_is_one_autotokenizer_loads(tmp_path, monkeypatch):
     loaded, built = AutoTokenizer.from_pretrained(folder), build_char_tokenizer()
     assert loaded("What is 2 + 3?")["input_ids"] == built("What is 2 + 3?")["input_ids"]
     assert loaded.chat_template == built.chat_template
+
+
+def test_a_folder_missing_weights_is_said_not_left_to_a_silenced_library_logger(tmp_path, caplog):
+    """transformers' own loading notes are silenced at start (library_noise); weights that the
+    folder lacks, drawn at random, are still said, naming the key and a weight."""
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    spec = ModelSpec(path=str(tmp_path))
+    with caplog.at_level("WARNING", logger="ridgeline.models.loading"):
+        load_model(spec)
+    assert not caplog.records  # a complete folder (the tied lm_head included) says nothing
+    weights = tmp_path / "model.safetensors"
+    state = load_file(str(weights))
+    state.pop("model.layers.0.mlp.up_proj.weight")
+    save_file(state, str(weights), metadata={"format": "pt"})
+    with caplog.at_level("WARNING", logger="ridgeline.models.loading"):
+        load_model(spec)
+    message = caplog.records[-1].getMessage()
+    assert "trainer.policy.model.path" in message and "model.layers.0.mlp.up_proj.weight" in message
+    assert "drawn at random" in message

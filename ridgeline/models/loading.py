@@ -347,7 +347,15 @@ def load_model(spec: ModelSpec, dtype: torch.dtype = torch.float32,
         return seeded_model(config, spec.seed).to(dtype)
     folder = located_folder(spec)
     with loading(spec.path, spec.config_key, "model weights"):
-        return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
+        model, info = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype,
+                                                           output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        # said here, not left to transformers' logger (silenced at start with its loading notes)
+        log.warning("%s=%s: %d weight(s) are not in the folder and were drawn at random (%s%s): the model is "
+                    "not the checkpoint's. Fix: point %s at a complete folder", spec.config_key, spec.path,
+                    len(missing), ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "", spec.config_key)
+    return model
 
 
 def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
