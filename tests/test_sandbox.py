@@ -450,6 +450,26 @@ def test_host_files_are_not_visible(bw, tmp_path, monkeypatch):
     assert result.ok and result.stdout == "FileNotFoundError\n" * len(paths) + "['1']\n", result
 
 
+def test_the_mount_table_does_not_show_the_checkout(bw):
+    # A bind mount's source path is the root field of /proc/*/mountinfo: the allowed packages are
+    # bound from a staged copy, not from the checkout's venv.
+    import numpy
+
+    venv_numpy = str(Path(numpy.__file__).resolve().parent)
+    result = run(bw, """
+        import threading
+        seen = [open('/proc/self/mountinfo').read()]
+        thread = threading.Thread(target=lambda: seen.append(open('/proc/thread-self/mountinfo').read()))
+        thread.start(); thread.join()
+        print(''.join(seen))
+        import numpy
+        print(int(numpy.arange(5).sum()))
+    """, limits=KERNEL_ONLY)
+    assert result.ok and result.stdout.endswith("\n10\n") and " /packages/numpy " in result.stdout, result
+    for host_path in (str(REPO), venv_numpy, os.path.dirname(venv_numpy)):
+        assert host_path not in result.stdout, host_path
+
+
 # ------------------------------------------------------------------------------ network
 
 

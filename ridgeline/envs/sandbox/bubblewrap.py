@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from .bootstrap import bootstrap_source
 from .isolation import Launch, bootstrap_config, child_env, memfile
 from .seccomp import UnsupportedArchitecture, filter_program
+from .staging import staged
 from .types import SandboxLimits
 
 __all__ = ["Bubblewrap", "BubblewrapUnusable", "Mount", "MIN_VERSION", "package_paths", "runtime_mounts"]
@@ -91,8 +92,8 @@ def runtime_mounts(interpreter: str, packages: tuple[str, ...] = ()) -> tuple[Mo
         if root != "/" and os.path.isdir(root) and not _covered(root, mounts):
             mounts.append(Mount("ro-bind", root, root))
     for name in packages:
-        for path in package_paths(name):
-            mounts.append(Mount("ro-bind", path, f"{PACKAGES}/{os.path.basename(path)}"))
+        for path in package_paths(name):  # from a staged copy: the venv's path would show in mountinfo
+            mounts.append(Mount("ro-bind", staged(path), f"{PACKAGES}/{os.path.basename(path)}"))
     return tuple(mounts)
 
 
