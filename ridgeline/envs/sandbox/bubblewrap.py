@@ -8,18 +8,20 @@ What the program gets (``docs/security.md`` says what each part stops):
 * a root filesystem holding only the runtime, read-only: ``/usr`` (and ``/bin``, ``/lib*`` as on
   the host), the interpreter's own prefix when it lives elsewhere (pyenv, conda), ``/etc/ld.so.cache``
   and ``/etc/localtime``, and the allowed packages (``environment.sandbox.packages``, each bound
-  alone under ``/packages``). Not the checkout, the data, the home directory or the host's ``/tmp``;
+  alone under ``/packages`` from a staged copy, ``staging.py``). Not the checkout, the data, the
+  home directory or the host's ``/tmp``;
 * ``/work``: a tmpfs of ``disk_mb`` (its cwd, ``HOME``, ``TMPDIR``; ``/tmp`` links to it), holding
   the program as ``main.py``; ``/dev/shm`` a tmpfs of the same size; everything else read-only;
-* no capabilities, ``no_new_privs``, a new session (``--new-session``), and death with its parent
-  (``--die-with-parent``); the program is its PID namespace's init (``--as-pid-1``: bwrap then
-  reaps it, so its CPU time reaches the parent's ``wait4``), and when it ends, the kernel kills
-  everything else in the namespace.
+* the seccomp filter of ``seccomp.py`` (``--seccomp``), no capabilities, ``no_new_privs``, a new
+  session (``--new-session``), and death with its parent (``--die-with-parent``); the program is
+  its PID namespace's init (``--as-pid-1``: bwrap then reaps it, so its CPU time reaches the
+  parent's ``wait4``), and when it ends, the kernel kills everything else in the namespace.
 
 RLIMIT_NPROC, set by the bootstrap inside the fresh user namespace, bounds the whole process tree;
 the kernel exempts uid 0 from it, so when the trainer runs as root (containers), a first bwrap
-(mount namespace only, as root) shows the same runtime and ``setpriv`` drops to uid 65534 before
-the sandbox's own bwrap starts: the program never runs as host root.
+(mount and PID namespaces, as root) shows the same runtime, mounts the two tmpfs with an inode
+bound (``nr_inodes``, which bwrap 0.8's own ``--tmpfs`` cannot set), and ``setpriv`` drops to uid
+65534 before the sandbox's own bwrap starts: the program never runs as host root.
 """
 
 from __future__ import annotations
