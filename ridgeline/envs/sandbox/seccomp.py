@@ -44,6 +44,9 @@ DENIED: dict[str, tuple[str, ...]] = {
         "shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
         "msgget", "msgsnd", "msgrcv", "msgctl",
         "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"),
+    # Memory outside RLIMIT_AS and the tmpfs sizes: a memfd is written, never mapped (64 fds x
+    # file_size_mb each), inotify watches cost kernel memory per watched inode of the runtime.
+    "memfd and inotify": ("memfd_create", "memfd_secret", "inotify_init", "inotify_init1", "inotify_add_watch"),
     # Host-wide state and old interfaces (most need capabilities the program lacks; denied anyway).
     "host state": ("acct", "swapon", "swapoff", "reboot", "settimeofday", "clock_settime", "clock_adjtime",
                    "adjtimex", "syslog", "quotactl", "quotactl_fd", "open_by_handle_at", "name_to_handle_at",
@@ -69,6 +72,8 @@ SYSCALL_NUMBERS: dict[str, tuple[int, int | None]] = {
     "msgrcv": (70, 188), "msgctl": (71, 187),
     "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182), "mq_timedreceive": (243, 183),
     "mq_notify": (244, 184), "mq_getsetattr": (245, 185),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447), "inotify_init": (253, None), "inotify_init1": (294, 26),
+    "inotify_add_watch": (254, 27),
     "acct": (163, 89), "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142),
     "settimeofday": (164, 170), "clock_settime": (227, 112), "clock_adjtime": (305, 266), "adjtimex": (159, 171),
     "syslog": (103, 116), "quotactl": (179, 60), "quotactl_fd": (443, 443), "open_by_handle_at": (304, 265),
