@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -468,6 +469,26 @@ def test_the_mount_table_does_not_show_the_checkout(bw):
     assert result.ok and result.stdout.endswith("\n10\n") and " /packages/numpy " in result.stdout, result
     for host_path in (str(REPO), venv_numpy, os.path.dirname(venv_numpy)):
         assert host_path not in result.stdout, host_path
+
+
+def test_the_staged_packages_are_removed_with_their_process_or_by_the_next_one(tmp_path):
+    import numpy
+
+    package = str(Path(numpy.__file__).resolve().parent)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid whose process has exited: its folder is a leftover
+    leftover = tmp_path / f"ridgeline-sandbox-packages-{gone.pid}-abc"
+    alive = tmp_path / f"ridgeline-sandbox-packages-{os.getpid()}-abc"  # this test's process is alive
+    for folder in (leftover, alive):
+        (folder / "numpy").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", f"from ridgeline.envs.sandbox.staging import staged\n"
+                           f"print(staged({package!r}))"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)), cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    copy = Path(done.stdout.strip())
+    assert copy.name == "numpy" and copy.parent.parent == tmp_path and str(REPO) not in str(copy)
+    assert not copy.parent.exists()  # removed when its process exited
+    assert not leftover.exists() and alive.exists()
 
 
 # ------------------------------------------------------------------------------ network
