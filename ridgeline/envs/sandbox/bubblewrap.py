@@ -234,7 +234,8 @@ class Bubblewrap:
         """The full command line: [root's first bwrap + mount + setpriv] + the sandbox's bwrap +
         ``command``; ``program_fd`` is copied into ``/work/main.py``, ``seccomp_fd`` holds the filter."""
         disk = int(limits.disk_mb) * _MIB
-        if self.setpriv is None:
+        as_root = self.setpriv is not None and self.mount is not None
+        if not as_root:
             # bwrap 0.8 mounts its tmpfs with size= only (no inode bound: docs/security.md)
             scratch = ["--size", str(disk), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                        "--size", str(disk), "--tmpfs", WORK]
@@ -243,13 +244,13 @@ class Bubblewrap:
         sandbox = [
             self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--as-pid-1", "--hostname", "sandbox", "--seccomp", str(seccomp_fd),
-            *_mount_args(self.mounts, from_view=self.setpriv is not None),
+            *_mount_args(self.mounts, from_view=as_root),
             "--proc", "/proc", "--dev", "/dev", *scratch,
             "--file", str(program_fd), f"{WORK}/main.py",
             "--symlink", WORK, "/tmp", "--chdir", WORK, "--remount-ro", "/",
             "--", *command,
         ]
-        if self.setpriv is None or self.mount is None:
+        if not as_root:
             return sandbox
         # Root: a mount namespace with the same runtime (plus the tools, a full /proc for the inner
         # bwrap to mount its own, and /tmp it mounts its root on); there, as root, the two tmpfs

@@ -68,17 +68,23 @@ def _staging_root() -> str:
 
 def staged(path: str) -> str:
     """A copy of the installed package ``path`` (a folder or a single-file module) under this
-    process's staging folder, made once per process."""
+    process's staging folder, made once per process. Raises ValueError naming the folders and
+    the config key when it cannot be made (a full or read-only temp dir)."""
     with _lock:
-        root = _staging_root()
-        if path not in _staged or not os.path.exists(_staged[path]):
-            destination = os.path.join(root, os.path.basename(path))
-            partial = destination + ".partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            if os.path.isdir(path):
-                shutil.copytree(path, partial, symlinks=True, copy_function=_link_or_copy)
-            else:
-                _link_or_copy(path, partial)
-            os.rename(partial, destination)
-            _staged[path] = destination
+        try:
+            root = _staging_root()
+            if path not in _staged or not os.path.exists(_staged[path]):
+                destination = os.path.join(root, os.path.basename(path))
+                partial = destination + ".partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                if os.path.isdir(path):
+                    shutil.copytree(path, partial, symlinks=True, copy_function=_link_or_copy)
+                else:
+                    _link_or_copy(path, partial)
+                os.rename(partial, destination)
+                _staged[path] = destination
+        except (OSError, shutil.Error) as exc:
+            raise ValueError(f"environment.sandbox.packages: could not stage {path} for the sandbox in "
+                             f"{tempfile.gettempdir()} ({exc}). Fix: free space there or point TMPDIR at a "
+                             "writable folder.") from None
         return _staged[path]
