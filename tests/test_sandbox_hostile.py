@@ -545,7 +545,8 @@ HOSTILE = [
             pass
         print('wrong')
         print(made, file=sys.stderr)
-    """, max_reported=64 * 64),  # the code env's disk_mb (64) x 64 inodes per MiB, on the root path
+    """, max_reported=64 * 64 if os.geteuid() == 0 else None),  # disk_mb (64) x 64 inodes per MiB, as root only
+    # (a normal user's bwrap 0.8 mounts its tmpfs without an inode bound: docs/security.md)
     _h("mount_table_shows_the_checkout", """
         import sys, threading
         seen = [open('/proc/self/mountinfo').read()]
