@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -450,6 +451,46 @@ def test_host_files_are_not_visible(bw, tmp_path, monkeypatch):
     assert result.ok and result.stdout == "FileNotFoundError\n" * len(paths) + "['1']\n", result
 
 
+def test_the_mount_table_does_not_show_the_checkout(bw):
+    # A bind mount's source path is the root field of /proc/*/mountinfo: the allowed packages are
+    # bound from a staged copy, not from the checkout's venv.
+    import numpy
+
+    venv_numpy = str(Path(numpy.__file__).resolve().parent)
+    result = run(bw, """
+        import threading
+        seen = [open('/proc/self/mountinfo').read()]
+        thread = threading.Thread(target=lambda: seen.append(open('/proc/thread-self/mountinfo').read()))
+        thread.start(); thread.join()
+        print(''.join(seen))
+        import numpy
+        print(int(numpy.arange(5).sum()))
+    """, limits=KERNEL_ONLY)
+    assert result.ok and result.stdout.endswith("\n10\n") and " /packages/numpy " in result.stdout, result
+    for host_path in (str(REPO), venv_numpy, os.path.dirname(venv_numpy)):
+        assert host_path not in result.stdout, host_path
+
+
+def test_the_staged_packages_are_removed_with_their_process_or_by_the_next_one(tmp_path):
+    import numpy
+
+    package = str(Path(numpy.__file__).resolve().parent)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid whose process has exited: its folder is a leftover
+    leftover = tmp_path / f"ridgeline-sandbox-packages-{gone.pid}-abc"
+    alive = tmp_path / f"ridgeline-sandbox-packages-{os.getpid()}-abc"  # this test's process is alive
+    for folder in (leftover, alive):
+        (folder / "numpy").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", f"from ridgeline.envs.sandbox.staging import staged\n"
+                           f"print(staged({package!r}))"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)), cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    copy = Path(done.stdout.strip())
+    assert copy.name == "numpy" and copy.parent.parent == tmp_path and str(REPO) not in str(copy)
+    assert not copy.parent.exists()  # removed when its process exited
+    assert not leftover.exists() and alive.exists()
+
+
 # ------------------------------------------------------------------------------ network
 
 
@@ -518,6 +559,50 @@ def test_audit_hook_cannot_be_dodged_with_a_subinterpreter(bw):
     assert_blocked(run(bw, "import _xxsubinterpreters as interpreters\ninterpreters.create()"), "")
 
 
+# Loads _posixsubprocess's file as a fresh module under NAME from FILE (``{name}``, ``{file}``),
+# then starts `sleep WORD` through it: an unhooked process creator (issue 29, item 6).
+_FRESH_SPAWNER = """
+    import glob, importlib.machinery, importlib.util, os, sys, time
+    class Lying(str):
+        def __str__(self):
+            return 'harmless'
+    original = [p for d in sys.path for p in glob.glob(d + '/_posixsubprocess*.so')][0]
+    {prepare}
+    loader = importlib.machinery.ExtensionFileLoader({name}, {file})
+    fresh = importlib.util.module_from_spec(importlib.util.spec_from_loader({name}, loader))
+    loader.exec_module(fresh)
+    r, w = os.pipe()
+    args = [[b'/usr/bin/sleep', b'{word}'], [b'/usr/bin/sleep'], True, (w,), None, None, -1, -1, -1, -1, -1, -1,
+            r, w, True, True, -1, None, None, None, -1, None, False]
+    try:
+        fresh.fork_exec(*args)
+    except TypeError:
+        fresh.fork_exec(*args[:-1])
+    time.sleep(1)
+    print('spawned')
+"""
+
+
+@pytest.mark.parametrize("prepare, name, file, what", [
+    # a str subclass whose __str__ lies to the hook's name check
+    ("", "Lying('_posixsubprocess')", "original", "import '_posixsubprocess'"),
+    # a copy in the work dir with its init symbol renamed: no name check can see it
+    ("data = open(original, 'rb').read().replace(b'PyInit__posixsubprocess', b'PyInit_innocent_module_')\n"
+     "open('innocent_module_.so', 'wb').write(data)", "'innocent_module_'", "'/work/innocent_module_.so'",
+     "native module from a writable directory"),
+])
+def test_a_fresh_posixsubprocess_cannot_be_smuggled_past_the_hook(bw, prepare, name, file, what):
+    word = token()
+    source = textwrap.dedent(_FRESH_SPAWNER).format(prepare=prepare, name=name, file=file, word=word)
+    for isolation in (bw, PROCESS):
+        if isolation is PROCESS:  # the process-only mode's work dir is a host temp dir
+            source = source.replace("'/work/innocent_module_.so'", "os.path.abspath('innocent_module_.so')")
+        result = run_python(source, "", FAST, isolation)
+        assert_blocked(result, what)
+        assert "spawned" not in result.stdout
+        assert_none_left(word)
+
+
 def test_layers(bw, policy):
     assert {"bwrap", "pidns", "rlimits", "nproc", "audit_hook"} <= set(probe_layers())
     assert run(PROCESS, "pass", limits=SandboxLimits(use_audit_hook=False)).layers == ("rlimits",)
@@ -557,9 +642,10 @@ def test_no_sandbox_refuses_with_one_sentence_naming_the_key(tmp_path, monkeypat
     _fake_bwrap(tmp_path, "echo bubblewrap 0.6.1\n")
     with pytest.raises(SandboxUnavailable, match="bubblewrap 0.6.1, older than the 0.8.0"):
         resolve_isolation(SandboxSettings())
-    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
-    if setpriv:  # as root, programs drop to an unprivileged user with setpriv
-        (tmp_path / "setpriv").symlink_to(setpriv)
+    for tool in ("setpriv", "mount"):  # as root, the sandbox's tmpfs are mounted and programs drop to uid 65534
+        found = shutil.which(tool, path="/usr/bin:/bin")
+        if found:
+            (tmp_path / tool).symlink_to(found)
     _fake_bwrap(tmp_path, 'case "$1" in --version) echo bubblewrap 0.9.0;; *) echo "bwrap: No permissions to '
                           'create new namespace" >&2; exit 1;; esac\n')
     with pytest.raises(SandboxUnavailable, match=r"could not start a sandbox here \(bwrap: No permissions"):

@@ -32,6 +32,7 @@ from sandbox_helpers import Victim, assert_none_left, token
 from ridgeline.envs import make
 from ridgeline.envs.code import outputs_match
 from ridgeline.envs.sandbox import SandboxLimits, run_python
+from ridgeline.envs.sandbox.seccomp import SYSCALL_NUMBERS, host_arch
 
 try:
     from ridgeline.envs.sandbox import SandboxUnavailable
@@ -56,6 +57,11 @@ class Hostile:
 
 def _h(name: str, source: str, **kwargs) -> Hostile:
     return Hostile(name, textwrap.dedent(source).strip() + "\n", **kwargs)
+
+
+def _nr(name: str) -> int:
+    """The host's number of system call ``name`` (for programs that make raw calls)."""
+    return SYSCALL_NUMBERS[name][0 if host_arch() == "x86_64" else 1]
 
 
 # Writes 1 MiB files into FOLDER until the first error; reports how many on stderr.
@@ -482,6 +488,94 @@ HOSTILE = [
                     pass
             print('wrong')
     """, settings=(("partial_credit", True),)),
+    # ---------------------------------------------------------------- issue 29: kernel surfaces
+    _h("read_the_trainers_session_keyring", f"""
+        import ctypes, sys
+        libc = ctypes.CDLL(None)
+        keyring = libc.syscall({_nr('keyctl')}, 0, -3, 0)  # KEYCTL_GET_KEYRING_ID, the session keyring
+        buffer = ctypes.create_string_buffer(4096)
+        if keyring >= 0 and libc.syscall({_nr('keyctl')}, 11, keyring, buffer, 4096) >= 0:  # KEYCTL_READ
+            print('FOUND the session keyring', keyring, file=sys.stderr)
+        print('wrong')
+    """),
+    _h("sysv_shared_memory_hoard", f"""
+        import ctypes, sys
+        libc = ctypes.CDLL(None)
+        libc.shmat.restype = ctypes.c_void_p
+        held = 0
+        for _ in range(36):
+            segment = libc.syscall({_nr('shmget')}, 0, 32 << 20, 0o1600)
+            if segment < 0:
+                break
+            address = libc.shmat(segment, None, 0)
+            ctypes.memset(address, 1, 32 << 20)
+            libc.shmdt(ctypes.c_void_p(address))
+            held += 1
+        print('wrong')
+        print(held, file=sys.stderr)
+    """, max_reported=0),
+    _h("memfd_hoard", """
+        import os, sys
+        held = []
+        try:
+            while len(held) < 60:
+                fd = os.memfd_create('hoard')
+                os.write(fd, b'x' * (8 << 20))
+                held.append(fd)
+        except OSError:
+            pass
+        print('wrong')
+        print(len(held), file=sys.stderr)
+    """, max_reported=0),
+    _h("io_uring_setup", f"""
+        import ctypes, sys
+        params = ctypes.create_string_buffer(120)
+        if ctypes.CDLL(None).syscall({_nr('io_uring_setup')}, 8, params) >= 0:
+            print('FOUND an io_uring', file=sys.stderr)
+        print('wrong')
+    """),
+    _h("inode_flood", """
+        import os, sys
+        made = 0
+        try:
+            while made < 100000:
+                os.mkdir('d%d' % made)
+                made += 1
+        except OSError:
+            pass
+        print('wrong')
+        print(made, file=sys.stderr)
+    """, max_reported=64 * 64 if os.geteuid() == 0 else None),  # disk_mb (64) x 64 inodes per MiB, as root only
+    # (a normal user's bwrap 0.8 mounts its tmpfs without an inode bound: docs/security.md)
+    _h("mount_table_shows_the_checkout", """
+        import sys, threading
+        seen = [open('/proc/self/mountinfo').read()]
+        thread = threading.Thread(target=lambda: seen.append(open('/proc/thread-self/mountinfo').read()))
+        thread.start(); thread.join()
+        if '$REPO' in ''.join(seen):
+            print('FOUND the checkout in the mount table', file=sys.stderr)
+        print('wrong')
+    """),
+    _h("fresh_posixsubprocess_under_a_lying_name", """
+        import glob, importlib.machinery, importlib.util, os, sys, time
+        class Lying(str):
+            def __str__(self):
+                return 'harmless'
+        name = Lying('_posixsubprocess')
+        path = [p for d in sys.path for p in glob.glob(d + '/_posixsubprocess*.so')][0]
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        fresh = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+        loader.exec_module(fresh)
+        r, w = os.pipe()
+        args = [[b'/usr/bin/sleep', b'$WORD'], [b'/usr/bin/sleep'], True, (w,), None, None, -1, -1, -1, -1, -1, -1,
+                r, w, True, True, -1, None, None, None, -1, None, False]
+        try:
+            fresh.fork_exec(*args)
+        except TypeError:
+            fresh.fork_exec(*args[:-1])
+        time.sleep(0.2)
+        print('wrong')
+    """),
     _h("rewrite_its_own_program_for_the_next_case", """
         open(__file__, 'w').write('a, b = map(int, input().split())\\nprint(a + b)\\n')
         print('wrong')

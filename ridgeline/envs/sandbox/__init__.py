@@ -9,8 +9,8 @@ work, never because of the program.
 Layers, outermost first:
 
 * bubblewrap (``bubblewrap.py``): own user/PID/network/IPC/mount namespaces, a read-only runtime
-  and nothing else of the host's files, a size-limited tmpfs work dir, no capabilities, RLIMIT_NPROC
-  over the whole tree. Where it cannot run, untrusted code is refused unless
+  and nothing else of the host's files, a size-limited tmpfs work dir, no capabilities, a seccomp
+  filter (``seccomp.py``), RLIMIT_NPROC over the whole tree; it dies with the trainer. Where it cannot run, untrusted code is refused unless
   ``environment.sandbox.allow_weak_isolation`` opts in to the process-only mode (``policy.py``).
 * the parent's supervision (``runner.py``): wall-clock deadline, bounded output, SIGKILL of the
   whole session when the program exits or overruns.

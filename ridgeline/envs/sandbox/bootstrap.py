@@ -96,7 +96,8 @@ def install_audit_hook(work, max_processes, report_fd, blocked_exit_code):
     write, exit_, getpid, getpgrp = posix.write, posix._exit, posix.getpid, posix.getpgrp
     S_ISLNK, S_ISDIR = _stat.S_ISLNK, _stat.S_ISDIR
     audit, streams = sys.audit, (sys.stdout, sys.stderr)
-    is_instance, str_, bytes_, int_ = isinstance, str, bytes, int
+    is_instance, str_, bytes_, int_, memoryview_ = isinstance, str, bytes, int, memoryview
+    str_data = str.__str__  # the characters of a str subclass, whatever its own __str__ says
     OSError_, PermissionError_, BaseException_ = OSError, PermissionError, BaseException
 
     prefix = work + "/"
@@ -121,6 +122,19 @@ def install_audit_hook(work, max_processes, report_fd, blocked_exit_code):
         "shutil.rmtree": (0,), "shutil.chown": (0,), "sqlite3.connect": (0,),
     }
     spawned = [0]
+    # Extension modules loaded from where the program can write (a copy with a renamed init symbol
+    # would pass any check on the module's name).
+    scratch_dirs = (prefix, "/dev/shm/")
+
+    def plain(value):
+        """An exact str or bytes holding ``value``'s data: a subclass's methods (startswith, split,
+        rpartition, __str__) could lie to the checks, while the kernel and the import machinery's
+        C code read the data."""
+        if is_instance(value, str_):
+            return str_data(value)
+        if is_instance(value, bytes_):
+            return bytes_(memoryview_(value))
+        return value
 
     # _posixsubprocess.fork_exec (multiprocessing's spawn/forkserver use it) raises no audit event
     # of its own. With no processes allowed, replace it outright (nothing keeps the original around
@@ -152,6 +166,7 @@ def install_audit_hook(work, max_processes, report_fd, blocked_exit_code):
 
     def resolve(path):
         """Absolute path with symlinks resolved (os.path.realpath), from captured functions only."""
+        path = plain(path)
         if is_instance(path, bytes_):
             path = path.decode("utf-8", "surrogateescape")
         if not path.startswith("/"):
@@ -185,7 +200,7 @@ def install_audit_hook(work, max_processes, report_fd, blocked_exit_code):
 
     def inside(path):
         try:
-            path = fspath(path)
+            path = plain(fspath(path))
             if not (is_instance(path, str_) or is_instance(path, bytes_)):
                 return False
             if path in devices:
@@ -241,10 +256,18 @@ def install_audit_hook(work, max_processes, report_fd, blocked_exit_code):
         elif event == "os.killpg":
             if args[0] != 0 and args[0] != getpgrp():
                 deny("os.killpg of another process group")
-        elif event == "import" and str_(args[0]).rpartition(".")[2] in denied_imports:
-            # The last part: an extension module's init function is found by it, so loading
-            # _posixsubprocess's file as "x._posixsubprocess" would give a fresh, unwrapped copy.
-            deny("import " + str_(args[0]))
+        elif event == "import":
+            # The name's data, last part: an extension module's init function is found by it, so
+            # loading _posixsubprocess's file as "x._posixsubprocess" (or under a str subclass
+            # whose __str__ says something else) would give a fresh, unwrapped copy.
+            name = plain(args[0])
+            if not is_instance(name, str_) or name.rpartition(".")[2] in denied_imports:
+                deny("import %r" % (name,))
+            filename = args[1]  # an extension module's file (None for the finder's own event)
+            if filename is not None:
+                where = resolve(plain(fspath(filename)))
+                if where is None or where == work or where.startswith(scratch_dirs):
+                    deny("native module from a writable directory: %r" % (where,))
 
     sys.addaudithook(hook)
 

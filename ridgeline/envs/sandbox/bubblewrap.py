@@ -8,18 +8,20 @@ What the program gets (``docs/security.md`` says what each part stops):
 * a root filesystem holding only the runtime, read-only: ``/usr`` (and ``/bin``, ``/lib*`` as on
   the host), the interpreter's own prefix when it lives elsewhere (pyenv, conda), ``/etc/ld.so.cache``
   and ``/etc/localtime``, and the allowed packages (``environment.sandbox.packages``, each bound
-  alone under ``/packages``). Not the checkout, the data, the home directory or the host's ``/tmp``;
+  alone under ``/packages`` from a staged copy, ``staging.py``). Not the checkout, the data, the
+  home directory or the host's ``/tmp``;
 * ``/work``: a tmpfs of ``disk_mb`` (its cwd, ``HOME``, ``TMPDIR``; ``/tmp`` links to it), holding
   the program as ``main.py``; ``/dev/shm`` a tmpfs of the same size; everything else read-only;
-* no capabilities, ``no_new_privs``, a new session (``--new-session``), and death with its parent
-  (``--die-with-parent``); the program is its PID namespace's init (``--as-pid-1``: bwrap then
-  reaps it, so its CPU time reaches the parent's ``wait4``), and when it ends, the kernel kills
-  everything else in the namespace.
+* the seccomp filter of ``seccomp.py`` (``--seccomp``), no capabilities, ``no_new_privs``, a new
+  session (``--new-session``), and death with its parent (``--die-with-parent``); the program is
+  its PID namespace's init (``--as-pid-1``: bwrap then reaps it, so its CPU time reaches the
+  parent's ``wait4``), and when it ends, the kernel kills everything else in the namespace.
 
 RLIMIT_NPROC, set by the bootstrap inside the fresh user namespace, bounds the whole process tree;
 the kernel exempts uid 0 from it, so when the trainer runs as root (containers), a first bwrap
-(mount namespace only, as root) shows the same runtime and ``setpriv`` drops to uid 65534 before
-the sandbox's own bwrap starts: the program never runs as host root.
+(mount and PID namespaces, as root) shows the same runtime, mounts the two tmpfs with an inode
+bound (``nr_inodes``, which bwrap 0.8's own ``--tmpfs`` cannot set), and ``setpriv`` drops to uid
+65534 before the sandbox's own bwrap starts: the program never runs as host root.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 
 from .bootstrap import bootstrap_source
 from .isolation import Launch, bootstrap_config, child_env, memfile
+from .seccomp import UnsupportedArchitecture, filter_program
+from .staging import staged
 from .types import SandboxLimits
 
 __all__ = ["Bubblewrap", "BubblewrapUnusable", "Mount", "MIN_VERSION", "package_paths", "runtime_mounts"]
@@ -44,6 +48,11 @@ WORK = "/work"
 PACKAGES = "/packages"
 # The unprivileged uid/gid programs run as when the trainer is root ("nobody" on most systems).
 SANDBOX_UID = 65534
+# Root path: where the first bwrap mounts the two tmpfs (work dir, /dev/shm) with an inode bound.
+_ROOT_WORK, _ROOT_SHM = "/.sandbox-work", "/.sandbox-shm"
+# Inodes per MiB of a tmpfs: tmpfs' size= counts pages, not inodes, and each inode (a file or an
+# empty directory) costs about 1 KiB of kernel memory; 64 per MiB caps that at 1/16 of the size.
+INODES_PER_MIB = 64
 _PROBE_TIMEOUT_S = 20.0
 _MIB = 1024 * 1024
 
@@ -85,8 +94,8 @@ def runtime_mounts(interpreter: str, packages: tuple[str, ...] = ()) -> tuple[Mo
         if root != "/" and os.path.isdir(root) and not _covered(root, mounts):
             mounts.append(Mount("ro-bind", root, root))
     for name in packages:
-        for path in package_paths(name):
-            mounts.append(Mount("ro-bind", path, f"{PACKAGES}/{os.path.basename(path)}"))
+        for path in package_paths(name):  # from a staged copy: the venv's path would show in mountinfo
+            mounts.append(Mount("ro-bind", staged(path), f"{PACKAGES}/{os.path.basename(path)}"))
     return tuple(mounts)
 
 
@@ -154,13 +163,16 @@ def bwrap_version(bwrap: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Bubblewrap:
-    """The default isolation. ``setpriv``: set when the trainer runs as root (see the module
-    docstring); ``mounts``: the runtime; ``version``: bwrap's, for the log."""
+    """The default isolation. ``setpriv`` and ``mount``: set when the trainer runs as root (see the
+    module docstring); ``mounts``: the runtime; ``seccomp``: the filter program (``seccomp.py``);
+    ``version``: bwrap's, for the log."""
 
     bwrap: str
     interpreter: str
     mounts: tuple[Mount, ...]
+    seccomp: bytes
     setpriv: str | None = None
+    mount: str | None = None
     version: tuple[int, ...] = MIN_VERSION
     packages: tuple[str, ...] = ()
 
@@ -169,8 +181,8 @@ class Bubblewrap:
     @property
     def layers(self) -> tuple[str, ...]:
         base = ("bwrap", "userns", "pidns", "netns", "ipcns", "mountns", "readonly_root", "tmpfs_work", "no_caps",
-                "no_nested_userns")
-        return base + (("unprivileged_uid",) if self.setpriv else ())
+                "no_nested_userns", "seccomp")
+        return base + (("unprivileged_uid", "tmpfs_inodes") if self.setpriv else ())
 
     @classmethod
     def detect(cls, packages: tuple[str, ...] = ()) -> "Bubblewrap":
@@ -183,71 +195,105 @@ class Bubblewrap:
         if version < MIN_VERSION:
             raise BubblewrapUnusable(f"{bwrap} is bubblewrap {'.'.join(map(str, version))}, older than the "
                                      f"{'.'.join(map(str, MIN_VERSION))} the sandbox needs (--disable-userns, --size)")
-        setpriv = None
+        try:
+            seccomp = filter_program()
+        except UnsupportedArchitecture as exc:
+            raise BubblewrapUnusable(str(exc)) from None
+        setpriv = mount = None
         if os.geteuid() == 0:
-            setpriv = shutil.which("setpriv")
-            if setpriv is None:
-                raise BubblewrapUnusable("this process runs as root and setpriv, which drops programs to an "
-                                         "unprivileged user, is not installed (package util-linux)")
-            setpriv = os.path.realpath(setpriv)
+            setpriv, mount = shutil.which("setpriv"), shutil.which("mount")
+            missing = " and ".join(name for name, path in (("setpriv", setpriv), ("mount", mount)) if path is None)
+            if setpriv is None or mount is None:
+                raise BubblewrapUnusable(f"this process runs as root and {missing}, with which programs drop to an "
+                                         "unprivileged user in size- and inode-bounded tmpfs, is not installed "
+                                         "(util-linux)")
+            setpriv, mount = os.path.realpath(setpriv), os.path.realpath(mount)
         interpreter = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
         isolation = cls(bwrap=bwrap, interpreter=interpreter, mounts=runtime_mounts(interpreter, packages),
-                        setpriv=setpriv, version=version, packages=packages)
+                        seccomp=seccomp, setpriv=setpriv, mount=mount, version=version, packages=packages)
         isolation.probe()
         return isolation
 
     def probe(self) -> None:
         """Start one sandbox that prints "ok"; raises :class:`BubblewrapUnusable` with bwrap's reason."""
-        program = memfile(b"", "probe")
+        program, seccomp = memfile(b"", "probe"), memfile(self.seccomp, "seccomp")
         try:
-            argv = self.argv([self.interpreter, "-I", "-S", "-c", "print('ok')"], SandboxLimits(), program)
+            argv = self.argv([self.interpreter, "-I", "-S", "-c", "print('ok')"], SandboxLimits(), program, seccomp)
             done = subprocess.run(argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, cwd="/",
-                                  env=child_env(WORK), pass_fds=(program,), stdin=subprocess.DEVNULL)
+                                  env=child_env(WORK), pass_fds=(program, seccomp), stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError) as exc:
             raise BubblewrapUnusable(f"{self.bwrap} could not start a sandbox ({exc})") from None
         finally:
             os.close(program)
+            os.close(seccomp)
         if done.returncode != 0 or done.stdout != "ok\n":
             reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
             raise BubblewrapUnusable(f"{self.bwrap} could not start a sandbox here ({reason})")
 
-    def argv(self, command: list[str], limits: SandboxLimits, program_fd: int) -> list[str]:
-        """The full command line: [root's first bwrap + setpriv] + the sandbox's bwrap + ``command``;
-        ``program_fd`` is copied into ``/work/main.py``."""
-        disk = str(int(limits.disk_mb) * _MIB)
+    def argv(self, command: list[str], limits: SandboxLimits, program_fd: int, seccomp_fd: int) -> list[str]:
+        """The full command line: [root's first bwrap + mount + setpriv] + the sandbox's bwrap +
+        ``command``; ``program_fd`` is copied into ``/work/main.py``, ``seccomp_fd`` holds the filter."""
+        disk = int(limits.disk_mb) * _MIB
+        as_root = self.setpriv is not None and self.mount is not None
+        if not as_root:
+            # bwrap 0.8 mounts its tmpfs with size= only (no inode bound: docs/security.md)
+            scratch = ["--size", str(disk), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                       "--size", str(disk), "--tmpfs", WORK]
+        else:
+            scratch = ["--bind", _ROOT_SHM, "/dev/shm", "--remount-ro", "/dev", "--bind", _ROOT_WORK, WORK]
         sandbox = [
             self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--as-pid-1", "--hostname", "sandbox",
-            *_mount_args(self.mounts, from_view=self.setpriv is not None),
-            "--proc", "/proc", "--dev", "/dev",
-            "--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-            "--size", disk, "--tmpfs", WORK, "--file", str(program_fd), f"{WORK}/main.py",
+            "--as-pid-1", "--hostname", "sandbox", "--seccomp", str(seccomp_fd),
+            *_mount_args(self.mounts, from_view=as_root),
+            "--proc", "/proc", "--dev", "/dev", *scratch,
+            "--file", str(program_fd), f"{WORK}/main.py",
             "--symlink", WORK, "/tmp", "--chdir", WORK, "--remount-ro", "/",
             "--", *command,
         ]
-        if self.setpriv is None:
+        if not as_root:
             return sandbox
-        # Root: a mount namespace with the same runtime (plus the two tools, a full /proc for the
-        # inner bwrap to mount its own, and /tmp it mounts its root on), then drop to SANDBOX_UID.
-        tools = tuple(Mount("ro-bind", path, path) for path in (self.bwrap, self.setpriv)
+        # Root: a mount namespace with the same runtime (plus the tools, a full /proc for the inner
+        # bwrap to mount its own, and /tmp it mounts its root on); there, as root, the two tmpfs
+        # with size and inode bounds; then drop to SANDBOX_UID. Its own PID namespace whose init is
+        # a root shell that waits for setpriv (a child, not an exec): when the trainer dies, this
+        # bwrap and that shell get SIGKILL (--die-with-parent, root to root), and the kernel then
+        # kills everything in the namespace whatever its uid. (A parent-death signal from a root
+        # process without capabilities to a uid-65534 child is refused by the kernel's permission
+        # check, so it cannot be the link after setpriv.) The shell also passes the CPU time of
+        # what it waited for up to the trainer's wait4.
+        tools = tuple(Mount("ro-bind", path, path) for path in (self.bwrap, self.setpriv, self.mount)
                       if not _covered(path, list(self.mounts)))
         uid = str(SANDBOX_UID)
+        options = f"size={disk},nr_inodes={int(limits.disk_mb) * INODES_PER_MIB},mode=0755,uid={uid},gid={uid}"
+        mount = f"{self.mount} -t tmpfs -o {options} tmpfs"
         return [
-            self.bwrap, "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+            self.bwrap, "--die-with-parent", "--unshare-pid", "--as-pid-1", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID",
+            "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SYS_ADMIN",
             *_mount_args(self.mounts + tools, from_view=False),
-            "--bind", "/proc", "/proc", "--dev", "/dev", "--dir", "/tmp",
-            "--", self.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--", *sandbox,
+            "--bind", "/proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--dir", _ROOT_WORK, "--dir", _ROOT_SHM,
+            "--", "/bin/sh", "-c", f'{mount} {_ROOT_WORK} && {mount} {_ROOT_SHM} && "$@"; exit $?', "sh",
+            self.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--", *sandbox,
         ]
 
     def prepare(self, source: str, report_fd: int, limits: SandboxLimits) -> Launch:
         program = memfile(source.encode("utf-8", "replace"), "main.py")
+        try:
+            seccomp = memfile(self.seccomp, "seccomp")
+        except OSError:
+            os.close(program)
+            raise
         # The program (its namespace's init), then what limits allow: RLIMIT_NPROC counts threads too.
         tasks = 1 + limits.max_processes + limits.max_threads
         config = bootstrap_config(WORK, f"{WORK}/main.py", report_fd, limits, max_tasks=tasks,
                                   sys_path=(PACKAGES,) if self.packages else ())
         command = [self.interpreter, "-I", "-S", "-B", "-c", bootstrap_source(config)]
-        return Launch(argv=self.argv(command, limits, program), cwd="/", env=child_env(WORK),
-                      pass_fds=(report_fd, program), cleanup=lambda: os.close(program))
+
+        def cleanup() -> None:
+            os.close(program)
+            os.close(seccomp)
+
+        return Launch(argv=self.argv(command, limits, program, seccomp), cwd="/", env=child_env(WORK),
+                      pass_fds=(report_fd, program, seccomp), cleanup=cleanup)
 
     def exit_code(self, status: int) -> int:
         # bwrap exits with 128 + N when the program died from signal N

@@ -87,8 +87,8 @@ def _announce(isolation: Isolation, settings: SandboxSettings) -> None:
     packages = ", ".join(settings.packages) or "none"
     if isinstance(isolation, Bubblewrap):
         who = f"as uid {SANDBOX_UID}, " if isolation.setpriv else ""
-        log.info("code sandbox: bubblewrap %s (own user/pid/net/mount namespaces, read-only runtime, tmpfs work "
-                 "dir, %sthe audit hook as a second layer); packages: %s",
+        log.info("code sandbox: bubblewrap %s (own user/pid/net/mount namespaces, seccomp filter, read-only runtime, "
+                 "tmpfs work dir, %sthe audit hook as a second layer); packages: %s",
                  ".".join(map(str, isolation.version)), who, packages)
         return
     reason = isolation.reason if isinstance(isolation, ProcessOnly) else isolation.name
