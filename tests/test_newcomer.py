@@ -1,0 +1,162 @@
+"""Issue 35's newcomer frictions, round two, one test (or more) each; runs are the real loop on the
+tiny preset, through the `ridgeline` command where the issue asks for end-to-end runs.
+
+2: TRL's reward-function signature; a broken reward stops the run with its first error and row
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ridgeline.envs.reward_fn import RewardFunctionEnv, load_reward_fn
+from ridgeline.generation.generator import EnvErrorShareError, Generator
+from ridgeline.generation.types import GeneratorInput, TrajectoryID
+from ridgeline.inference.types import SamplingParams
+from ridgeline.tracking.trackers import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+TRL_REWARDS = '''
+SEEN = []
+
+def reward_len(completions, **kwargs):
+    """TRL's documented example, for conversational data."""
+    SEEN.append({"completions": completions, **kwargs})
+    return [-abs(20 - len(completion[0]["content"])) for completion in completions]
+
+def reward_text_only(completions, **kwargs):
+    """TRL's example for standard (text) data: on chat rows it is handed messages."""
+    return [-abs(20 - len(completion)) for completion in completions]
+
+def score(text, extras):
+    return float(len(text))
+
+def one_argument(text):
+    return 1.0
+
+def broken(completions, **kwargs):
+    raise KeyError("solution")
+'''
+
+
+@pytest.fixture(scope="module")
+def rewards_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rewards") / "my_rewards.py"
+    path.write_text(TRL_REWARDS)
+    return path
+
+
+def _call(rewards_file, name, text, prompt, extras):
+    env = RewardFunctionEnv(extras, score_fn=load_reward_fn(f"{rewards_file}:{name}"))
+    env.init(prompt)
+    return env.step(text).reward
+
+
+def test_2_trl_signature_gets_prompts_completions_and_columns_as_trl_passes_them(rewards_file):
+    prompt = [{"role": "user", "content": "What is 2+3?"}]
+    extras = {"data_source": "sums", "reward_spec": {"method": "rule", "ground_truth": "5"}, "level": 3}
+    assert _call(rewards_file, "reward_len", "x" * 15, prompt, extras) == -5
+    fn = load_reward_fn(f"{rewards_file}:reward_len")
+    assert fn.trl
+    seen = fn.fn.__globals__["SEEN"][-1]
+    assert seen == {"completions": [[{"role": "assistant", "content": "x" * 15}]], "prompts": [prompt],
+                    "data_source": ["sums"], "reward_spec": [{"method": "rule", "ground_truth": "5"}], "level": [3]}
+
+
+def test_2_ridgeline_signature_is_unchanged(rewards_file):
+    assert not load_reward_fn(f"{rewards_file}:score").trl
+    assert _call(rewards_file, "score", "abcd", [{"role": "user", "content": "q"}], {}) == 4.0
+
+
+def test_2_a_function_of_neither_signature_is_refused_at_load(rewards_file):
+    with pytest.raises(ValueError, match=r"one_argument\(text\) takes neither signature.*completions"):
+        load_reward_fn(f"{rewards_file}:one_argument")
+
+
+def test_2_a_trl_function_must_return_one_reward_per_completion(rewards_file, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def two(completions, **kw):\n    return [1.0, 2.0]\n")
+    env = RewardFunctionEnv({}, score_fn=load_reward_fn(f"{bad}:two"))
+    env.init([{"role": "user", "content": "q"}])
+    with pytest.raises(ValueError, match=r"given 1 completion and returned \[1.0, 2.0\]"):
+        env.step("a")
+
+
+class _EchoEngine:
+    """An engine that answers every request with the same ids (the generator needs only that)."""
+
+    def generate(self, requests, seed=None):
+        from ridgeline.inference.types import EngineOutput
+        return [EngineOutput(response_ids=[5, 6], logprobs=[-1.0, -1.0], stop_reason="stop") for _ in requests]
+
+
+def _input(n: int) -> GeneratorInput:
+    prompts = [[{"role": "user", "content": f"question {i}"}] for i in range(n)]
+    return GeneratorInput(prompts=prompts, env_classes=["flaky"] * n,
+                          env_extras=[{"data_source": "mine", "extra_info": {"index": 10 + i}, "fail": i < 3}
+                                      for i in range(n)],
+                          trajectory_ids=[TrajectoryID(str(i), 0) for i in range(n)],
+                          sampling_params=SamplingParams(max_generate_length=2), global_step=4)
+
+
+@pytest.fixture()
+def flaky_env():
+    from ridgeline import envs
+
+    class Flaky(envs.SingleTurnEnv):
+        def score(self, action: str) -> float:
+            if self.extras["fail"]:
+                raise RuntimeError("grader down")
+            return 1.0
+
+    envs.register("flaky", Flaky, overwrite=True)
+    yield
+
+
+@pytest.mark.parametrize("fraction, stops", [(0.5, False), (0.375, False), (0.25, True)])
+def test_2_errors_past_the_share_stop_the_call_with_the_first_error_and_its_row(flaky_env, tiny_tokenizer,
+                                                                                 fraction, stops):
+    gen = Generator(_EchoEngine(), tiny_tokenizer, max_env_error_fraction=fraction)
+    if not stops:   # 3 of 8 failed: 0.375 is within a share of 0.375
+        out = gen.generate(_input(8))
+        assert out.rewards == [0.0] * 3 + [1.0] * 5
+        return
+    with pytest.raises(EnvErrorShareError) as err:
+        gen.generate(_input(8))
+    msg = str(err.value)
+    assert msg.startswith("environment flaky: step raised on 3 of 8 trajectories of this train batch (step 4), more "
+                          "than environment.max_env_error_fraction=0.25 allows. The first: RuntimeError: grader down")
+    assert "(row: data_source=mine, extra_info.index=10, prompt 'question 0')" in msg
+    assert "raise environment.max_env_error_fraction (1.0 never stops)" in msg
+
+
+def _cli_train(out, *overrides):
+    return subprocess.run([sys.executable, "-m", "ridgeline.cli", "train", "+experiment=tiny",
+                           f"trainer.export_path={out}", "data.prepare.num_train=16", "trainer.max_steps=2",
+                           "trainer.eval_before_train=false", "trainer.eval_interval=-1", *overrides],
+                          capture_output=True, text=True, cwd=out, timeout=900,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_2_cli_a_trl_reward_function_trains_on_its_rewards(rewards_file, tmp_path):
+    proc = _cli_train(tmp_path, f"environment.reward_fn={rewards_file}:reward_len")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in read_metrics(next(tmp_path.rglob("metrics.jsonl"))) if "reward/avg_raw_reward" in r]
+    assert len(steps) == 2
+    assert all(r["generate/env_errors"] == 0 for r in steps)
+    assert all(r["reward/avg_raw_reward"] < 0 for r in steps)   # -|20 - length|: never the silent 0
+
+
+def test_2_cli_a_reward_that_always_raises_stops_with_one_message(rewards_file, tmp_path):
+    proc = _cli_train(tmp_path, f"environment.reward_fn={rewards_file}:broken")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ridgeline/" not in proc.stderr   # the user's frames only
+    assert re.search(r"ridgeline: environment reward_fn: step raised on (\d+) of \1 trajectories of this train batch "
+                     r"\(step 1\)", proc.stderr)
+    assert 'in the environment\'s code:' in proc.stderr and 'my_rewards.py", line 20, in broken' in proc.stderr
+    assert "KeyError: 'solution'" in proc.stderr and "environment.max_env_error_fraction" in proc.stderr
+    trained = [r for path in tmp_path.rglob("metrics.jsonl") for r in read_metrics(path) if "policy/policy_loss" in r]
+    assert trained == []   # stopped before the first update, not trained on zeros
