@@ -2,8 +2,12 @@
 tiny preset, through the `ridgeline` command where the issue asks for end-to-end runs.
 
 2: TRL's reward-function signature; a broken reward stops the run with its first error and row
+8: `ridgeline prepare gsm8k` offline says what to do; what it writes is the preset's own preparation
 """
 
+import json
+import logging
+import os
 import re
 import subprocess
 import sys
@@ -160,3 +164,59 @@ def test_2_cli_a_reward_that_always_raises_stops_with_one_message(rewards_file, 
     assert "KeyError: 'solution'" in proc.stderr and "environment.max_env_error_fraction" in proc.stderr
     trained = [r for path in tmp_path.rglob("metrics.jsonl") for r in read_metrics(path) if "policy/policy_loss" in r]
     assert trained == []   # stopped before the first update, not trained on zeros
+
+
+GSM8K_DIR = REPO.parent / "shared/data/gsm8k"
+
+
+def test_8_prepare_gsm8k_without_a_hub_is_one_message_at_once(tmp_path):
+    """No `--input` and a hub that does not answer (a closed port on 127.0.0.1: the test never
+    reaches the internet): exit 2, one message naming the two ways out, no retries, no traceback."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    proc = subprocess.run([sys.executable, "-m", "ridgeline.cli", "prepare", "gsm8k", "--output", str(tmp_path / "g")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Retry" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("ridgeline prepare: GSM8K is read from the Hugging Face Hub (openai/gsm8k), which could "
+                               "not be reached")
+    assert "ridgeline prepare gsm8k --input DIR" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
+    assert not (tmp_path / "g").exists()
+
+
+@pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason="../shared/data/gsm8k (GSM8K's jsonl files) is not beside the checkout")
+def test_8_files_from_ridgeline_prepare_are_the_presets_own_preparation(tmp_path, caplog):
+    """README's `ridgeline prepare gsm8k --input ... --output ~/data/gsm8k`, then the example_gsm8k
+    preset (data.prepare of the same dataset there): no "not applied" warning, nothing rewritten."""
+    from ridgeline.config import load_config
+    from ridgeline.trainer.builders import prepare_data
+
+    out = tmp_path / "data" / "gsm8k"
+    proc = subprocess.run([sys.executable, "-m", "ridgeline.cli", "prepare", "gsm8k", "--input", str(GSM8K_DIR),
+                           "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / ".ridgeline-prepare.json").read_text()) == {
+        "dataset": "gsm8k", "env_class": "gsm8k", "max_train": None, "max_val": None}
+    written = {p: p.stat().st_mtime_ns for p in out.glob("*.parquet")}
+    cfg = load_config(["+experiment=example_gsm8k", f"data.prepare.output_dir={out}",
+                       f"data.train_data=[{out}/train.parquet]", f"data.val_data=[{out}/validation.parquet]"])
+    caplog.set_level(logging.INFO, logger="ridgeline.data.prepare_run")
+    prepare_data(cfg)
+    assert caplog.records == []
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*.parquet")} == written
+
+
+def test_8_a_changed_option_still_prepares_again(tmp_path, caplog):
+    """The manifest holds every option with its default: an option left at its default is the same
+    preparation, a changed one is not."""
+    from ridgeline.data.prepare_run import prepare_dataset
+
+    out = tmp_path / "sums"
+    wanted = [out / "train.parquet", out / "validation.parquet"]
+    prepare_dataset({"dataset": "arithmetic", "output_dir": str(out), "num_train": 8, "num_val": 4}, wanted)
+    caplog.set_level(logging.INFO, logger="ridgeline.data.prepare_run")
+    prepare_dataset({"dataset": "arithmetic", "output_dir": str(out), "num_train": 8, "num_val": 4, "seed": 0}, wanted)
+    assert caplog.records == []
+    prepare_dataset({"dataset": "arithmetic", "output_dir": str(out), "num_train": 8, "num_val": 4, "seed": 1}, wanted)
+    assert "seed: 0 -> 1" in caplog.text
