@@ -3,6 +3,7 @@ tiny preset, through the `ridgeline` command where the issue asks for end-to-end
 
 2: TRL's reward-function signature; a broken reward stops the run with its first error and row
 8: `ridgeline prepare gsm8k` offline says what to do; what it writes is the preset's own preparation
+10: `ridgeline eval` and a run's last lines show the solved share beside pass@1
 """
 
 import json
@@ -220,3 +221,18 @@ def test_8_a_changed_option_still_prepares_again(tmp_path, caplog):
     assert caplog.records == []
     prepare_dataset({"dataset": "arithmetic", "output_dir": str(out), "num_train": 8, "num_val": 4, "seed": 1}, wanted)
     assert "seed: 0 -> 1" in caplog.text
+
+
+def test_10_eval_table_shows_the_solved_share_beside_pass_at_1():
+    """A model that only gets the format right: pass@1 1.0 (SkyRL's rule: a positive reward passes)
+    with solved 0.0 beside it, and the line that says what each counts."""
+    from ridgeline.entrypoints.eval import format_table
+
+    table = format_table({"eval/sums/pass_at_1": 1.0, "eval/sums/avg_score": 0.1, "eval/sums/accuracy": 0.0,
+                          "eval/sums/num_prompts": 20, "eval/all/pass_at_1": 1.0, "eval/all/avg_score": 0.1,
+                          "eval/all/accuracy": 0.0, "eval/all/num_prompts": 20})
+    assert table.splitlines() == [
+        "source    prompts     pass@1  avg_score     solved",
+        "sums           20     1.0000     0.1000     0.0000",
+        "all            20     1.0000     0.1000     0.0000",
+        "pass@k: samples with a reward > 0 (SkyRL's rule: a format reward counts); solved: samples with a reward >= 1"]
