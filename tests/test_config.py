@@ -228,6 +228,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.policy.model.lora.target_modules", "all-linear"),
     # environments
     ("environment.step_timeout_s", 60.0),
+    ("environment.max_env_error_fraction", 0.1),
     ("generator.max_observation_chars", 100_000),
     ("environment.env_modules", []),
     ("environment.reward_fn", None),

@@ -287,9 +287,10 @@ def test_8_a_run_from_the_console_command(tmp_path):
 
 
 def test_8_summary_names_the_report_last():
-    lines = summary_lines({"eval_before": {"eval/all/pass_at_1": 0.25}, "eval_after": {"eval/all/pass_at_1": 0.5},
+    lines = summary_lines({"eval_before": {"eval/all/pass_at_1": 0.25, "eval/all/accuracy": 0.125},
+                           "eval_after": {"eval/all/pass_at_1": 0.5, "eval/all/accuracy": 0.375},
                            "steps": 3, "wall_seconds": 12.4, "final_model": "runs/tiny/final_model",
                            "plot": "runs/tiny/reward.png", "report": "runs/tiny/report.html"})
-    assert lines == ["held-out pass@1 (greedy): 0.250 -> 0.500",
+    assert lines == ["held-out (greedy): pass@1 0.250 -> 0.500, solved 0.125 -> 0.375",
                      "3 steps in 12 s; final model: runs/tiny/final_model; reward plot: runs/tiny/reward.png",
                      "report: runs/tiny/report.html"]

@@ -276,7 +276,7 @@ def test_sft_eval_with_env_scores_the_held_out_rows_through_the_generator(tmp_pa
     rows = _rows(run_dir)
     for row in (rows[0], rows[-1]):  # before and after training: the loss and the env's verdicts
         assert {"eval/loss", "eval/all/pass_at_1", "eval/arithmetic/avg_score"} <= set(row)
-    assert "held-out pass@1 (greedy): " in capsys.readouterr().out
+    assert "held-out (greedy): pass@1 " in capsys.readouterr().out
 
 
 def test_rl_runs_refuse_the_dpo_loss_and_may_train_sft_on_rollouts():

@@ -263,7 +263,9 @@ def _missing_config_problem(exc: Exception, overrides: list[str]) -> str:
     hint = f" Did you mean +experiment={guess[0]}?" if guess else ""
     names = ", ".join(available) if available else "(none installed)"
     return (f"{msg}.{hint} Presets are the files in {CONFIG_DIR / EXPERIMENT_GROUP}: {names}. "
-            "Fix: +experiment=NAME with one of those names.")
+            "Fix: +experiment=NAME with one of those names: example_gsm8k is SkyRL's GSM8K quickstart "
+            "(run_gsm8k.sh: GRPO on Qwen2.5-0.5B-Instruct), quickstart a first run on this CPU (ridgeline train "
+            "--help says what each preset is).")
 
 
 def _hydra_problem(exc: Exception, overrides: list[str]) -> str:

@@ -14,12 +14,9 @@ from pathlib import Path
 
 from ridgeline.errors import report_user_errors
 
-from .prepare_arithmetic import PROMPT_STYLES, prepare_arithmetic
-from .prepare_code import prepare_code
-from .prepare_gsm8k import HUB_ID, prepare_gsm8k
-from .prepare_multiply import prepare_multiply
-from .prepare_text2sql import prepare_text2sql
-from .schema import DatasetError
+from .prepare_arithmetic import PROMPT_STYLES
+from .prepare_gsm8k import HUB_ID
+from .prepare_run import write_dataset
 
 __all__ = ["add_prepare_parser", "run_prepare", "main"]
 
@@ -96,37 +93,23 @@ def _count_rows(path: Path) -> int:
     return pq.read_metadata(path).num_rows
 
 
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    """The command's flags as `data.prepare` options of its dataset (`write_dataset` runs both)."""
+    common = {"dataset": args.prepare_dataset}
+    if args.prepare_dataset == "gsm8k":
+        return {**common, "input_dir": args.input, "env_class": args.env_class}
+    sized = {**common, "num_train": args.num_train, "num_val": args.num_val, "seed": args.seed}
+    if args.prepare_dataset == "arithmetic":
+        return {**sized, "min_operand": args.min_operand, "max_operand": args.max_operand, "ops": args.ops,
+                "num_operands": args.num_operands, "prompt_style": args.prompt_style}
+    if args.prepare_dataset == "multiply":
+        return {**sized, "num_digits": args.num_digits, "env_class": args.env_class}
+    return sized   # text2sql, code
+
+
 def run_prepare(args: argparse.Namespace) -> int:
     """Run the chosen ``prepare`` command; print files and row counts. Returns an exit code."""
-    try:
-        if args.prepare_dataset == "gsm8k":
-            written = prepare_gsm8k(args.output, input_dir=args.input, env_class=args.env_class)
-        elif args.prepare_dataset == "arithmetic":
-            written = prepare_arithmetic(
-                args.output,
-                num_train=args.num_train,
-                num_val=args.num_val,
-                min_operand=args.min_operand,
-                max_operand=args.max_operand,
-                ops=args.ops,
-                num_operands=args.num_operands,
-                seed=args.seed,
-                prompt_style=args.prompt_style,
-            )
-        elif args.prepare_dataset == "multiply":
-            written = prepare_multiply(args.output, num_train=args.num_train, num_val=args.num_val,
-                                       num_digits=args.num_digits, seed=args.seed, env_class=args.env_class)
-        elif args.prepare_dataset == "text2sql":
-            written = prepare_text2sql(args.output, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
-        elif args.prepare_dataset == "code":
-            written = prepare_code(args.output, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
-        else:
-            print(f"error: unknown dataset {args.prepare_dataset!r}", file=sys.stderr)
-            return 2
-    except DatasetError:
-        raise
-    except ValueError as exc:  # the preparers' refusals of their arguments: the user's to fix
-        raise DatasetError(str(exc)) from exc
+    written = write_dataset(args.output, _settings(args), "ridgeline prepare")
     for split, path in written.items():
         if path.is_dir():  # text2sql's databases folder
             print(f"{split}: {path} (set environment.skyrl_gym.text2sql_lenient.db_root to this folder)")

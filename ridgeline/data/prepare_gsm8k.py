@@ -17,6 +17,7 @@ from typing import Any
 
 from .dataset import write_parquet
 from .schema import DatasetError, arrow_schema
+from .sources import HUB_TIMEOUT_S
 
 __all__ = ["prepare_gsm8k", "gsm8k_row", "gsm8k_ground_truth", "GSM8K_INSTRUCTION", "HUB_ID"]
 
@@ -106,6 +107,31 @@ def _read_jsonl_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+_LOCAL_FIX = ("Fix: a folder holding GSM8K's train.jsonl and test.jsonl (records {\"question\", \"answer\"}) as "
+              "`ridgeline prepare gsm8k --input DIR` or data.prepare.input_dir=DIR, or HF_HUB_OFFLINE=1 to read "
+              "openai/gsm8k from the local Hugging Face cache")
+
+
+def _load_from_hub() -> Any:
+    """``datasets.load_dataset("openai/gsm8k", "main")``, or one DatasetError with the fix."""
+    import datasets  # slow import; only needed for the hub path
+    from huggingface_hub import HfApi
+
+    offline = bool(datasets.config.HF_HUB_OFFLINE)
+    if not offline:
+        try:
+            HfApi().dataset_info(HUB_ID, timeout=HUB_TIMEOUT_S)
+        except Exception as exc:  # the transport's own errors: no network, DNS, timeout, proxy, 5xx
+            raise DatasetError(f"GSM8K is read from the Hugging Face Hub ({HUB_ID}), which could not be reached "
+                               f"({type(exc).__name__}). {_LOCAL_FIX}.", file=HUB_ID) from None
+    try:
+        return datasets.load_dataset(HUB_ID, "main")
+    except Exception as exc:  # load_dataset raises many types (the cache, the hub, formats)
+        where = "the local Hugging Face cache (HF_HUB_OFFLINE is set)" if offline else "the Hugging Face Hub"
+        raise DatasetError(f"GSM8K could not be loaded from {where}: {type(exc).__name__}: {exc}. {_LOCAL_FIX}.",
+                           file=HUB_ID) from None
+
+
 def prepare_gsm8k(output_dir: str | Path, input_dir: str | Path | None = None, *, max_train: int | None = None,
                   max_val: int | None = None, env_class: str = "gsm8k") -> dict[str, Path]:
     """Write GSM8K ``train.parquet`` and ``validation.parquet`` into ``output_dir``.
@@ -115,7 +141,8 @@ def prepare_gsm8k(output_dir: str | Path, input_dir: str | Path | None = None, *
 
     With ``input_dir``, reads local ``train.jsonl`` and ``test.jsonl``
     (records ``{"question", "answer"}``); otherwise downloads
-    ``openai/gsm8k`` (config "main") with ``datasets``.
+    ``openai/gsm8k`` (config "main") with ``datasets``, after one short request that tells an
+    unreachable hub at once (no minutes of retries).
     ``extra_info.split`` keeps the original GSM8K split name ("train" /
     "test"). Returns ``{"train": path, "validation": path}``.
     """
@@ -127,9 +154,7 @@ def prepare_gsm8k(output_dir: str | Path, input_dir: str | Path | None = None, *
             for split in _SPLITS
         }
     else:
-        import datasets  # slow import; only needed for the hub path
-
-        hub = datasets.load_dataset(HUB_ID, "main")
+        hub = _load_from_hub()
         sources = {split: (hub[split], f"{HUB_ID} {split}") for split in _SPLITS}
 
     schema = arrow_schema(_extra_info_fields())

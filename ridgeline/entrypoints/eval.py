@@ -366,14 +366,19 @@ def format_table(metrics: dict[str, float]) -> str:
     if not table:
         return "(no eval metrics)"
     ks = sorted({int(name[len("pass_at_"):]) for row in table.values() for name in row if name.startswith("pass_at_")})
-    columns = ["num_prompts"] + [f"pass_at_{k}" for k in ks] + ["avg_score"]
-    headers = ["prompts"] + [f"pass@{k}" for k in ks] + ["avg_score"]
+    columns = ["num_prompts"] + [f"pass_at_{k}" for k in ks] + ["avg_score", "accuracy"]
+    headers = ["prompts"] + [f"pass@{k}" for k in ks] + ["avg_score", "solved"]
     sources = sorted(s for s in table if s != "all") + (["all"] if "all" in table else [])
     width = max(len("source"), *(len(s) for s in sources))
     lines = ["source".ljust(width) + "".join(f"  {h:>9}" for h in headers)]
     for source in sources:
         cells = [_cell(table[source].get(c)) for c in columns]
         lines.append(source.ljust(width) + "".join(f"  {c:>9}" for c in cells))
+    from ridgeline.trainer.metrics import SOLVED_THRESHOLD
+
+    # pass@k is SkyRL's (any positive reward passes), so a format reward alone reads as a pass
+    lines.append(f"pass@k: samples with a reward > 0 (SkyRL's rule: a format reward counts); "
+                 f"solved: samples with a reward >= {SOLVED_THRESHOLD:g}")
     return "\n".join(lines)
 
 

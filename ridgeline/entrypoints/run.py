@@ -50,15 +50,29 @@ def _train(cfg: DictConfig) -> dict:
     return summary
 
 
+def held_out_line(before: dict | None, after: dict | None) -> str | None:
+    """`held-out (greedy): pass@1 0.250 -> 0.500, solved 0.125 -> 0.375`, or None without an eval.
+    pass@1 counts any positive reward as a pass (SkyRL's rule, so a format reward alone counts):
+    the solved share (reward >= 1) stands beside it so that nobody misreads it."""
+    if not after:
+        return None
+    shown = [(name, key) for name, key in (("pass@1", "eval/all/pass_at_1"), ("solved", "eval/all/accuracy"))
+             if key in after]
+    if not shown:
+        return None
+    changes = [f"{name} {before[key]:.3f} -> {after[key]:.3f}" if before and key in before else
+               f"{name} {after[key]:.3f}" for name, key in shown]
+    return f"held-out (greedy): {', '.join(changes)}"
+
+
 def summary_lines(summary: dict) -> list[str]:
     """What a finished run prints last: held-out pass@1 before -> after, then where its files are,
     the report (the page to open) on the very last line."""
     lines = []
     before, after = summary["eval_before"], summary["eval_after"]
-    if before and after:
-        lines.append(f"held-out pass@1 (greedy): {before['eval/all/pass_at_1']:.3f} -> {after['eval/all/pass_at_1']:.3f}")
-    elif after:
-        lines.append(f"held-out pass@1 (greedy): {after['eval/all/pass_at_1']:.3f}")
+    held_out = held_out_line(before, after)
+    if held_out:
+        lines.append(held_out)
     lines.append(f"{summary['steps']} steps in {summary['wall_seconds']:.0f} s; final model: {summary['final_model']}; "
                  f"reward plot: {summary['plot']}")
     lines.append(f"report: {summary['report']}" if summary["report"] else

@@ -28,19 +28,18 @@ def add_parsers(sub, add_arguments) -> None:
 
 
 def run(command: str, cfg: DictConfig) -> dict:
-    from ridgeline.entrypoints.run import setup_logging
+    from ridgeline.entrypoints.run import held_out_line, setup_logging
     from ridgeline.trainer.supervised import DPO, SFT, run_supervised
 
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     summary = run_supervised(cfg, SFT if command == "sft" else DPO)
-    if summary["eval_after"]:
-        # the held-out loss, and with dpo.pairs=env / sft.eval_with_env pass@1 through the generator
-        for key, name in (("eval/loss", "held-out loss"), ("eval/all/pass_at_1", "held-out pass@1 (greedy)")):
-            if key not in summary["eval_after"]:
-                continue
-            before = summary["eval_before"][key] if summary["eval_before"] else None
-            after = summary["eval_after"][key]
-            print(f"{name}: {before:.4f} -> {after:.4f}" if before is not None else f"{name}: {after:.4f}")
+    before, after = summary["eval_before"], summary["eval_after"]
+    if after and "eval/loss" in after:
+        print(f"held-out loss: {before['eval/loss']:.4f} -> {after['eval/loss']:.4f}" if before else
+              f"held-out loss: {after['eval/loss']:.4f}")
+    held_out = held_out_line(before, after)   # with dpo.pairs=env / sft.eval_with_env: through the generator
+    if held_out:
+        print(held_out)
     print(f"{summary['steps']} steps in {summary['wall_seconds']:.0f} s; final model: {summary['final_model']}")
     return summary

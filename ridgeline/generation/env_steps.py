@@ -29,6 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ridgeline.envs.base import EnvOutputError, exception_text
@@ -43,7 +44,7 @@ class EnvCallFailure:
 
     kind: str          # "error" | "timeout" | "bad_output"
     message: str       # one line
-    details: str = ""  # the traceback, for the log
+    details: str = ""  # the traceback (the env's own frames), for the log
     field: str = ""    # bad_output: the part of the output that failed its check (EnvOutputError.field)
 
 
@@ -164,8 +165,22 @@ def _guarded(call: Callable[[], T]) -> T | EnvCallFailure:
         field = exc.field[:40] if isinstance(exc.field, str) else "type"   # a log key: hashable and short
         return EnvCallFailure("bad_output", exception_text(exc, 600, with_type=False), field=field)
     except BaseException as exc:  # user code: anything may come out of it (SystemExit, a BaseException subclass)
-        details = traceback.format_exc()
+        details = _user_traceback(exc)
         if len(details) > DETAILS_LIMIT:
             details = f"{details[:DETAILS_LIMIT // 2]}\n... [{len(details) - DETAILS_LIMIT} characters]\n" \
                       f"{details[-DETAILS_LIMIT // 2:]}"
         return EnvCallFailure("error", f"{exception_text(exc)} (after {time.perf_counter() - start:.2f} s)", details)
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1])   # ridgeline/
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """Where the env's own code raised: the traceback without Ridgeline's frames (the generator's
+    call into the env is the same every time), or the whole one when Ridgeline's own env raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    theirs = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_PACKAGE)]
+    if not theirs:
+        return "".join(traceback.format_exception(exc))
+    return ("in the environment's code:\n" + "".join(traceback.format_list(theirs))
+            + "".join(traceback.format_exception_only(exc)))

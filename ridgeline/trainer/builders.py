@@ -209,7 +209,7 @@ def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Gene
         max_turns=g.max_turns, max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
         append_eos_after_stop_str=g.append_eos_token_after_stop_str_in_multi_turn,
         runner=EnvRunner(int(env.skyrl_gym.max_env_workers), env.step_timeout_s),
-        max_observation_chars=g.max_observation_chars)
+        max_observation_chars=g.max_observation_chars, max_env_error_fraction=env.max_env_error_fraction)
 
 
 def generator_input(rows: list[PromptRow], n: int, params: SamplingParams, *, uid_prefix: str, mode: str,

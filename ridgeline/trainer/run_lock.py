@@ -7,7 +7,10 @@ from before it writes anything until it ends, and writes who it is into it (pid,
 command line). A second command finds the lock taken and stops at once with a `RunLockedError`
 naming that holder. The kernel drops a flock when its process ends, however it ends (kill -9
 included), so the file a dead run left never blocks: the next run takes the lock and overwrites
-the note. On NFS, Linux emulates flock with POSIX byte-range locks, which hold across machines.
+the note. A run that ends normally removes its lock file (before it lets go of the lock); a
+command that opened the file just before then finds, once it holds the lock, that the path no
+longer names the file it locked, and starts over on the new one. On NFS, Linux emulates flock with
+POSIX byte-range locks, which hold across machines.
 
 Within one process the lock is re-entrant (counted): a notebook or test that builds a second
 trainer on the same folder while an earlier one is still referenced is the same command, not a
@@ -16,6 +19,7 @@ rival one.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -83,6 +87,8 @@ class RunLock:
             held.count -= 1
             if held.count == 0:
                 del _HELD[folder]
+                with contextlib.suppress(FileNotFoundError):   # removed by hand: nothing left to tidy
+                    (folder / LOCK_FILE).unlink()   # while still held: no one else owns it
                 held.handle.close()  # closing the file drops the flock
         self.folders = []
 
@@ -92,7 +98,24 @@ def _lock(folder: Path, key: str) -> None:
         _HELD[folder].count += 1
         return
     folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")  # "a+": the holder's note stays until we own it
+    while True:
+        handle = _open_locked(folder, key)
+        if handle is not None:
+            break
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             "command": " ".join(sys.argv)}) + "\n")
+    handle.flush()
+    _HELD[folder] = _Held(handle, 1)
+
+
+def _open_locked(folder: Path, key: str) -> IO[str] | None:
+    """The lock file of `folder`, opened and flocked; None when the holder removed it between our
+    open and our lock (the locked file is no longer the one the path names: try again)."""
+    path = folder / LOCK_FILE
+    handle = open(path, "a+", encoding="utf-8")  # "a+": the holder's note stays until we own it
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -106,13 +129,14 @@ def _lock(folder: Path, key: str) -> None:
     except BaseException:
         handle.close()
         raise
-    handle.seek(0)
-    handle.truncate()
-    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                             "command": " ".join(sys.argv)}) + "\n")
-    handle.flush()
-    _HELD[folder] = _Held(handle, 1)
+    try:
+        current = os.stat(path).st_ino
+    except FileNotFoundError:
+        current = None
+    if current != os.fstat(handle.fileno()).st_ino:
+        handle.close()
+        return None
+    return handle
 
 
 def _describe(note: str) -> str:

@@ -45,14 +45,18 @@ class EnvironmentConfig(Section):
     # env_class; skyrl_gym:<id> names skyrl-gym's own env where Ridgeline has one of that name.
     env_modules: List[str] = setting([])
     # Ridgeline extension: null, or "my_pkg.module:function" / "file.py:function" with signature
-    # score(response_text, extras) -> float; every prompt then becomes a single-turn episode
-    # scored by it, whatever its env_class.
+    # score(response_text, extras) -> float, or TRL's reward_func(completions, prompts, **columns)
+    # -> list[float]; every prompt then becomes a single-turn episode scored by it, whatever its env_class.
     reward_fn: Optional[str] = setting(None)
+    # Ridgeline extension: the share of one generation call's trajectories whose environment (or
+    # reward function) may raise, hang or return a bad output before the run stops with the first
+    # such error and its row; each of those trajectories scores 0. 1.0: never stop.
+    max_env_error_fraction: float = setting(0.1)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def check(self, at: str, report: Report) -> None:
         from ridgeline.envs import load_env_module
-        from ridgeline.envs.reward_fn import load_reward_fn
+        from ridgeline.envs.reward_fn import SIGNATURES, load_reward_fn
 
         self.sandbox.check(f"{at}.sandbox", report)
         key, workers = f"{at}.skyrl_gym.max_env_workers", self.skyrl_gym.get("max_env_workers")
@@ -73,8 +77,11 @@ class EnvironmentConfig(Section):
                 load_reward_fn(self.reward_fn)
             except Exception as exc:
                 report.add(f"{at}.reward_fn={self.reward_fn} could not be loaded ({type(exc).__name__}: {exc}). "
-                           "Fix: 'my_pkg.module:function' or '/path/to/file.py:function', a function "
-                           "score(response_text, extras) -> float.")
+                           f"Fix: 'my_pkg.module:function' or '/path/to/file.py:function', a function "
+                           f"{SIGNATURES}.")
+        if not 0.0 <= self.max_env_error_fraction <= 1.0:
+            report.add(f"{at}.max_env_error_fraction={show(self.max_env_error_fraction)} must be a share between 0 "
+                       f"and 1 (1.0: never stop for environment errors). Fix: {at}.max_env_error_fraction=0.1.")
 
 
 @dataclass
