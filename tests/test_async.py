@@ -149,8 +149,7 @@ def test_a_killed_async_run_resumes_exactly(tmp_path):
     run_dir = tmp_path / "killed" / "tiny"
     kill_after_step_2(command, run_dir, tmp_path / "first.log")
     assert 2 <= max(train_steps(read_rows(run_dir))) < 8
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    again = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "restored from the checkpoint" in again.stderr
     rows = read_rows(run_dir)
