@@ -194,6 +194,7 @@ def test_skyrl_fully_async_script_loads_with_the_preset():
     assert cfg.trainer.async_mode == "one_step_off_policy" and cfg.trainer.algorithm.use_tis
 
 
+@pytest.mark.needs_memory_gib(4)  # a local Ray, 4 rank actors and an engine actor with torch
 def test_one_step_off_policy_on_ray_matches_the_single_process_run(tmp_path):
     """2 FSDP2 policy ranks (+ 2 reference ranks) and an engine actor on a local Ray: the generation
     thread drives the engine actor while the ranks train; the same versions, and the single

@@ -325,6 +325,7 @@ def test_training_with_rollouts_from_a_remote_server(server, tmp_path):
     assert all(r["weight_sync/megabytes"] > 0 for r in synced)
 
 
+@pytest.mark.needs_memory_gib(4)  # a local Ray, 4 rank actors with torch: ~3.2 GiB measured
 def test_fsdp2_ranks_push_to_a_remote_server(server, tmp_path):
     """trainer.strategy=fsdp2 with remote engines: policy rank 0 gathers and pushes the weights, the
     driver's client generates; the run equals the one-process remote run step for step."""
