@@ -226,6 +226,25 @@ def test_a_damaged_checkpoint_named_by_path_or_alone_is_refused(critic_run, tmp_
     assert f"{root / 'global_step_1'} (step 1) is damaged: rng_state.pt: missing" in str(info.value)
 
 
+def test_a_resume_keeps_the_checkpoints_own_timing_row(tmp_path):
+    """Before: the row of step 2's checkpoint timings (logged after the checkpoint counted its rows)
+    was cut with the rows of the steps redone."""
+    folder = tmp_path / "ckpts" / "global_step_2"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"run_dir": str(tmp_path), "global_step": 2,
+                                                           "metrics_rows": 2}))
+    rows = [{"step": 1, "policy/policy_loss": 0.5}, {"step": 2, "policy/policy_loss": 0.25},
+            {"step": 2, "timing/save_checkpoints": 0.1, "timing/elapsed": 9.0},
+            {"step": 3, "policy/policy_loss": 0.125}, {"step": 3, "timing/save_checkpoints": 0.1}]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "poli')  # cut by the kill
+    checkpoint.prepare_metrics(tmp_path, folder)
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == rows[:3]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows[:2] + rows[3:]))  # killed before the timings
+    checkpoint.prepare_metrics(tmp_path, folder)
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == rows[:2]
+
+
 def test_a_checkpoint_skyrl_wrote_is_recognised_and_refused(tmp_path):
     """SkyRL-Train's own checkpoints (trainer_state.pt, FSDP shards, no COMPLETE): the pointer's step
     is read, and loading is refused in one sentence with the fix, whichever way it is named."""

@@ -29,7 +29,7 @@ EPOCHS = ["+experiment=tiny", "data.prepare.num_train=32", "data.prepare.num_val
 def comparable(rows: list[dict]) -> list[dict]:
     """Metrics rows without the measured ones (timings, throughput, process memory), and without
     the rows that hold nothing else: the timings of a step's checkpoint are logged after it is
-    written, so resuming from it cuts that row (docs/logging.md)."""
+    written, in a row of their own that a kill may land before (docs/logging.md)."""
     kept = [{k: v for k, v in row.items()
              if not k.startswith(("timing/", "throughput/", "memory/")) and not k.endswith("_seconds")} for row in rows]
     return [row for row in kept if len(row) > 1]

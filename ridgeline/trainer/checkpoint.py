@@ -403,6 +403,8 @@ def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
         return
     keep = state["metrics_rows"]
     lines = path.read_bytes().split(b"\n")[:-1]  # complete rows only
+    if keep < len(lines) and _timing_row(lines[keep], int(state["global_step"])):
+        keep += 1  # the checkpoint's own timings, logged just after it was written: that step is not redone
     if len(lines) < keep:
         log.warning("%s holds %d rows, fewer than the %d it had at %s; keeping them", path, len(lines), keep,
                     resume_from)
@@ -413,6 +415,17 @@ def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
     os.replace(tmp, path)
     if dropped:
         log.info("%s: dropped %d row(s) logged after the checkpoint (those steps run again)", path, dropped)
+
+
+def _timing_row(line: bytes, step: int) -> bool:
+    """Whether a metrics.jsonl row is step `step`'s row of timings alone (the trainer logs one after
+    the step's exports and checkpoint are written)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return False
+    return (isinstance(row, dict) and row.get("step") == step and len(row) > 1
+            and all(k == "step" or k.startswith("timing/") for k in row))
 
 
 def _cut_samples(path: Path, last_step: int) -> None:
