@@ -245,6 +245,20 @@ def test_a_resume_keeps_the_checkpoints_own_timing_row(tmp_path):
     assert [json.loads(line) for line in metrics.read_text().splitlines()] == rows[:2]
 
 
+def test_a_run_removes_what_a_killed_final_model_write_left(tmp_path):
+    """Before: a kill while final_model was written left .tmp_final_model_* behind for good."""
+    run_dir = tmp_path / "tiny"
+    left = [run_dir / ".tmp_final_model_0badf00d", run_dir / ".tmp_final_critic_0badf00d",
+            run_dir / ".trash_final_model_0badf00d"]
+    for folder in left:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    (run_dir / ".metrics.jsonl.0badf00d.tmp").write_text("{}\n")
+    Trainer.from_config(tiny(tmp_path, "data.prepare.num_train=16")).train()
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE) == []
+    assert (run_dir / "final_model" / "model.safetensors").is_file()
+
+
 def test_a_checkpoint_skyrl_wrote_is_recognised_and_refused(tmp_path):
     """SkyRL-Train's own checkpoints (trainer_state.pt, FSDP shards, no COMPLETE): the pointer's step
     is read, and loading is refused in one sentence with the fix, whichever way it is named."""

@@ -417,6 +417,26 @@ def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
         log.info("%s: dropped %d row(s) logged after the checkpoint (those steps run again)", path, dropped)
 
 
+FINAL_FOLDERS = ("final_model", "final_critic")
+
+
+def clean_interrupted_writes(run_dir: Path) -> None:
+    """What a process killed while writing into the run folder leaves there: temp and trash folders
+    of the final model and critic (`publish_folder`), temp files of metrics.jsonl and samples.jsonl
+    (`prepare_metrics`). Call it with the run folder locked (run_lock): no other command writes there."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    folders = tuple(f"{kind}_{name}_" for kind in (".tmp", ".trash") for name in FINAL_FOLDERS)
+    files = tuple(f".{name}." for name in (METRICS_FILE, SAMPLES_FILE))
+    for p in run_dir.iterdir():
+        if p.is_dir() and p.name.startswith(folders):
+            log.info("removing %s (left by an interrupted write of the final model)", p)
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_file() and p.name.startswith(files) and p.name.endswith(".tmp"):
+            p.unlink(missing_ok=True)
+
+
 def _timing_row(line: bytes, step: int) -> bool:
     """Whether a metrics.jsonl row is step `step`'s row of timings alone (the trainer logs one after
     the step's exports and checkpoint are written)."""
@@ -735,14 +755,14 @@ class Checkpointer:
         """`run_dir/final_model` (the policy, loadable with plain transformers) and, with a critic,
         `run_dir/final_critic`: each written to a temp sibling and renamed when complete, so a
         failure (a full disk) never leaves a folder that does not load. Returns final_model."""
-        out = Path(run_dir) / "final_model"
+        out = Path(run_dir) / FINAL_FOLDERS[0]
         fix = ("free disk space, or a trainer.export_path on a larger disk; with trainer.ckpt_interval set, "
                "`ridgeline export <trainer.ckpt_path> OUT` exports the last checkpoint")
         publish_folder(out, lambda tmp: self._write_policy(workers, tmp), "the final model",
                        f"Training is over, but the final model is not saved: nothing half-written is left at {out}.",
                        fix)
         if workers.critic is not None:
-            critic = Path(run_dir) / "final_critic"
+            critic = Path(run_dir) / FINAL_FOLDERS[1]
             publish_folder(critic, lambda tmp: self._write_critic(workers, tmp), "the final critic",
                            f"Training is over and {out} is written, but the critic is not: nothing half-written is "
                            f"left at {critic}.", fix)
