@@ -555,11 +555,13 @@ def test_drops_too_long_prompts(tmp_path, caplog) -> None:
         dataset = PromptDataset([path], tokenizer=tiny_tokenizer(), max_prompt_tokens=8)
     assert [r.extra_info["n"] for r in dataset] == [3, 6]
     assert dataset.num_dropped_too_long == 2
-    assert "dropped 2" in caplog.text
+    assert "dropped 2 of 4 prompts longer than trainer.max_prompt_length=8 tokens" in caplog.text
 
     unfiltered = PromptDataset([path], max_prompt_tokens=8)  # no tokenizer: no filtering
     assert len(unfiltered) == 4 and unfiltered.num_dropped_too_long == 0
-    with pytest.raises(DatasetError, match="max_prompt_tokens"):
+    # the key the user sets, not the parameter's name (issue 29 #16)
+    with pytest.raises(DatasetError, match=r"longer than trainer.max_prompt_length=2 tokens .* Fix: raise "
+                                           r"trainer.max_prompt_length"):
         PromptDataset([path], tokenizer=tiny_tokenizer(), max_prompt_tokens=2)
 
 
