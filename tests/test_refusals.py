@@ -45,7 +45,7 @@ def overrides(tmp_path: Path, data: Path | str, *extra: str) -> list[str]:
 
 def ridgeline_train(tmp_path: Path, data: Path | str, *extra: str, env: dict | None = None):
     return subprocess.run([sys.executable, "-m", "ridgeline.cli", "train", *overrides(tmp_path, data, *extra)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
 def assert_one_message(stderr: str, *fragments: str) -> None:
@@ -180,6 +180,14 @@ def test_a_gguf_file_that_is_not_there_names_gguf_file(tmp_path, capsys, model_f
     refused(capsys, ["train", *overrides(tmp_path, data, f"trainer.policy.model.path={model_folders / 'ggufs'}",
                                          "trainer.policy.model.gguf_file=model-q8.gguf")],
             "trainer.policy.model.gguf_file=model-q8.gguf: no such file")
+
+
+def test_a_gguf_file_beside_a_model_built_from_its_name_is_refused(tmp_path, capsys):
+    """Before: trainer.policy.model.gguf_file was silently ignored with tiny://."""
+    data = write_jsonl(tmp_path / "rows.jsonl", good_rows())
+    refused(capsys, ["train", *overrides(tmp_path, data, "+trainer.policy.model.gguf_file=model-q8.gguf")],
+            "trainer.policy.model.gguf_file=model-q8.gguf is set, but trainer.policy.model.path=tiny://llama builds "
+            "its model in memory", "Fix: remove trainer.policy.model.gguf_file")
 
 
 def test_hub_ids_unreachable_or_not_cached_get_the_offline_fix(tmp_path, capsys, monkeypatch):

@@ -25,6 +25,7 @@ from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.loading import (cpu_has_fast_bf16, critic_spec, engine_dtype, is_built_locally, located_folder,
                                       model_config, ref_spec)
+from ridgeline.models.source import ModelLoadError, gguf_key
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, forward_options, needs_ref,
                                      policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype,
@@ -84,6 +85,12 @@ def check_model_paths(cfg: DictConfig) -> None:
     specs = [policy_spec(cfg), *([ref_spec(cfg)] if needs_ref(cfg) else []), critic_spec(cfg)]
     for spec in filter(None, specs):
         if is_built_locally(spec):
+            if spec.gguf_file:  # it would be ignored: the model is built from its name, no file is read
+                raise ModelLoadError(
+                    f"{gguf_key(spec.config_key)}={spec.gguf_file} is set, but {spec.config_key}={spec.path} builds "
+                    "its model in memory from a config (tiny://, random://): there is no GGUF file to read, and the "
+                    f"run would ignore it. Fix: remove {gguf_key(spec.config_key)}, or set {spec.config_key} to the "
+                    "folder holding the .gguf file")
             model_config(spec)  # an unknown tiny:// or random:// name
         else:
             located_folder(spec)
