@@ -140,6 +140,11 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
             if isinstance(outcome, envs.UnknownEnvError):
                 column = "" if env_override else ", column 'env_class'"
                 raise EnvironmentCheckError(f"{key}: {file} row {index}{column}: {outcome}") from outcome
+            if isinstance(outcome, _Unscorable):
+                raise EnvironmentCheckError(
+                    f"{key}: {file} row {index}: environment {env_class!r} can never reward this row: {outcome}; "
+                    "every answer would score 0. Fix: the row's ground truth, or the env's settings "
+                    f"(environment.skyrl_gym.{env_class}: the database it reads), before training")
             if outcome is not None:
                 raise EnvironmentCheckError(
                     f"{key}: {file} row {index}: environment {env_class!r} could not be built and started "
@@ -147,19 +152,25 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
                     f"settings (environment.skyrl_gym.{env_class}), before training") from outcome
 
 
+class _Unscorable(Exception):
+    """What `Env.unscorable` said about a row."""
+
+
 def _start_and_stop(env_class: str, row: PromptRow, env_settings: Mapping[str, Any],
                     max_turns: int) -> Callable[[], Exception | None]:
-    """The env of `row` built, `init`-ed and closed as the generator will: None, or what it raised."""
+    """The env of `row` built, `init`-ed, asked whether the row can be scored at all, and closed as
+    the generator will: None, or what it raised (`_Unscorable` for a row no answer can score)."""
     def call() -> Exception | None:
         try:
             env = build_env(env_class, row.extras, env_settings, max_turns)
             try:
                 env.init(row.prompt)
+                problem = env.unscorable()
             finally:
                 env.close()
         except Exception as exc:
             return exc
-        return None
+        return _Unscorable(problem) if problem else None
     return call
 
 
