@@ -129,6 +129,34 @@ def test_the_lock_is_reentrant_within_one_process(tmp_path):
     assert_free(tmp_path)
 
 
+@pytest.fixture()
+def read_only(tmp_path):
+    """A read-only tmpfs: writes there fail with EROFS, as on a read-only mount (chmod does not stop root)."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here ({made.stderr.strip()}): it needs root")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("key", ["trainer.run_dir", "trainer.ckpt_path"])
+def test_a_run_folder_on_a_read_only_filesystem_is_one_message(tmp_path, read_only, key):
+    """Before: OSError: [Errno 30] Read-only file system, a traceback."""
+    folder = read_only / "run"
+    extra = ([f"trainer.export_path={read_only}"] if key == "trainer.run_dir" else
+             [f"trainer.export_path={tmp_path}", f"trainer.ckpt_path={folder}", "trainer.ckpt_interval=1"])
+    proc = subprocess.run([*RIDGELINE_TRAIN, *TINY, *extra], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    shown = read_only / "tiny" if key == "trainer.run_dir" else folder
+    message = proc.stderr[proc.stderr.index("ridgeline: "):]
+    assert message.startswith(f"ridgeline: {key}={shown} cannot be written: Read-only file system (EROFS) at "), message
+    assert "Fix: " in message
+
+
 # ------------------------------------------------------------------------ a full disk, for real
 @pytest.fixture()
 def small_disk(tmp_path):

@@ -16,6 +16,7 @@ rival one.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -28,13 +29,18 @@ from typing import IO, Any
 
 from ridgeline.errors import UserError
 
-__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "run_folders"]
+__all__ = ["LOCK_FILE", "RunFolderError", "RunLock", "RunLockedError", "run_folders"]
 
 LOCK_FILE = ".ridgeline.lock"
 
 
 class RunLockedError(UserError, RuntimeError):
     """A folder of the run is locked by another command; the message names its pid and host."""
+
+
+class RunFolderError(UserError, RuntimeError):
+    """A folder of the run cannot be created or written (a read-only filesystem, permissions); the
+    message names the config key, the folder and the cause."""
 
 
 def run_folders(trainer_cfg: Any) -> dict[str, str]:
@@ -91,8 +97,15 @@ def _lock(folder: Path, key: str) -> None:
     if folder in _HELD:
         _HELD[folder].count += 1
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")  # "a+": the holder's note stays until we own it
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")  # "a+": the holder's note stays until we own it
+    except OSError as exc:  # the first write of the run: a read-only filesystem, permissions, ...
+        cause = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno, 'no errno')})"
+        raise RunFolderError(
+            f"{key}={folder} cannot be written: {cause} at {exc.filename or folder}. The run writes its config, "
+            f"metrics, checkpoints and final model there, so it stops before anything else. Fix: "
+            f"{_writable_fix(key)}") from None
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -123,6 +136,12 @@ def _describe(note: str) -> str:
                 f"(command: {info['command']})")
     except (ValueError, KeyError, TypeError):  # it holds the lock but has not written its note yet
         return "a process that has just started (its pid is not written yet)"
+
+
+def _writable_fix(key: str) -> str:
+    if key == "trainer.ckpt_path":
+        return "trainer.ckpt_path=<a folder on a writable filesystem>"
+    return "a folder on a writable filesystem: trainer.export_path=<folder> (the run folder is inside it), or trainer.run_dir=<folder>"
 
 
 def _fix(key: str) -> str:
