@@ -16,6 +16,9 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+# the limit on a subprocess a test runs: it only turns a hang into a failure, so it is far above
+# what a loaded 2-core machine takes (a tiny run there takes minutes, not the seconds of a quiet one)
+HANG_GUARD_S = 1800
 
 
 def _meminfo_gib() -> tuple[float, float]:

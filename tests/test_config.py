@@ -18,6 +18,7 @@ from ridgeline.config import (
 )
 from ridgeline.config import support
 from ridgeline.inference.types import SamplingParams
+from conftest import HANG_GUARD_S
 
 # overrides that make the base config runnable on the current build
 RUNNABLE = ["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console"]
@@ -1047,7 +1048,7 @@ def test_the_hydra_app_composes_the_schema_defaults():
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-m", "ridgeline.entrypoints.main_base", "--cfg", "job",
-                          "+experiment=tiny", "trainer.epochs=3"], capture_output=True, text=True, timeout=120)
+                          "+experiment=tiny", "trainer.epochs=3"], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     composed = OmegaConf.create(out.stdout)
     assert composed.trainer.epochs == 3 and composed.trainer.policy.optimizer_config.lr > 0

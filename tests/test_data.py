@@ -22,6 +22,7 @@ from ridgeline.data import DatasetError, PromptDataset, PromptRow, prepare_arith
 from ridgeline.data import sources
 from ridgeline.data.cli import add_prepare_parser, main as cli_main, run_prepare
 from ridgeline.data.sources import parse_dataset_name
+from conftest import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared/data/gsm8k"
@@ -606,7 +607,7 @@ def test_cli_module_entry_point(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ridgeline.data.cli", "prepare", "arithmetic", "--output", str(tmp_path),
          "--num-train", "10", "--num-val", "2"],
-        capture_output=True, text=True, cwd=REPO, timeout=60,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr
     assert "train" in result.stdout and (tmp_path / "validation.parquet").is_file()

@@ -220,6 +220,9 @@ def checkpoint_damage(folder: Path) -> list[str]:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if files is None:  # an older checkpoint: no digests to compare with
         return [f"{name}: missing" for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if not isinstance(files, dict) or not all(isinstance(r, dict) and {"size", "sha256"} <= set(r)
+                                              for r in files.values()):
+        return [f"{COMPLETE}: its file list is not the one Ridgeline writes (edited by hand?)"]
     damage = []
     for name, recorded in files.items():
         path = folder / name
