@@ -16,6 +16,30 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+# the limit on a subprocess a test runs: it only turns a hang into a failure, so it is far above
+# what a loaded 2-core machine takes (a tiny run there takes minutes, not the seconds of a quiet one)
+HANG_GUARD_S = 1800
+
+
+def _meminfo_gib() -> tuple[float, float]:
+    """(total, available) memory of this machine, GiB (/proc/meminfo)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return tuple(int(fields[k].split()[0]) / 2**20 for k in ("MemTotal", "MemAvailable"))
+
+
+def pytest_runtest_setup(item):
+    """`@pytest.mark.needs_memory_gib(n)`: skip, saying why, unless n GiB are free beyond the 5 % that
+    Ray's memory monitor keeps (it kills workers once 95 % of the machine's memory is used, whoever
+    uses it): on a busy machine such a test would otherwise fail with its workers killed."""
+    marker = item.get_closest_marker("needs_memory_gib")
+    if marker is None:
+        return
+    need = float(marker.args[0])
+    total, available = _meminfo_gib()
+    usable = available - 0.05 * total
+    if usable < need:
+        pytest.skip(f"needs {need:g} GiB of free memory; this machine has {available:.1f} GiB available of "
+                    f"{total:.1f} GiB ({usable:.1f} GiB usable before Ray's memory monitor kills at 95 % used)")
 
 
 @pytest.fixture(scope="session")

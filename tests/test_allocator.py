@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from ridgeline.allocator import find_tcmalloc
+from conftest import HANG_GUARD_S
 
 # What the restarted process sees: its allocator and the LD_PRELOAD its own children would get.
 PROBE = ("from ridgeline.allocator import active_allocator, reexec_with_tcmalloc\n"
@@ -19,7 +20,7 @@ PROBE = ("from ridgeline.allocator import active_allocator, reexec_with_tcmalloc
 def probe(**env: str) -> tuple[str, str]:
     full = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "RIDGELINE_ALLOCATOR", "RIDGELINE_TCMALLOC")}
     full.update(env)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=60,
+    out = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=HANG_GUARD_S,
                          check=True)
     allocator, preload = out.stdout.split()
     return allocator, preload

@@ -112,8 +112,8 @@ def test_incomplete_folders_are_never_loaded_and_the_pointer_wins(tmp_path):
     root = tmp_path / "ckpts"
     for step in (1, 2, 3):
         (root / f"global_step_{step}").mkdir(parents=True)
-    for step in (1, 2):
-        (root / f"global_step_{step}" / "COMPLETE").write_text("{}")
+    for step in (1, 2):  # manifests listing no files: the pointer logic alone, no digests to check
+        (root / f"global_step_{step}" / "COMPLETE").write_text('{"files": {}}')
     assert checkpoint.latest_checkpoint(root) == root / "global_step_2"  # 3 is incomplete, no pointer
     # the older pointer `latest`, as checkpoints written before SkyRL's file hold it
     (root / "latest").write_text("global_step_1\n")
@@ -139,7 +139,7 @@ def test_incomplete_folders_are_never_loaded_and_the_pointer_wins(tmp_path):
     # pruning counts complete checkpoints only and spares the protected one (the new one)
     assert checkpoint.prune(root, keep=1, protect=root / "global_step_1") == []
     (root / "global_step_4").mkdir()
-    (root / "global_step_4" / "COMPLETE").write_text("{}")
+    (root / "global_step_4" / "COMPLETE").write_text('{"files": {}}')
     assert [p.name for p in checkpoint.prune(root, keep=2)] == ["global_step_1"]
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == \
         ["global_step_2", "global_step_3", "global_step_4", "latest"]
@@ -159,6 +159,104 @@ def test_resume_goes_through_skyrls_pointer_file_alone(critic_run, tmp_path):
                                        f"data.val_data=[{data}/validation.parquet]"))
     assert resumed.run.global_step == 1 and resumed.run.data_position == (0, 1)
     assert resumed.checkpointer.last == ckpts / "global_step_1"
+
+
+def _copy_of(critic_run, tmp_path) -> tuple[Path, list[str]]:
+    """The critic run's checkpoints copied into tmp_path (to damage them), and the overrides of a
+    run in tmp_path that resumes from them."""
+    out, _, _ = critic_run
+    root = tmp_path / "ckpts"
+    shutil.copytree(out / "tiny" / "ckpts", root, ignore=shutil.ignore_patterns(LOCK_FILE))
+    data = out / "tiny" / "data"
+    return root, [*CRITIC, f"trainer.ckpt_path={root}", f"trainer.run_dir={tmp_path / 'run'}",
+                  f"trainer.export_path={tmp_path / 'run'}", f"data.train_data=[{data}/train.parquet]",
+                  f"data.val_data=[{data}/validation.parquet]"]
+
+
+def _zero_4k(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(bytes(4096))
+
+
+@pytest.mark.parametrize("damage, said", [
+    ("zeroed", "policy/model.safetensors: its content differs from the sha256 recorded when it was written"),
+    ("truncated", "policy/model.safetensors: 1000 bytes, "),
+    ("no_state", "trainer_state.json: missing"),
+])
+def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_resumes(critic_run, tmp_path, caplog, damage, said):
+    """Before: 4 KB zeroed in the weights resumed silently (no digests), cut weights raised
+    SafetensorError, a missing trainer_state.json FileNotFoundError; none fell back."""
+    root, overrides = _copy_of(critic_run, tmp_path)
+    newest = root / "global_step_2"
+    manifest = json.loads((newest / "COMPLETE").read_text())
+    assert manifest["global_step"] == 2 and set(manifest["files"]) >= {
+        "policy/model.safetensors", "policy_optim.pt", "trainer_state.json", "rng_state.pt", "critic/value_head.safetensors"}
+    weights = newest / "policy" / "model.safetensors"
+    if damage == "zeroed":
+        _zero_4k(weights)
+    elif damage == "truncated":
+        os.truncate(weights, 1000)
+    else:
+        (newest / "trainer_state.json").unlink()
+    caplog.set_level("INFO")
+    resumed = Trainer.from_config(tiny(tmp_path, *overrides, "trainer.resume_mode=latest"))
+    try:
+        assert resumed.run.global_step == 1 and resumed.checkpointer.last == root / "global_step_1"
+        assert f"checkpoint {newest} (step 2) is damaged: {said}" in caplog.text
+        assert (f"resuming from the newest intact checkpoint {root / 'global_step_1'} (step 1) instead"
+                in caplog.text)
+    finally:
+        resumed.close()
+
+
+def test_a_damaged_checkpoint_named_by_path_or_alone_is_refused(critic_run, tmp_path):
+    root, overrides = _copy_of(critic_run, tmp_path)
+    _zero_4k(root / "global_step_2" / "policy_optim.pt")
+    cfg = tiny(tmp_path, *overrides, "trainer.resume_mode=from_path", f"trainer.resume_path={root / 'global_step_2'}")
+    with pytest.raises(CheckpointError, match=r"trainer.resume_path: checkpoint .*global_step_2 \(step 2\) is damaged: "
+                                              r"policy_optim.pt: its content differs .* Fix: name another"):
+        checkpoint.find_resume_checkpoint(cfg)
+    with pytest.raises(CheckpointError, match="cannot load: checkpoint .*global_step_2 .* is damaged"):
+        checkpoint.export_checkpoint(root / "global_step_2", tmp_path / "out")
+    (root / "global_step_1" / "rng_state.pt").unlink()
+    with pytest.raises(CheckpointError) as info:  # nothing intact: not a silent start at step 0
+        checkpoint.find_resume_checkpoint(tiny(tmp_path, *overrides, "trainer.resume_mode=latest"))
+    assert str(info.value).startswith(f"every checkpoint in {root} is damaged:\n  - checkpoint {root / 'global_step_2'}")
+    assert f"{root / 'global_step_1'} (step 1) is damaged: rng_state.pt: missing" in str(info.value)
+
+
+def test_a_resume_keeps_the_checkpoints_own_timing_row(tmp_path):
+    """Before: the row of step 2's checkpoint timings (logged after the checkpoint counted its rows)
+    was cut with the rows of the steps redone."""
+    folder = tmp_path / "ckpts" / "global_step_2"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"run_dir": str(tmp_path), "global_step": 2,
+                                                           "metrics_rows": 2}))
+    rows = [{"step": 1, "policy/policy_loss": 0.5}, {"step": 2, "policy/policy_loss": 0.25},
+            {"step": 2, "timing/save_checkpoints": 0.1, "timing/elapsed": 9.0},
+            {"step": 3, "policy/policy_loss": 0.125}, {"step": 3, "timing/save_checkpoints": 0.1}]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "poli')  # cut by the kill
+    checkpoint.prepare_metrics(tmp_path, folder)
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == rows[:3]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows[:2] + rows[3:]))  # killed before the timings
+    checkpoint.prepare_metrics(tmp_path, folder)
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == rows[:2]
+
+
+def test_a_run_removes_what_a_killed_final_model_write_left(tmp_path):
+    """Before: a kill while final_model was written left .tmp_final_model_* behind for good."""
+    run_dir = tmp_path / "tiny"
+    left = [run_dir / ".tmp_final_model_0badf00d", run_dir / ".tmp_final_critic_0badf00d",
+            run_dir / ".trash_final_model_0badf00d"]
+    for folder in left:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    (run_dir / ".metrics.jsonl.0badf00d.tmp").write_text("{}\n")
+    Trainer.from_config(tiny(tmp_path, "data.prepare.num_train=16")).train()
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE) == []
+    assert (run_dir / "final_model" / "model.safetensors").is_file()
 
 
 def test_a_checkpoint_skyrl_wrote_is_recognised_and_refused(tmp_path):

@@ -18,6 +18,7 @@ from ridgeline.config import (
 )
 from ridgeline.config import support
 from ridgeline.inference.types import SamplingParams
+from conftest import HANG_GUARD_S
 
 # overrides that make the base config runnable on the current build
 RUNNABLE = ["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console"]
@@ -822,6 +823,20 @@ def test_environment_modules_and_reward_fn_are_checked(tmp_path):
     assert len(err.problems) == 4
 
 
+def test_code_time_limits_too_short_to_start_a_program_are_refused():
+    """Before: environment.skyrl_gym.code.timeout_s=0.001 was accepted, and every reward was 0."""
+    load_config(RUNNABLE + ["+environment.skyrl_gym.code.timeout_s=2", "+environment.skyrl_gym.code.total_timeout_s=30"])
+    err = _error(RUNNABLE + ["+environment.skyrl_gym.code.timeout_s=0.001",
+                             "+environment.skyrl_gym.code.total_timeout_s=fast"])
+    assert err.problems == [
+        "environment.skyrl_gym.code.timeout_s=0.001 must be a number of seconds >= 1: a sandboxed program takes "
+        "~0.1-0.3 s just to start, so a shorter limit fails every test case and every reward is 0. Fix: e.g. "
+        "environment.skyrl_gym.code.timeout_s=10 (the default).",
+        "environment.skyrl_gym.code.total_timeout_s=fast must be a number of seconds >= 1: a sandboxed program "
+        "takes ~0.1-0.3 s just to start, so a shorter limit fails every test case and every reward is 0. Fix: e.g. "
+        "environment.skyrl_gym.code.total_timeout_s=60, or no total_timeout_s (no limit per step)."]
+
+
 def test_changed_not_yet_key_is_refused_and_default_accepted():
     err = _error(RUNNABLE + ["trainer.policy.sequence_parallel_size=2", "trainer.policy.use_torch_compile=true"])
     msg = str(err)
@@ -1034,7 +1049,7 @@ def test_the_hydra_app_composes_the_schema_defaults():
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-m", "ridgeline.entrypoints.main_base", "--cfg", "job",
-                          "+experiment=tiny", "trainer.epochs=3"], capture_output=True, text=True, timeout=120)
+                          "+experiment=tiny", "trainer.epochs=3"], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     composed = OmegaConf.create(out.stdout)
     assert composed.trainer.epochs == 3 and composed.trainer.policy.optimizer_config.lr > 0

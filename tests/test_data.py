@@ -22,6 +22,7 @@ from ridgeline.data import DatasetError, PromptDataset, PromptRow, prepare_arith
 from ridgeline.data import sources
 from ridgeline.data.cli import add_prepare_parser, main as cli_main, run_prepare
 from ridgeline.data.sources import parse_dataset_name
+from conftest import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared/data/gsm8k"
@@ -555,11 +556,13 @@ def test_drops_too_long_prompts(tmp_path, caplog) -> None:
         dataset = PromptDataset([path], tokenizer=tiny_tokenizer(), max_prompt_tokens=8)
     assert [r.extra_info["n"] for r in dataset] == [3, 6]
     assert dataset.num_dropped_too_long == 2
-    assert "dropped 2" in caplog.text
+    assert "dropped 2 of 4 prompts longer than trainer.max_prompt_length=8 tokens" in caplog.text
 
     unfiltered = PromptDataset([path], max_prompt_tokens=8)  # no tokenizer: no filtering
     assert len(unfiltered) == 4 and unfiltered.num_dropped_too_long == 0
-    with pytest.raises(DatasetError, match="max_prompt_tokens"):
+    # the key the user sets, not the parameter's name (issue 29 #16)
+    with pytest.raises(DatasetError, match=r"longer than trainer.max_prompt_length=2 tokens .* Fix: raise "
+                                           r"trainer.max_prompt_length"):
         PromptDataset([path], tokenizer=tiny_tokenizer(), max_prompt_tokens=2)
 
 
@@ -604,7 +607,7 @@ def test_cli_module_entry_point(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ridgeline.data.cli", "prepare", "arithmetic", "--output", str(tmp_path),
          "--num-train", "10", "--num-val", "2"],
-        capture_output=True, text=True, cwd=REPO, timeout=60,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr
     assert "train" in result.stdout and (tmp_path / "validation.parquet").is_file()

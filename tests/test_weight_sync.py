@@ -192,7 +192,7 @@ def test_dead_or_stalled_receiver_raises_within_timeout(peer):
         start = time.perf_counter()
         with pytest.raises(WeightSyncError) as err:
             sender.send([("w", torch.ones(1000))], torch.float32)
-        assert time.perf_counter() - start < timeout_s + 2
+        assert time.perf_counter() - start < timeout_s + 60  # not gloo's 30-minute default; room for a busy machine
         msg = str(err.value)
         assert "backend=gloo" in msg and "engine ranks [1]" in msg and "timeout 2s" in msg
         sender.close()
@@ -206,7 +206,7 @@ def test_receiver_that_never_joins_raises_within_timeout():
     start = time.perf_counter()
     with pytest.raises(WeightSyncError, match="did not form.*backend=gloo.*timeout 1.5s"):
         WeightSender(GroupSpec(port=free_port(), rank=0, world_size=2, timeout_s=1.5))
-    assert time.perf_counter() - start < 1.5 + 3
+    assert time.perf_counter() - start < 1.5 + 60  # not gloo's 30-minute default; room for a busy machine
 
 
 def test_check_probe_shapes_and_nan():

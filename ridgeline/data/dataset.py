@@ -63,7 +63,7 @@ class PromptDataset(Sequence[PromptRow]):
     Args:
         files: the sources (a single one is accepted too); rows keep their order.
         default_env_class: env for rows whose ``env_class`` is missing/None.
-        max_prompt_tokens: with ``tokenizer``, drop rows whose chat-templated
+        max_prompt_tokens: `trainer.max_prompt_length`: with ``tokenizer``, drop rows whose chat-templated
             prompt (with generation prompt) is longer; the count is in
             ``num_dropped_too_long`` and logged as a warning.
         tokenizer: a Hugging Face tokenizer with a chat template.
@@ -126,12 +126,15 @@ class PromptDataset(Sequence[PromptRow]):
         keep = [len(_prompt_ids(tokenizer, row, origin)) <= max_prompt_tokens for row, origin in zip(rows, origins)]
         kept = [row for row, k in zip(rows, keep) if k]
         self.num_dropped_too_long = len(rows) - len(kept)
+        # the limit is the user's trainer.max_prompt_length (every caller passes it): named as the key they set
         if self.num_dropped_too_long:
-            logger.warning("dropped %d of %d prompts longer than max_prompt_tokens=%d (files: %s)",
+            logger.warning("dropped %d of %d prompts longer than trainer.max_prompt_length=%d tokens (chat template "
+                           "and generation prompt included; files: %s)",
                            self.num_dropped_too_long, len(rows), max_prompt_tokens, ", ".join(self.files))
         if not kept:
-            raise DatasetError(f"all {len(rows)} prompts are longer than max_prompt_tokens={max_prompt_tokens} "
-                               f"(files: {', '.join(self.files)}); raise the limit")
+            raise DatasetError(f"all {len(rows)} prompts are longer than trainer.max_prompt_length={max_prompt_tokens} "
+                               f"tokens (chat template and generation prompt included; files: "
+                               f"{', '.join(self.files)}). Fix: raise trainer.max_prompt_length")
         return kept, [origin for origin, k in zip(origins, keep) if k]
 
         self._rows = rows

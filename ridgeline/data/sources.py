@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,28 +133,69 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
+# a \uD800-\uDFFF escape: JSON may write half of a surrogate pair alone, which no tokenizer can encode
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """The field (`where` + keys / indices) of the first string in `value` holding a lone
+    surrogate (not UTF-8 encodable), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where} (character {exc.start}: {value[exc.start]!r})"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _lone_surrogate(item, f"{where}[{key!r}]" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+def _check_surrogates(path: Path, text: str, rows: list[Any], lines: list[int] | None) -> None:
+    """DatasetError naming the row (and line) and field of a string holding a lone surrogate: JSON
+    reads `"\ud800"` fine, but the tokenizer fails on it with a TypeError far from the file."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return
+    for index, row in enumerate(rows):
+        field = _lone_surrogate(row, "")
+        if field:
+            where = f"{path} row {index}" + (f" (line {lines[index]})" if lines else "")
+            raise DatasetError(f"{where}, column {field}: a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
+                               "which is no character and no tokenizer encodes. Fix: write the character itself, or "
+                               "both halves of its surrogate pair", file=str(path), index=index,
+                               problems=[(field, "a lone surrogate")])
+
+
 def _read_json(path: Path, text: str) -> list[dict[str, Any]]:
     """JSON lines (one row object per line), or a whole file holding one JSON array of rows: the
     two layouts `datasets.load_dataset("json", ...)` reads for SkyRL, whatever the suffix."""
     if text.lstrip().startswith("["):
         try:
-            return json.loads(text)
+            rows = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path} (a JSON array): invalid JSON at line {exc.lineno}, column {exc.colno}: "
                                f"{exc.msg}", file=str(path), problems=[(None, f"invalid JSON: {exc.msg}")]) from exc
+        _check_surrogates(path, text, rows if isinstance(rows, list) else [], None)
+        return rows
     rows: list[dict[str, Any]] = []
+    lines: list[int] = []
     # split on "\n" only: str.splitlines also splits on U+2028 and other characters JSON strings may hold
     for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue  # tolerate blank lines, e.g. a trailing newline
         try:
             rows.append(json.loads(line))
+            lines.append(line_number)
         except json.JSONDecodeError as exc:
             index = len(rows)
             raise DatasetError(
                 f"{path} row {index} (line {line_number}): invalid JSON: {exc.msg} at column {exc.colno} "
                 "(expected JSON lines, one row object per line, or one JSON array of rows)",
                 file=str(path), index=index, problems=[(None, f"invalid JSON: {exc.msg}")]) from exc
+    _check_surrogates(path, text, rows, lines)
     return rows
 
 

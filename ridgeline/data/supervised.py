@@ -148,10 +148,12 @@ def source_digest(spec: str, rows: list[dict[str, Any]]) -> SourceDigest:
 
 
 def load_examples(specs: Sequence[str], make, max_length: int, length, config_key: str,
-                  ) -> tuple[list[Any], list[SourceDigest]]:
+                  no_signal=None) -> tuple[list[Any], list[SourceDigest]]:
     """Every row of `specs` through `make(row, where)`, those with `length(example) > max_length`
-    dropped (counted in the log); their digests. DatasetError when none is left."""
-    examples, digests, dropped = [], [], 0
+    dropped (counted in the log), and those `no_signal(example)` describes (a reason: the row
+    cannot teach anything) dropped with a warning naming the first; their digests. DatasetError
+    when none is left."""
+    examples, digests, dropped, useless = [], [], 0, []
     for spec in specs:
         rows = read_rows(spec, config_key)
         digests.append(source_digest(str(spec), rows))
@@ -160,12 +162,19 @@ def load_examples(specs: Sequence[str], make, max_length: int, length, config_ke
             if length(example) > max_length:
                 dropped += 1
                 continue
+            reason = no_signal(example) if no_signal is not None else None
+            if reason:
+                useless.append((f"{spec}, row {index}", reason))
+                continue
             examples.append(example)
     if dropped:
-        log.info("%s: %d of %d rows dropped: longer than %d tokens", config_key, dropped, dropped + len(examples),
-                 max_length)
+        log.info("%s: %d of %d rows dropped: longer than %d tokens", config_key, dropped,
+                 dropped + len(useless) + len(examples), max_length)
+    if useless and examples:
+        log.warning("%s: %d row(s) dropped: %s (first: %s)", config_key, len(useless), useless[0][1], useless[0][0])
     if not examples:
-        raise DatasetError(f"{config_key} ({', '.join(map(str, specs))}) holds no usable rows. Fix: rows in the "
+        why = (f": every row left is unusable, {useless[0][1]} (first: {useless[0][0]})" if useless else "")
+        raise DatasetError(f"{config_key} ({', '.join(map(str, specs))}) holds no usable rows{why}. Fix: rows in the "
                            "expected format, shorter than the max_length key")
     return examples, digests
 
@@ -179,4 +188,11 @@ def load_sft_examples(specs: Sequence[str], tokenizer: Any, columns: SFTColumns,
 def load_preference_pairs(specs: Sequence[str], tokenizer: Any, columns: PreferenceColumns, max_length: int,
                           config_key: str) -> tuple[list[PreferencePair], list[SourceDigest]]:
     return load_examples(specs, lambda row, where: preference_pair(tokenizer, row, columns, where), max_length,
-                         lambda pair: max(len(pair.chosen), len(pair.rejected)), config_key)
+                         lambda pair: max(len(pair.chosen), len(pair.rejected)), config_key, no_signal=_same_answers)
+
+
+def _same_answers(pair: PreferencePair) -> str | None:
+    # identical sides give every preference loss a zero gradient (DPO's sits at log 2 for ever)
+    if pair.chosen == pair.rejected:
+        return "their chosen and rejected answers are the same tokens, so a preference loss learns nothing from them"
+    return None

@@ -157,6 +157,12 @@ class Env(ABC):
     def close(self) -> None:
         """Release resources (subprocesses, sandboxes). Default: nothing."""
 
+    def unscorable(self) -> str | None:
+        """Why no answer could ever earn this row's reward, when the row's own reference is broken
+        (e.g. a gold query that fails on its database): checked before training, after `init`, so
+        such a row stops the run instead of scoring 0 for ever. None (the default): nothing known."""
+        return None
+
 
 class SingleTurnEnv(Env):
     """One response, one reward: the rule-based-reward case.

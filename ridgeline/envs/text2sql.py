@@ -248,5 +248,11 @@ class Text2SQLEnv(Env):
             return 0.0
         return 1.0 if predicted.rows is not None and gold is not None and predicted.rows == gold else 0.0
 
+    def unscorable(self) -> str | None:
+        gold = run_rolled_back(self.db_file, self.gold_sql, self.limits)
+        if gold.rows is None and not gold.timed_out:  # a timeout may be a busy machine, not the query
+            return f"its gold SQL (reward_spec.ground_truth) fails on {self.db_file}: {gold.error}"
+        return None
+
     def get_metrics(self) -> dict[str, float]:
         return self.counts.metrics()

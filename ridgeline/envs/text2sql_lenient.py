@@ -320,6 +320,12 @@ class Text2SQLLenientEnv(Env):
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def unscorable(self) -> str | None:
+        gold = self.gold()
+        if not gold.ok and not gold.timed_out:  # a timeout may be a busy machine, not the query
+            return f"its gold SQL (reward_spec.ground_truth) fails on {self.db_path}: {gold.error}"
+        return None
+
     def gold(self) -> QueryResult:
         """The gold query's result (computed on first use, then cached)."""
         if self._gold is None:

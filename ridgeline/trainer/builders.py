@@ -25,6 +25,7 @@ from ridgeline.generation.types import GeneratorInput, TrajectoryID
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.loading import (cpu_has_fast_bf16, critic_spec, engine_dtype, is_built_locally, located_folder,
                                       model_config, ref_spec)
+from ridgeline.models.source import ModelLoadError, gguf_key
 from ridgeline.training.build import (build_critic, build_policy_worker, build_ref_worker, forward_options, needs_ref,
                                      policy_spec,
                                      policy_train_config, seed_everything, training_autocast_dtype,
@@ -84,6 +85,12 @@ def check_model_paths(cfg: DictConfig) -> None:
     specs = [policy_spec(cfg), *([ref_spec(cfg)] if needs_ref(cfg) else []), critic_spec(cfg)]
     for spec in filter(None, specs):
         if is_built_locally(spec):
+            if spec.gguf_file:  # it would be ignored: the model is built from its name, no file is read
+                raise ModelLoadError(
+                    f"{gguf_key(spec.config_key)}={spec.gguf_file} is set, but {spec.config_key}={spec.path} builds "
+                    "its model in memory from a config (tiny://, random://): there is no GGUF file to read, and the "
+                    f"run would ignore it. Fix: remove {gguf_key(spec.config_key)}, or set {spec.config_key} to the "
+                    "folder holding the .gguf file")
             model_config(spec)  # an unknown tiny:// or random:// name
         else:
             located_folder(spec)
@@ -133,6 +140,11 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
             if isinstance(outcome, envs.UnknownEnvError):
                 column = "" if env_override else ", column 'env_class'"
                 raise EnvironmentCheckError(f"{key}: {file} row {index}{column}: {outcome}") from outcome
+            if isinstance(outcome, _Unscorable):
+                raise EnvironmentCheckError(
+                    f"{key}: {file} row {index}: environment {env_class!r} can never reward this row: {outcome}; "
+                    "every answer would score 0. Fix: the row's ground truth, or the env's settings "
+                    f"(environment.skyrl_gym.{env_class}: the database it reads), before training")
             if outcome is not None:
                 raise EnvironmentCheckError(
                     f"{key}: {file} row {index}: environment {env_class!r} could not be built and started "
@@ -140,19 +152,25 @@ def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], e
                     f"settings (environment.skyrl_gym.{env_class}), before training") from outcome
 
 
+class _Unscorable(Exception):
+    """What `Env.unscorable` said about a row."""
+
+
 def _start_and_stop(env_class: str, row: PromptRow, env_settings: Mapping[str, Any],
                     max_turns: int) -> Callable[[], Exception | None]:
-    """The env of `row` built, `init`-ed and closed as the generator will: None, or what it raised."""
+    """The env of `row` built, `init`-ed, asked whether the row can be scored at all, and closed as
+    the generator will: None, or what it raised (`_Unscorable` for a row no answer can score)."""
     def call() -> Exception | None:
         try:
             env = build_env(env_class, row.extras, env_settings, max_turns)
             try:
                 env.init(row.prompt)
+                problem = env.unscorable()
             finally:
                 env.close()
         except Exception as exc:
             return exc
-        return None
+        return _Unscorable(problem) if problem else None
     return call
 
 

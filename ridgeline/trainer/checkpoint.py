@@ -20,7 +20,8 @@ to go on as if it had never stopped (docs/checkpointing.md):
                         but not yet trained on (ridgeline.trainer.scheduled, docs/async.md)
     config.yaml         the resolved config of the run
     fingerprint.json    what identifies the run: models, training data (sha256), seed, batch size
-    COMPLETE            written last: a folder without it is never loaded
+    COMPLETE            written last, the manifest: the step and every file's size and sha256; a
+                        folder without it is never loaded, one whose files differ from it is damaged
 
 Writing is atomic: everything goes into `<ckpt_path>/.tmp_global_step_<N>_<random>`, every file is
 fsynced, `COMPLETE` is written, the folder is renamed to `global_step_<N>`, and only then the
@@ -33,6 +34,7 @@ and removed by the next write.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -138,10 +140,11 @@ def _skyrl_refusal(folder: Path, how: str) -> CheckpointError:
         "SkyRL (trainer.hf_save_interval) and set trainer.policy.model.path to that folder")
 
 
-def latest_checkpoint(root: Path) -> Path | None:
+def _pointed_checkpoint(root: Path) -> Path | None:
     """The checkpoint the pointer names (`pointed_step`); if there is no pointer or it names a
     missing or incomplete folder, the newest complete checkpoint (with a warning); None when there
-    is none. A pointer naming a checkpoint SkyRL-Train wrote raises CheckpointError (not loadable)."""
+    is none. A pointer naming a checkpoint SkyRL-Train wrote raises CheckpointError (not loadable).
+    Its files are not checked (`latest_checkpoint` does)."""
     root = Path(root)
     step = pointed_step(root)
     complete = list_checkpoints(root)
@@ -158,6 +161,87 @@ def latest_checkpoint(root: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest intact checkpoint from the one the pointer names (`_pointed_checkpoint`) back:
+    a damaged one (`checkpoint_damage`) is named with its step and files, and the next older one
+    tried, saying so. None when there is no complete checkpoint; CheckpointError when every one
+    is damaged (starting at step 0 instead would throw the run away unasked)."""
+    root = Path(root)
+    newest = _pointed_checkpoint(root)
+    if newest is None:
+        return None
+    step = checkpoint_step(newest)
+    candidates = [newest, *reversed([c for c in list_checkpoints(root) if checkpoint_step(c) < step])]
+    damaged: list[str] = []
+    for folder in candidates:
+        damage = checkpoint_damage(folder)
+        if not damage:
+            if damaged:
+                log.warning("resuming from the newest intact checkpoint %s (step %d) instead: the steps after it "
+                            "are trained again", folder, checkpoint_step(folder))
+            return folder
+        damaged.append(_damage_line(folder, damage))
+        log.warning("%s", damaged[-1])
+    raise CheckpointError(f"every checkpoint in {root} is damaged:\n" + "\n".join(f"  - {d}" for d in damaged) +
+                          "\nFix: restore the files from a copy, or start afresh (trainer.resume_mode=none, or "
+                          "another trainer.ckpt_path)")
+
+
+def _damage_line(folder: Path, damage: list[str]) -> str:
+    return f"checkpoint {folder} (step {checkpoint_step(folder)}) is damaged: {'; '.join(damage)}"
+
+
+# ------------------------------------------------------------------------------------ digests
+REQUIRED_FILES = ("trainer_state.json", "rng_state.pt", "fingerprint.json", "config.yaml", "policy/config.json")
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_digests(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under `folder`, by path relative to it ('/'-separated)."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def checkpoint_damage(folder: Path) -> list[str]:
+    """One line per file of a complete checkpoint that is missing, of another size, or of another
+    content than its manifest (COMPLETE) recorded when it was written: a disk error, a copy cut
+    short, a hand edit. A checkpoint written before the manifest held digests is checked for its
+    required files only."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / COMPLETE).read_text())
+    except (OSError, ValueError) as exc:
+        return [f"{COMPLETE}: unreadable ({type(exc).__name__}: {exc})"]
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if files is None:  # an older checkpoint: no digests to compare with
+        return [f"{name}: missing" for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if not isinstance(files, dict) or not all(isinstance(r, dict) and {"size", "sha256"} <= set(r)
+                                              for r in files.values()):
+        return [f"{COMPLETE}: its file list is not the one Ridgeline writes (edited by hand?)"]
+    damage = []
+    for name, recorded in files.items():
+        path = folder / name
+        if not path.is_file():
+            damage.append(f"{name}: missing")
+        elif path.stat().st_size != recorded["size"]:
+            damage.append(f"{name}: {path.stat().st_size} bytes, {recorded['size']} when written")
+        elif _sha256(path) != recorded["sha256"]:
+            damage.append(f"{name}: its content differs from the sha256 recorded when it was written")
+    return damage
+
+
+def _check_intact(folder: Path, how: str) -> None:
+    damage = checkpoint_damage(folder)
+    if damage:
+        raise CheckpointError(f"{how}: {_damage_line(folder, damage)}. Fix: name another global_step_N folder (an "
+                              "earlier one), or restore the files from a copy")
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A complete checkpoint folder from `path`: the folder itself, or the latest under a
     `ckpt_path` root. Raises CheckpointError naming the problem."""
@@ -170,6 +254,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if not is_complete(path):
             raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker: its writing "
                                   "was interrupted); use an earlier global_step_N folder")
+        _check_intact(path, "cannot load")
         return path
     folder = latest_checkpoint(path)
     if folder is None:
@@ -202,6 +287,7 @@ def find_resume_checkpoint(cfg: DictConfig) -> Path | None:
                               f"global_step_N holding a {COMPLETE} marker is needed (a folder without one "
                               "was interrupted while being written). Fix: name an earlier global_step_N, or "
                               "trainer.resume_mode=latest")
+    _check_intact(path, "trainer.resume_path")
     return path
 
 
@@ -320,6 +406,8 @@ def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
         return
     keep = state["metrics_rows"]
     lines = path.read_bytes().split(b"\n")[:-1]  # complete rows only
+    if keep < len(lines) and _timing_row(lines[keep], int(state["global_step"])):
+        keep += 1  # the checkpoint's own timings, logged just after it was written: that step is not redone
     if len(lines) < keep:
         log.warning("%s holds %d rows, fewer than the %d it had at %s; keeping them", path, len(lines), keep,
                     resume_from)
@@ -330,6 +418,37 @@ def prepare_metrics(run_dir: Path, resume_from: Path | None) -> None:
     os.replace(tmp, path)
     if dropped:
         log.info("%s: dropped %d row(s) logged after the checkpoint (those steps run again)", path, dropped)
+
+
+FINAL_FOLDERS = ("final_model", "final_critic")
+
+
+def clean_interrupted_writes(run_dir: Path) -> None:
+    """What a process killed while writing into the run folder leaves there: temp and trash folders
+    of the final model and critic (`publish_folder`), temp files of metrics.jsonl and samples.jsonl
+    (`prepare_metrics`). Call it with the run folder locked (run_lock): no other command writes there."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    folders = tuple(f"{kind}_{name}_" for kind in (".tmp", ".trash") for name in FINAL_FOLDERS)
+    files = tuple(f".{name}." for name in (METRICS_FILE, SAMPLES_FILE))
+    for p in run_dir.iterdir():
+        if p.is_dir() and p.name.startswith(folders):
+            log.info("removing %s (left by an interrupted write of the final model)", p)
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_file() and p.name.startswith(files) and p.name.endswith(".tmp"):
+            p.unlink(missing_ok=True)
+
+
+def _timing_row(line: bytes, step: int) -> bool:
+    """Whether a metrics.jsonl row is step `step`'s row of timings alone (the trainer logs one after
+    the step's exports and checkpoint are written)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return False
+    return (isinstance(row, dict) and row.get("step") == step and len(row) > 1
+            and all(k == "step" or k.startswith("timing/") for k in row))
 
 
 def _cut_samples(path: Path, last_step: int) -> None:
@@ -526,7 +645,9 @@ class Checkpointer:
             _clean_stale(root)
             tmp.mkdir()
             self._write_contents(tmp, run, workers, steps_per_epoch)
-            (tmp / COMPLETE).write_text(json.dumps({"global_step": run.global_step}) + "\n")
+            # the manifest, last: the digests a resume checks the files against (checkpoint_damage)
+            manifest = {"global_step": run.global_step, "files": file_digests(tmp)}
+            (tmp / COMPLETE).write_text(json.dumps(manifest, indent=1) + "\n")
             _fsync_tree(tmp)
             if final.exists():  # from an earlier, abandoned timeline of this ckpt_path
                 _remove(final)
@@ -534,7 +655,7 @@ class Checkpointer:
             _fsync_path(root, directory=True)
             _write_pointer(root, run.global_step)
         except Exception as exc:
-            previous = self.last or (latest_checkpoint(root) if root.is_dir() else None)
+            previous = self.last or (_pointed_checkpoint(root) if root.is_dir() else None)
             err = write_failure(exc, final, f"checkpoint (step {run.global_step})",
                                 f"The run stops; the previous checkpoint ({previous or 'none'}) and the pointer "
                                 f"{root / POINTER} are untouched.",
@@ -637,14 +758,14 @@ class Checkpointer:
         """`run_dir/final_model` (the policy, loadable with plain transformers) and, with a critic,
         `run_dir/final_critic`: each written to a temp sibling and renamed when complete, so a
         failure (a full disk) never leaves a folder that does not load. Returns final_model."""
-        out = Path(run_dir) / "final_model"
+        out = Path(run_dir) / FINAL_FOLDERS[0]
         fix = ("free disk space, or a trainer.export_path on a larger disk; with trainer.ckpt_interval set, "
                "`ridgeline export <trainer.ckpt_path> OUT` exports the last checkpoint")
         publish_folder(out, lambda tmp: self._write_policy(workers, tmp), "the final model",
                        f"Training is over, but the final model is not saved: nothing half-written is left at {out}.",
                        fix)
         if workers.critic is not None:
-            critic = Path(run_dir) / "final_critic"
+            critic = Path(run_dir) / FINAL_FOLDERS[1]
             publish_folder(critic, lambda tmp: self._write_critic(workers, tmp), "the final critic",
                            f"Training is over and {out} is written, but the critic is not: nothing half-written is "
                            f"left at {critic}.", fix)

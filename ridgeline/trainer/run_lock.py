@@ -20,6 +20,7 @@ rival one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -32,13 +33,18 @@ from typing import IO, Any
 
 from ridgeline.errors import UserError
 
-__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "run_folders"]
+__all__ = ["LOCK_FILE", "RunFolderError", "RunLock", "RunLockedError", "run_folders"]
 
 LOCK_FILE = ".ridgeline.lock"
 
 
 class RunLockedError(UserError, RuntimeError):
     """A folder of the run is locked by another command; the message names its pid and host."""
+
+
+class RunFolderError(UserError, RuntimeError):
+    """A folder of the run cannot be created or written (a read-only filesystem, permissions); the
+    message names the config key, the folder and the cause."""
 
 
 def run_folders(trainer_cfg: Any) -> dict[str, str]:
@@ -87,7 +93,7 @@ class RunLock:
             held.count -= 1
             if held.count == 0:
                 del _HELD[folder]
-                with contextlib.suppress(FileNotFoundError):   # removed by hand: nothing left to tidy
+                with contextlib.suppress(OSError):   # removed by hand, or the folder turned read-only: left as is
                     (folder / LOCK_FILE).unlink()   # while still held: no one else owns it
                 held.handle.close()  # closing the file drops the flock
         self.folders = []
@@ -97,11 +103,18 @@ def _lock(folder: Path, key: str) -> None:
     if folder in _HELD:
         _HELD[folder].count += 1
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    while True:
-        handle = _open_locked(folder, key)
-        if handle is not None:
-            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            handle = _open_locked(folder, key)
+            if handle is not None:
+                break
+    except OSError as exc:  # the first write of the run: a read-only filesystem, permissions, ...
+        cause = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno, 'no errno')})"
+        raise RunFolderError(
+            f"{key}={folder} cannot be written: {cause} at {exc.filename or folder}. The run writes its config, "
+            f"metrics, checkpoints and final model there, so it stops before anything else. Fix: "
+            f"{_writable_fix(key)}") from None
     handle.seek(0)
     handle.truncate()
     handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
@@ -147,6 +160,12 @@ def _describe(note: str) -> str:
                 f"(command: {info['command']})")
     except (ValueError, KeyError, TypeError):  # it holds the lock but has not written its note yet
         return "a process that has just started (its pid is not written yet)"
+
+
+def _writable_fix(key: str) -> str:
+    if key == "trainer.ckpt_path":
+        return "trainer.ckpt_path=<a folder on a writable filesystem>"
+    return "a folder on a writable filesystem: trainer.export_path=<folder> (the run folder is inside it), or trainer.run_dir=<folder>"
 
 
 def _fix(key: str) -> str:

@@ -196,6 +196,7 @@ class SupervisedTrainer:
         if envs is not None:
             envs.start(tokenizer, policy)
         run = RunState(run_id=checkpoint.saved_run_id(resume_from) or checkpoint.new_run_id())
+        checkpoint.clean_interrupted_writes(run_dir)
         checkpoint.prepare_metrics(run_dir, resume_from)
         loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
         trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,

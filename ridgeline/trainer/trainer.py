@@ -254,6 +254,7 @@ class Trainer:
             log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s; memory allocator %s)",
                      t.policy.model.path, parameters / 1e6, compute, engine.dtype,
                      f", critic {t.critic.model.path}" if workers.critic is not None else "", where, active_allocator())
+            checkpoint.clean_interrupted_writes(run_dir)  # the run folder is locked: leftovers are a dead run's
             checkpoint.prepare_metrics(run_dir, resume_from)  # before a tracker opens metrics.jsonl
             trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
                                       config=OmegaConf.to_container(cfg, resolve=True), run_id=run.run_id,

@@ -66,6 +66,7 @@ class EnvironmentConfig(Section):
         if self.step_timeout_s <= 0:
             report.add(f"{at}.step_timeout_s={show(self.step_timeout_s)} must be a positive number of seconds. "
                        f"Fix: e.g. {at}.step_timeout_s=60.")
+        self._check_code_limits(at, report)
         for module in self.env_modules:
             try:
                 load_env_module(module)
@@ -82,6 +83,27 @@ class EnvironmentConfig(Section):
         if not 0.0 <= self.max_env_error_fraction <= 1.0:
             report.add(f"{at}.max_env_error_fraction={show(self.max_env_error_fraction)} must be a share between 0 "
                        f"and 1 (1.0: never stop for environment errors). Fix: {at}.max_env_error_fraction=0.1.")
+
+
+    # a sandboxed program needs ~0.1-0.3 s just to start (bubblewrap, then Python), and its CPU
+    # limit is whole seconds: a shorter limit times every test case out, so every reward is 0
+    CODE_MIN_TIMEOUT_S: ClassVar[float] = 1.0
+
+    def _check_code_limits(self, at: str, report: Report) -> None:
+        code = self.skyrl_gym.get("code")
+        if not isinstance(code, dict):
+            return
+        fixes = {"timeout_s": "10 (the default)", "total_timeout_s": "60, or no total_timeout_s (no limit per step)"}
+        for name in fixes:
+            value = code.get(name)
+            if value is None and name == "total_timeout_s":
+                continue  # its default: no limit per step
+            key = f"{at}.skyrl_gym.code.{name}"
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or value < self.CODE_MIN_TIMEOUT_S):
+                report.add(f"{key}={show(value)} must be a number of seconds >= {self.CODE_MIN_TIMEOUT_S:g}: a "
+                           "sandboxed program takes ~0.1-0.3 s just to start, so a shorter limit fails every test "
+                           f"case and every reward is 0. Fix: e.g. {key}={fixes[name]}.")
 
 
 @dataclass
