@@ -41,8 +41,8 @@ from typing import Any
 from . import sql_worker
 from .sql_worker import CRASHED, READ_ONLY, ROLLED_BACK, TIMEOUT, Reply, Request, RowDigest
 
-__all__ = ["KILL_GRACE_S", "Preview", "QueryResult", "SQLCounts", "SQLLimits", "has_top_level_order_by", "results_match",
-           "run_in_rollback", "run_query", "same_result", "worker_memory_bytes"]
+__all__ = ["KILL_GRACE_S", "Preview", "QueryResult", "SQLCounts", "SQLLimits", "has_top_level_order_by",
+           "results_match", "run_in_rollback", "run_query", "same_result", "worker_memory_bytes"]
 
 MiB = 1024 * 1024
 KILL_GRACE_S = 0.5          # after timeout_s, how long a worker has to answer before it is killed

@@ -304,7 +304,6 @@ def guarded_h11(header_timeout_s: float, max_open: int) -> type:
     connection or of the request's first byte, else the connection closes; past `max_open`
     connections, a new one closes the oldest that has no request in progress (half-sent headers,
     keep-alive), so such connections never lock real requests out (slowloris)."""
-    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11(H11Protocol):
@@ -321,6 +320,8 @@ def guarded_h11(header_timeout_s: float, max_open: int) -> type:
                     min(idle, key=lambda c: c._opened).transport.close()
 
         def _idle(self) -> bool:
+            """No request in progress: its headers are not all in yet (uvicorn makes a cycle for a
+            request once they are), or its answer has been sent."""
             return self.cycle is None or self.cycle.response_complete
 
         def _arm_header_timer(self) -> None:
@@ -333,12 +334,12 @@ def guarded_h11(header_timeout_s: float, max_open: int) -> type:
 
         def _headers_overdue(self) -> None:
             self._header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self._idle() and not self.transport.is_closing():
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:
+            if not self._idle():
                 self._cancel_header_timer()
             elif self._header_timer is None:  # the first bytes of the next request on a kept-alive connection
                 self._arm_header_timer()

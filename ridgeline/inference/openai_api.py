@@ -67,8 +67,9 @@ DETOKENIZE_FIELDS = {"model", "tokens"}
 # OpenAI fields this server does not apply: accepted only at a value (or null) that applies nothing
 _NEUTRAL: dict[str, tuple[Any, ...]] = {"frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},),
                                         "suffix": ("",)}
-_FLAGS = ("stream", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids", "return_tokens_as_token_ids",
-          "echo", "add_special_tokens", "add_generation_prompt", "continue_final_message", "return_token_strs")
+_FLAGS = ("stream", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",
+          "return_tokens_as_token_ids", "echo", "add_special_tokens", "add_generation_prompt",
+          "continue_final_message", "return_token_strs")
 COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
 
