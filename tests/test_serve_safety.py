@@ -483,12 +483,16 @@ def _half_sent(host: str, port: int) -> socket.socket:
     return s
 
 
-def _closed_by_server(s: socket.socket) -> bool:
-    """Blocks until the server ends the connection (a close, or a reset when bytes were unread)."""
+def _until_closed(s: socket.socket) -> bytes:
+    """What the server sends until it ends the connection (a close, or a reset when bytes were
+    unread); blocks until then (the socket's timeout bounds the wait)."""
+    received = b""
     try:
-        return s.recv(100) == b""
+        while chunk := s.recv(65536):
+            received += chunk
     except ConnectionResetError:
-        return True
+        pass
+    return received
 
 
 def test_half_sent_headers_neither_lock_clients_out_nor_stay_open(served):
@@ -506,28 +510,47 @@ def test_half_sent_headers_neither_lock_clients_out_nor_stay_open(served):
 
     tok = build_char_tokenizer()
     engine = HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32)
-    service = _service(engine, tok, limits=ServeLimits(header_timeout_s=1.0, read_timeout_s=1.0,
-                                                       max_open_connections=16))
+    service = _service(engine, tok, limits=ServeLimits(header_timeout_s=1.0, read_timeout_s=3.0,
+                                                       max_open_connections=100, max_running_requests=1,
+                                                       max_queued_requests=1))
     httpd, small = _serve_in_thread(service)
     try:
         # headers not done within the header timeout: the server closes the connection
         s = _half_sent(host, httpd.server_address[1])
         t0 = time.perf_counter()
-        assert _closed_by_server(s) and time.perf_counter() - t0 < 10
+        assert _until_closed(s) == b"" and time.perf_counter() - t0 < 10
         s.close()
-        # past 16 open connections, the oldest without a request in progress is closed for a new one
-        idle = [_half_sent(host, httpd.server_address[1]) for _ in range(40)]
-        assert requests.get(f"{small}/health", timeout=10).status_code == 200
-        assert _closed_by_server(idle[0])
-        for s in idle:
-            s.close()
         # a body that does not arrive within the read timeout: 408, the connection closed
         with socket.create_connection((host, httpd.server_address[1]), timeout=30) as s:
             s.sendall(f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100\r\n\r\n{{".encode())
             answer = b""
             while chunk := s.recv(65536):
                 answer += chunk
-        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1s" in answer
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 3s" in answer
+        # bodies that trickle in fill the requests in progress (1 + 1 + 64): others get 503 until
+        # the read timeout ends them, /health is answered throughout
+        slow = []
+        for _ in range(66):
+            s = socket.create_connection((host, httpd.server_address[1]), timeout=30)
+            s.sendall(f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100\r\n\r\n{{".encode())
+            slow.append(s)
+        deadline = time.monotonic() + 30
+        probe = {"input_ids": [5], "sampling_params": {"max_new_tokens": 0}}  # answered without the engine
+        while (r := requests.post(f"{small}/generate", json=probe, timeout=10)).status_code != 503:
+            assert time.monotonic() < deadline, r.status_code
+        assert "66 requests are in progress, this server's limit" in r.json()["error"]["message"]
+        assert requests.get(f"{small}/health", timeout=10).status_code == 200
+        for s in slow:
+            assert _until_closed(s).startswith(b"HTTP/1.1 408")  # each ends with its 408 and a close
+            s.close()
+        assert requests.post(f"{small}/generate", json={"input_ids": [5], "sampling_params": _greedy(1)},
+                             timeout=30).status_code == 200
+        # past 100 open connections, the oldest without a request in progress is closed for a new one
+        idle = [_half_sent(host, httpd.server_address[1]) for _ in range(120)]
+        assert requests.get(f"{small}/health", timeout=10).status_code == 200
+        assert _until_closed(idle[0]) == b""
+        for s in idle:
+            s.close()
     finally:
         _stop(httpd, service)
 

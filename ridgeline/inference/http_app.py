@@ -5,7 +5,7 @@ Every request passes one gate, in this order, before its body is read:
   1. the route (404 / 405 otherwise);
   2. the key: with an API key, every route but /health needs `Authorization: Bearer <key>` (401);
   3. the load: past `max_requests` requests in progress, 503 (idle and half-sent connections
-     do not count: `_GuardedH11` closes them);
+     do not count: `guarded_h11` closes them; /health is always answered);
   4. the size: a Content-Length over the cap is refused unread (413), a body without one is
      counted as it arrives and refused once it passes the cap; a body not in within
      `read_timeout_s` is refused (408).
@@ -214,6 +214,10 @@ class _Gate:
 
     def endpoint(self, route: Route) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
+            # /health is answered whatever the load (it reads no body and waits for nothing), so
+            # bodies sent slowly by many clients cannot make a load balancer drop the server
+            if route.path in OPEN_ROUTES:
+                return await self.handle(route, request)
             if self._in_progress >= self.limits.max_requests:
                 status = HTTPStatus.SERVICE_UNAVAILABLE
                 return _refuse(route.family, status, f"{self._in_progress} requests are in progress, this server's "
