@@ -31,9 +31,13 @@ weight routes' SGLang-style {success, message}.
 Safety (docs/security.md): the server binds 127.0.0.1 unless told otherwise and refuses to serve
 the routes that change weights, memory or the cache beyond loopback without an API key; with a key
 every route but /health asks for `Authorization: Bearer <key>`, checked before the body is read;
-bodies are capped (`ServeLimits.max_body_bytes`); every sampling field and token id is checked
-(400 naming the field, request_fields); a prompt must fit the context, and `max_new_tokens` /
-`max_tokens` is cut to what is left of it. HTTP runs on FastAPI + uvicorn (http_app).
+bodies are capped (`ServeLimits.max_body_bytes`) and measured before they are parsed (depth,
+number of values), off the event loop; headers and bodies have timeouts; every sampling field and
+token id is checked (400 naming the field, request_fields), and what one request may cost (n x
+prompts, stop strings) is bounded; a prompt must fit the context, and `max_new_tokens` /
+`max_tokens` is cut to what is left of it; a chat template sent with a request is rendered only
+when the server trusts them; a disk weight update loads all or nothing. HTTP runs on FastAPI +
+uvicorn (http_app).
 
 Engine work runs on one thread (scheduler.EngineScheduler): generations take turns step by step,
 so a short request is answered while a long one runs; weight, memory and cache routes run alone,
