@@ -540,6 +540,9 @@ def test_half_sent_headers_neither_lock_clients_out_nor_stay_open(served):
             assert time.monotonic() < deadline, r.status_code
         assert "66 requests are in progress, this server's limit" in r.json()["error"]["message"]
         assert requests.get(f"{small}/health", timeout=10).status_code == 200
+        with socket.create_connection((host, httpd.server_address[1]), timeout=30) as s:  # its body is never read
+            s.sendall(f"POST /health HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1000000000\r\n\r\n".encode())
+            assert _until_closed(s).startswith(b"HTTP/1.1 200")
         for s in slow:
             assert _until_closed(s).startswith(b"HTTP/1.1 408")  # each ends with its 408 and a close
             s.close()

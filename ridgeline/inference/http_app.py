@@ -54,7 +54,8 @@ OPEN_ROUTES = ("/health",)  # answered without the key: load balancers and launc
 class Route:
     """One route. Its family gives the shape of its error answers; the "weights" family (SGLang's
     weight, memory and cache routes) changes what the engine serves, so it is never served beyond
-    loopback without a key (`check_exposure`)."""
+    loopback without a key (`check_exposure`). The open routes (/health) are answered on the event
+    loop without reading a body: their handler must be instant."""
 
     method: Literal["GET", "POST"]  # a GET route answers POST too, as SGLang's do
     path: str
@@ -218,10 +219,13 @@ class _Gate:
 
     def endpoint(self, route: Route) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
-            # /health is answered whatever the load (it reads no body and waits for nothing), so
-            # bodies sent slowly by many clients cannot make a load balancer drop the server
+            # /health is answered whatever the load, on the loop, without reading a body (it takes
+            # none), so bodies sent slowly by many clients cannot make a load balancer drop the server
             if route.path in OPEN_ROUTES:
-                return await self.handle(route, request)
+                response = _json(route.handler({}), HTTPStatus.OK)
+                if "content-length" in request.headers or "transfer-encoding" in request.headers:
+                    response.headers["Connection"] = "close"  # the body is never read
+                return response
             if self._in_progress >= self.limits.max_requests:
                 status = HTTPStatus.SERVICE_UNAVAILABLE
                 return _refuse(route.family, status, f"{self._in_progress} requests are in progress, this server's "
