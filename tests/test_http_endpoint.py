@@ -76,7 +76,7 @@ def test_chat_completion_samples_the_engine_on_the_chat_templated_messages(engin
     assert all(c["logprobs"] is None for c in sampled["choices"])
     for bad, words in [({"stream": "yes"}, "stream must be true or false"),
                        ({"chat_template_kwargs": {"chat_template": "{{ 'x' * 9**9 }}"}}, "--trust-request-chat-template"),
-                       ({"n": 300}, "limit of 256 per request"),
+                       ({"n": 16385}, "limit of 16384 per request"),
                        ({"tools": []}, r"does not act on: \['tools'\]"),
                        ({"frequency_penalty": 0.5}, "frequency_penalty"),
                        ({"messages": []}, "messages must be a non-empty list"),

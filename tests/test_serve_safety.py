@@ -434,12 +434,12 @@ def test_n_stop_strings_and_json_are_bounded_before_anything_runs(served):
     url, _, tok = served
     prompt = chat_ids(tok, "Say hi.")
     completion = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
-    assert "2000000 sequences, more than this server's limit of 256" in _error(
+    assert "2000000 sequences, more than this server's limit of 16384" in _error(
         requests.post(f"{url}/v1/completions", json={**completion, "n": 2_000_000}, timeout=30), 400, "n")
-    assert "1 sample(s) of 300 prompt(s)" in _error(
-        requests.post(f"{url}/v1/completions", json={**completion, "prompt": [prompt] * 300}, timeout=30), 400, "n")
-    assert "limit of 256" in _error(requests.post(f"{url}/generate", json={"input_ids": [prompt] * 257}, timeout=30),
-                                    400, "input_ids")
+    assert "2 sample(s) of 8193 prompt(s)" in _error(requests.post(
+        f"{url}/v1/completions", json={**completion, "prompt": [prompt] * 8193, "n": 2}, timeout=30), 400, "n")
+    assert "limit of 16384" in _error(requests.post(f"{url}/generate", json={"input_ids": [[5]] * 16385},
+                                                    timeout=30), 400, "input_ids")
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     assert "65 stop strings, more than this server's limit of 64" in _error(
         requests.post(f"{url}/v1/chat/completions", json={**chat, "stop": [f"s{i}" for i in range(65)]},
@@ -449,10 +449,10 @@ def test_n_stop_strings_and_json_are_bounded_before_anything_runs(served):
                       timeout=30), 400, "sampling_params.stop")
     assert "limit of 1024" in _error(requests.post(f"{url}/v1/completions", timeout=30, json={
         **completion, "stop_token_ids": [5] * 1025}), 400, "stop_token_ids")
-    # a body's values are counted before it is parsed: 1.2 M empty lists in 3.6 MB
+    # a body's arrays and objects are counted before it is parsed: 1.2 M empty lists in 3.6 MB
     many = b'{"model": "m", "prompt": [' + b"[]," * 1_200_000 + b"[]]}"
     r = requests.post(f"{url}/v1/completions", data=many, headers={"Content-Type": "application/json"}, timeout=60)
-    assert "more than this server's limit of 1000000" in _error(r, 413, None)
+    assert "1200003 JSON arrays and objects, more than this server's limit of 1000000" in _error(r, 413, None)
     # commas, brackets and escapes inside strings are text, not values
     text = "[{,}]\\\"" * 300_000
     r = requests.post(f"{url}/tokenize", json={"prompt": text, "return_token_strs": False}, timeout=60)

@@ -10,7 +10,7 @@ Every request passes one gate, in this order, before its body is read:
      counted as it arrives and refused once it passes the cap; a body not in within
      `read_timeout_s` is refused (408).
 A refusal closes the connection, so the rest of a refused body is never read. Then the body is
-measured before it is parsed (`json_shape`: nesting depth and number of values, with bytes-level
+measured before it is parsed (`json_shape`: nesting depth and number of arrays and objects, with bytes-level
 scans at C speed), parsed on a worker thread (never on the event loop), checked for lone
 surrogates (400 naming the field), and the route's handler runs on a worker thread (engine work
 waits there for the engine loop, ridgeline.inference.scheduler). A handler may answer an
@@ -81,7 +81,9 @@ class HttpLimits:
     max_body_bytes: int          # --max-body-mb
     max_requests: int            # requests in progress (reading, waiting, running); 503 beyond
     max_json_depth: int = 32     # nesting of arrays and objects (an OpenAI chat request needs 5)
-    max_json_values: int = 1_000_000  # arrays, objects and the elements in them (a prompt of N token ids: N)
+    # arrays and objects: ~64-byte objects from 2-3 bytes of JSON (60 MiB of `[],`: 20 M lists, +1.5 GB);
+    # scalars cost at most ~12x their bytes, bounded by the body cap
+    max_json_containers: int = 1_000_000
     read_timeout_s: float = 60.0  # from the end of the headers to the end of the body (408 beyond)
 
 
@@ -145,20 +147,20 @@ _STRING = re.compile(rb'"[^"]*"')  # a JSON string once its escaped backslashes 
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
-def _values(text: bytes | bytearray) -> int:
-    return text.count(b",") + text.count(b"[") + text.count(b"{")
+def _containers(text: bytes | bytearray) -> int:
+    return text.count(b"[") + text.count(b"{")
 
 
 def json_shape(raw: bytes | bytearray, limits: HttpLimits) -> None:
-    """Refuse a body whose parse would cost more than its size says: more than `max_json_values`
-    arrays, objects and elements (60 MiB of `[],` is 20 M lists, +1.5 GB parsed), or nesting
+    """Refuse a body whose parse would cost more than its size says: more than
+    `max_json_containers` arrays and objects (60 MiB of `[],` is 20 M lists, +1.5 GB parsed), or nesting
     deeper than `max_json_depth` (the parser recurses). Each scan is a bytes method (C speed,
     ~0.3 s for 64 MiB): escapes and strings are cut first, so text inside strings never counts."""
     bare = _STRING.sub(b"", raw.replace(b"\\\\", b"").replace(b'\\"', b"")) if b'"' in raw else raw
-    values = _values(bare)
-    if values > limits.max_json_values:
-        raise BodyRefused(f"the request body holds about {values} JSON values, more than this server's limit of "
-                          f"{limits.max_json_values}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+    containers = _containers(bare)
+    if containers > limits.max_json_containers:
+        raise BodyRefused(f"the request body holds {containers} JSON arrays and objects, more than this server's "
+                          f"limit of {limits.max_json_containers}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
     brackets = bare.translate(None, _NOT_BRACKETS)
     for _ in range(limits.max_json_depth):  # each pass removes at least the innermost level
         if not brackets:

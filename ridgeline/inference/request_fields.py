@@ -38,7 +38,8 @@ class ModelLimits:
     vocab_size: int               # token ids 0 .. vocab_size - 1
     context_length: int | None    # prompt + response tokens; None: the engine judges alone
     max_logprobs: int = 20        # top logprobs per token (vLLM's --max-logprobs default)
-    max_sequences: int = 256      # sequences one request generates: n x its prompts
+    max_sequences: int = 16384    # sequences one request generates: n x its prompts (a remote training
+                                  # batch comes as one /generate: 1024 prompts x 16 samples fit)
     max_stop_strings: int = 64    # stop strings of one request (OpenAI's API takes 4)
     max_stop_chars: int = 4096    # their total length in characters
     max_stop_token_ids: int = 1024

@@ -85,11 +85,11 @@ class ServeLimits:
     request_timeout_s: float = 600.0      # from arrival to answer (generator.remote_request_timeout_s's default)
     max_logprobs: int = 20                # top logprobs per token (vLLM's --max-logprobs)
     backlog: int = 2048                   # the listen queue (uvicorn's default)
-    max_sequences: int = 256              # n x prompts of one request
+    max_sequences: int = 16384            # n x prompts of one request (a remote trainer's batch is one)
     max_stop_strings: int = 64            # stop strings of one request ...
     max_stop_chars: int = 4096            # ... and their total length
     max_json_depth: int = 32              # nesting of a request body's arrays and objects
-    max_json_values: int = 1_000_000      # arrays, objects and elements of a request body
+    max_json_containers: int = 1_000_000  # arrays and objects of a request body
     header_timeout_s: float = 10.0        # from a connection (or a request's first byte) to its last header
     read_timeout_s: float = 60.0          # from the last header to the end of the body
     max_open_connections: int = 2048      # beyond: the oldest connection without a request in progress closes
@@ -103,7 +103,7 @@ class ServeLimits:
 
     def http(self) -> HttpLimits:
         return HttpLimits(max_body_bytes=self.max_body_bytes, max_requests=self.max_connections,
-                          max_json_depth=self.max_json_depth, max_json_values=self.max_json_values,
+                          max_json_depth=self.max_json_depth, max_json_containers=self.max_json_containers,
                           read_timeout_s=self.read_timeout_s)
 
 
