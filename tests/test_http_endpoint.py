@@ -74,7 +74,9 @@ def test_chat_completion_samples_the_engine_on_the_chat_templated_messages(engin
     sampled = service.openai.chat_completions({"model": NAME, "messages": body["messages"], "n": 3, "seed": 1})
     assert len(sampled["choices"]) == 3 and sampled["usage"]["completion_tokens"] <= 15
     assert all(c["logprobs"] is None for c in sampled["choices"])
-    for bad, words in [({"stream": True}, "stream=true is not supported"),
+    for bad, words in [({"stream": "yes"}, "stream must be true or false"),
+                       ({"chat_template_kwargs": {"chat_template": "{{ 'x' * 9**9 }}"}}, "--trust-request-chat-template"),
+                       ({"n": 16385}, "limit of 16384 per request"),
                        ({"tools": []}, r"does not act on: \['tools'\]"),
                        ({"frequency_penalty": 0.5}, "frequency_penalty"),
                        ({"messages": []}, "messages must be a non-empty list"),

@@ -117,6 +117,42 @@ def test_the_openai_client_lists_the_model_chats_and_completes(client, local):
     assert ids.choices[0].model_extra["token_ids"] == _greedy(engine, prompt, 4).response_ids
 
 
+def test_the_openai_client_streams_chats_and_completions(client, local):
+    """stream=True (issue 35): the openai client reads server-sent events; the streamed text,
+    finish reasons and usage equal the whole answer's."""
+    engine, tok = local
+    prompt = chat_ids(tok, "Say hi.")
+    ref = _greedy(engine, prompt, 6, top=1)
+    chunks = list(client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 logprobs=True, top_logprobs=1))
+    assert {c.object for c in chunks} == {"chat.completion.chunk"} and len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == tok.decode(ref.response_ids, skip_special_tokens=True)
+    lps = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert lps == pytest.approx(ref.logprobs, abs=1e-5)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == \
+           (len(prompt), 6)
+    assert all(c.usage is None for c in chunks[:-1])
+
+    # completions: n choices, each streamed under its index; without stream_options no usage event
+    whole = client.completions.create(model=NAME, prompt="Say hi.", max_tokens=5, n=2, temperature=1.0, seed=3)
+    texts = {0: "", 1: ""}
+    finished = {}
+    with client.completions.create(model=NAME, prompt="Say hi.", max_tokens=5, n=2, temperature=1.0, seed=3,
+                                   stream=True) as stream:
+        for chunk in stream:
+            assert chunk.object == "text_completion" and chunk.usage is None
+            for c in chunk.choices:
+                texts[c.index] += c.text
+                if c.finish_reason:
+                    finished[c.index] = c.finish_reason
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert finished == {c.index: c.finish_reason for c in whole.choices}
+
+
 def test_a_client_without_v1_in_its_base_url_is_told_the_fix(server):
     bare = openai.OpenAI(base_url=server, api_key="unused", max_retries=0)
     with pytest.raises(openai.NotFoundError) as err:
@@ -130,8 +166,9 @@ def test_a_client_without_v1_in_its_base_url_is_told_the_fix(server):
 
 def test_the_openai_client_gets_one_clear_400_for_what_is_not_served(client):
     for call, param, words in [
-        (lambda: client.chat.completions.create(model=NAME, messages=MESSAGES, stream=True), "stream",
-         "stream=true is not supported"),
+        (lambda: client.completions.create(model=NAME, prompt="hi", best_of=2), "best_of", "does not act on"),
+        (lambda: client.chat.completions.create(model=NAME, messages=MESSAGES, stream_options={"include_usage": True}),
+         "stream_options", "applies to stream=true only"),
         (lambda: client.completions.create(model="gpt-4o", prompt="hi"), "model",
          f"model 'gpt-4o' is not served here; this server serves '{NAME}'"),
         (lambda: client.chat.completions.create(model=NAME, messages=MESSAGES, presence_penalty=0.5),

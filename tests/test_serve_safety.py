@@ -4,7 +4,12 @@ No key beyond loopback is refused at start; every route but /health needs the ke
 refused before it is read (the server's memory is measured); bad sampling values and token ids get
 400 naming the field; a huge max_new_tokens is cut to the context; a short request is answered
 while a long one runs; 50 concurrent connections are all answered; a weight-group init aimed at a
-silent peer fails within its timeout."""
+silent peer fails within its timeout.
+
+Round two (issue 29): request chat templates are refused unless trusted; n, stop strings, JSON
+depth and size are bounded before anything runs; lone surrogates get a 400; half-sent headers
+neither lock clients out nor stay open; a failing disk weight load changes nothing; a FIFO in
+the weights folder and a huge group timeout are refused."""
 
 from __future__ import annotations
 
@@ -46,8 +51,10 @@ def _stop(httpd, service: EngineService) -> None:
 
 
 def _service(engine: HFEngine, tok, **kw) -> EngineService:
-    """As `ridgeline serve` builds it: generation in steps, the model's context and vocabulary."""
+    """As `ridgeline serve` builds it: generation in steps, the model's context, vocabulary and
+    parameter shapes."""
     return EngineService(engine, tok, MODEL, context_length=engine.context_length, vocab_size=engine.vocab_size,
+                         weight_shapes={n: tuple(p.shape) for n, p in engine.model.named_parameters()},
                          steps=engine.generate_steps, **kw)
 
 
@@ -382,5 +389,240 @@ def test_a_group_init_aimed_at_a_silent_peer_fails_within_its_timeout(served):
         r = requests.post(f"{url}/init_weights_update_group", json={**body, "master_port": "x"}, timeout=10)
         assert r.status_code == 400 and r.json() == {"success": False,
                                                      "message": "master_port must be a whole number, got 'x'"}
+    finally:
+        silent.close()
+
+
+# ------------------------------------------------------------------------- round two (issue 29)
+
+
+def _error(r: requests.Response, status: int, param: str | None) -> str:
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    error = r.json()["error"]
+    assert error["code"] == status and error["param"] == param, error
+    return error["message"]
+
+
+def test_a_request_chat_template_is_refused_unless_the_server_trusts_them(served):
+    url, engine, tok = served
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}!"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for route, body, param in (
+            ("/v1/chat/completions", {**chat, "chat_template_kwargs": {"chat_template": template}},
+             "chat_template_kwargs.chat_template"),
+            ("/v1/chat/completions", {**chat, "chat_template": template}, "chat_template"),
+            ("/tokenize", {"messages": chat["messages"], "chat_template_kwargs": {"chat_template": template}},
+             "chat_template_kwargs.chat_template")):
+        message = _error(requests.post(url + route, json=body, timeout=30), 400, param)
+        assert "--trust-request-chat-template" in message
+    # other template variables still reach the model's own template
+    r = requests.post(f"{url}/tokenize", json={"messages": chat["messages"], "chat_template_kwargs": {"x": 1}},
+                      timeout=30)
+    assert r.status_code == 200 and r.json()["tokens"] == chat_ids(tok, "hi")
+
+    trusting = _service(engine, tok, trust_request_chat_template=True)
+    httpd, trusted_url = _serve_in_thread(trusting)
+    try:
+        r = requests.post(f"{trusted_url}/tokenize", timeout=30, json={
+            "messages": chat["messages"], "chat_template_kwargs": {"chat_template": template}})
+        assert r.status_code == 200 and r.json()["tokens"] == tok("hi!", add_special_tokens=False)["input_ids"]
+    finally:
+        _stop(httpd, trusting)
+
+
+def test_n_stop_strings_and_json_are_bounded_before_anything_runs(served):
+    url, _, tok = served
+    prompt = chat_ids(tok, "Say hi.")
+    completion = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+    assert "2000000 sequences, more than this server's limit of 16384" in _error(
+        requests.post(f"{url}/v1/completions", json={**completion, "n": 2_000_000}, timeout=30), 400, "n")
+    assert "2 sample(s) of 8193 prompt(s)" in _error(requests.post(
+        f"{url}/v1/completions", json={**completion, "prompt": [prompt] * 8193, "n": 2}, timeout=30), 400, "n")
+    assert "limit of 16384" in _error(requests.post(f"{url}/generate", json={"input_ids": [[5]] * 16385},
+                                                    timeout=30), 400, "input_ids")
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert "65 stop strings, more than this server's limit of 64" in _error(
+        requests.post(f"{url}/v1/chat/completions", json={**chat, "stop": [f"s{i}" for i in range(65)]},
+                      timeout=30), 400, "stop")
+    assert "4100 characters in all, more than this server's limit of 4096" in _error(
+        requests.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": {"stop": ["x" * 4100]}},
+                      timeout=30), 400, "sampling_params.stop")
+    assert "limit of 1024" in _error(requests.post(f"{url}/v1/completions", timeout=30, json={
+        **completion, "stop_token_ids": [5] * 1025}), 400, "stop_token_ids")
+    # a body's arrays and objects are counted before it is parsed: 1.2 M empty lists in 3.6 MB
+    many = b'{"model": "m", "prompt": [' + b"[]," * 1_200_000 + b"[]]}"
+    r = requests.post(f"{url}/v1/completions", data=many, headers={"Content-Type": "application/json"}, timeout=60)
+    assert "1200003 JSON arrays and objects, more than this server's limit of 1000000" in _error(r, 413, None)
+    # commas, brackets and escapes inside strings are text, not values
+    text = "[{,}]\\\"" * 300_000
+    r = requests.post(f"{url}/tokenize", json={"prompt": text, "return_token_strs": False}, timeout=60)
+    assert r.status_code == 200 and r.json()["count"] == len(tok(text)["input_ids"])
+
+
+def test_deep_json_and_lone_surrogates_get_400_naming_the_field(served):
+    url, _, _ = served
+    headers = {"Content-Type": "application/json"}
+    for depth in (40, 100_000):  # the second raised RecursionError (500) before
+        body = '{"model": "%s", "prompt": %s1%s}' % (MODEL, "[" * depth, "]" * depth)
+        message = _error(requests.post(f"{url}/v1/completions", data=body, headers=headers, timeout=30), 400, None)
+        assert message == "the request body nests arrays and objects more than 32 deep (this server's limit)"
+    unbalanced = '{"prompt": ' + "[" * 100_000
+    assert "brackets do not balance" in _error(requests.post(f"{url}/v1/completions", data=unbalanced,
+                                                             headers=headers, timeout=30), 400, None)
+    lone = '{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}' % MODEL
+    message = _error(requests.post(f"{url}/v1/chat/completions", data=lone, headers=headers, timeout=30), 400,
+                     "messages[0].content")
+    assert message.startswith("messages[0].content holds a lone UTF-16 surrogate")
+    r = requests.post(f"{url}/generate", data='{"text": "\\udfff"}', headers=headers, timeout=30)
+    assert _error(r, 400, "text")
+
+
+def _half_sent(host: str, port: int) -> socket.socket:
+    s = socket.create_connection((host, port), timeout=30)
+    s.sendall(f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Le".encode())
+    return s
+
+
+def _until_closed(s: socket.socket) -> bytes:
+    """What the server sends until it ends the connection (a close, or a reset when bytes were
+    unread); blocks until then (the socket's timeout bounds the wait)."""
+    received = b""
+    try:
+        while chunk := s.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def test_half_sent_headers_neither_lock_clients_out_nor_stay_open(served):
+    url, _, _ = served
+    host, port = url.removeprefix("http://").split(":")
+    # 340 half-sent requests: before, each counted against the 328 connections uvicorn allowed,
+    # and every /health answered 503
+    idle = [_half_sent(host, int(port)) for _ in range(340)]
+    try:
+        for _ in range(3):
+            assert requests.get(f"{url}/health", timeout=10).status_code == 200
+    finally:
+        for s in idle:
+            s.close()
+
+    tok = build_char_tokenizer()
+    engine = HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32)
+    service = _service(engine, tok, limits=ServeLimits(header_timeout_s=1.0, read_timeout_s=3.0,
+                                                       max_open_connections=100, max_running_requests=1,
+                                                       max_queued_requests=1))
+    httpd, small = _serve_in_thread(service)
+    try:
+        # headers not done within the header timeout: the server closes the connection
+        s = _half_sent(host, httpd.server_address[1])
+        t0 = time.perf_counter()
+        assert _until_closed(s) == b"" and time.perf_counter() - t0 < 10
+        s.close()
+        # a body that does not arrive within the read timeout: 408, the connection closed
+        with socket.create_connection((host, httpd.server_address[1]), timeout=30) as s:
+            s.sendall(f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100\r\n\r\n{{".encode())
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 3s" in answer
+        # bodies that trickle in fill the requests in progress (1 + 1 + 64): others get 503 until
+        # the read timeout ends them, /health is answered throughout
+        slow = []
+        for _ in range(66):
+            s = socket.create_connection((host, httpd.server_address[1]), timeout=30)
+            s.sendall(f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100\r\n\r\n{{".encode())
+            slow.append(s)
+        deadline = time.monotonic() + 30
+        probe = {"input_ids": [5], "sampling_params": {"max_new_tokens": 0}}  # answered without the engine
+        while (r := requests.post(f"{small}/generate", json=probe, timeout=10)).status_code != 503:
+            assert time.monotonic() < deadline, r.status_code
+        assert "66 requests are in progress, this server's limit" in r.json()["error"]["message"]
+        assert requests.get(f"{small}/health", timeout=10).status_code == 200
+        with socket.create_connection((host, httpd.server_address[1]), timeout=30) as s:  # its body is never read
+            s.sendall(f"POST /health HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1000000000\r\n\r\n".encode())
+            assert _until_closed(s).startswith(b"HTTP/1.1 200")
+        for s in slow:
+            assert _until_closed(s).startswith(b"HTTP/1.1 408")  # each ends with its 408 and a close
+            s.close()
+        assert requests.post(f"{small}/generate", json={"input_ids": [5], "sampling_params": _greedy(1)},
+                             timeout=30).status_code == 200
+        # past 100 open connections, the oldest without a request in progress is closed for a new one
+        idle = [_half_sent(host, httpd.server_address[1]) for _ in range(120)]
+        assert requests.get(f"{small}/health", timeout=10).status_code == 200
+        assert _until_closed(idle[0]) == b""
+        for s in idle:
+            s.close()
+    finally:
+        _stop(httpd, service)
+
+
+def test_a_failing_disk_weight_load_changes_nothing(tmp_path):
+    from safetensors.torch import save_file
+
+    tok = build_char_tokenizer()
+    engine = HFEngine(build_tiny_model("llama", tok, seed=42), tok, dtype=torch.float32)
+    service = _service(engine, tok)
+    httpd, url = _serve_in_thread(service)
+    body = {"input_ids": chat_ids(tok, "Say hi."), "sampling_params": _greedy(8)}
+    try:
+        before = requests.post(f"{url}/generate", json=body, timeout=60).json()
+        params = dict(engine.model.named_parameters())
+        names = sorted(params)
+        # the 1st file's tensors are good (and change the output), the 2nd file has a wrong shape
+        save_file({n: torch.zeros_like(params[n]) for n in names[:3]}, str(tmp_path / "a.safetensors"))
+        save_file({names[3]: torch.zeros(2, 2)}, str(tmp_path / "b.safetensors"))
+        r = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=60)
+        assert r.status_code == 400 and r.json()["success"] is False
+        assert f"b.safetensors: tensor {names[3]} has shape [2, 2]" in r.json()["message"]
+        assert "nothing was loaded" in r.json()["message"]
+        after = requests.post(f"{url}/generate", json=body, timeout=60).json()
+        assert after["output_ids"] == before["output_ids"] and after["meta_info"]["weight_version"] == "0"
+        # a file that is not safetensors, and a folder of no parameter of this model
+        (tmp_path / "b.safetensors").write_bytes(b"not safetensors")
+        r = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=60)
+        assert "cannot be read as safetensors" in r.json()["message"]
+        (tmp_path / "b.safetensors").unlink()
+        (tmp_path / "a.safetensors").unlink()
+        save_file({"no.such.weight": torch.zeros(2)}, str(tmp_path / "c.safetensors"))
+        r = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=60)
+        assert "no tensor in" in r.json()["message"]
+        # the good file alone loads, and moves the version
+        save_file({n: torch.zeros_like(params[n]) for n in names[:3]}, str(tmp_path / "c.safetensors"))
+        r = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=60)
+        assert r.json()["success"] is True
+        assert requests.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"]["weight_version"] == "1"
+    finally:
+        _stop(httpd, service)
+
+
+def test_a_fifo_of_weights_and_a_huge_group_timeout_are_refused(served, tmp_path):
+    url, _, tok = served
+    os.mkfifo(tmp_path / "model.safetensors")  # before: the engine blocked reading it, /generate timed out
+    r = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=30)
+    assert r.status_code == 400 and "model.safetensors is not a regular file" in r.json()["message"]
+    body = {"input_ids": chat_ids(tok, "Say hi."), "sampling_params": _greedy(2)}
+    assert requests.post(f"{url}/generate", json=body, timeout=30).status_code == 200
+
+    group = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
+             "group_name": "g", "backend": "gloo", "timeout_s": 1e9}
+    r = requests.post(f"{url}/init_weights_update_group", json=group, timeout=30)
+    assert r.status_code == 400 and r.json()["message"] == "timeout_s must be greater than 0 and at most 300, got 1e+09"
+    # one group forms at a time: a second init while one waits for a silent peer is refused (429)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        first, box = in_thread(lambda: requests.post(f"{url}/init_weights_update_group", timeout=60, json={
+            **group, "master_port": silent.getsockname()[1], "timeout_s": 3}))
+        silent.settimeout(30)
+        peer, _ = silent.accept()  # the first init is connecting
+        r = requests.post(f"{url}/init_weights_update_group", json={**group, "group_name": "h", "timeout_s": 3},
+                          timeout=30)
+        assert r.status_code == 429 and "another weight update group is forming" in r.json()["message"]
+        first.join(60)
+        assert box[0][1].status_code == 400
+        peer.close()
     finally:
         silent.close()

@@ -407,6 +407,54 @@ def test_text2sql_tables_past_4500_rows_render_as_skyrl_gym_does(zoo):
         assert _table(rows) == text
 
 
+EXPLORE_SCRIPT = """
+import json, resource, sys
+from ridgeline.envs import make
+row = {"db_id": "toy", "data": "spider", "reward_spec": {"method": "rule", "ground_truth": "SELECT 1"}}
+env = make("text2sql", env_config={"db_path": sys.argv[1], "max_turns": 5}, extras=row)
+env.step("<think>t</think><sql>SELECT 1</sql>")  # the worker, pandas and caches exist before the baseline
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = env.step("<think>t</think><sql>" + sys.argv[2] + "</sql>")
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+kept = max(len(m) for m in env.messages)
+print(json.dumps({"grown_kib": grown, "observation": out.observations[0]["content"], "kept": kept}))
+"""
+
+
+def test_text2sql_exploration_rows_are_a_preview_cut_in_the_worker(zoo):
+    """One <sql> step returning 7 cells of 8 MB: before, the trainer went from 134 to 498 MiB and
+    kept a 64 MB observation for the episode; now the worker sends each cell cut to 9000
+    characters and the observation is skyrl-gym's cut table, at most 100000 characters."""
+    import json
+
+    sql = f"{numbers(7)} SELECT n, printf('%.*c', 8000000, 'x') AS big FROM r"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", EXPLORE_SCRIPT, str(zoo), sql], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    observation = report["observation"]
+    assert observation.startswith("\n\n<observation>Truncated to 50 lines since returned response too long: ")
+    assert "x" * 9000 + "..." in observation and "x" * 9001 not in observation
+    assert len(observation) < 100_000 + 200 and report["kept"] < 100_000 + 200
+    assert report["grown_kib"] < 32 * 1024, report
+
+    from ridgeline.envs.sql_executor import SQLLimits, run_in_rollback
+    from ridgeline.envs.text2sql import PREVIEW, _table
+    # the preview stops reading at its row count or its bytes, in the worker, and says so
+    rows = run_in_rollback(zoo / "spider/database/toy/toy.sqlite", f"{numbers(10000)} SELECT n FROM r", SQLLimits(),
+                           PREVIEW)
+    assert len(rows.rows) == 4501 and rows.truncated
+    wide = run_in_rollback(zoo / "spider/database/toy/toy.sqlite",
+                           f"{numbers(1000)} SELECT printf('%.*c', 5000, 'y') FROM r", SQLLimits(), PREVIEW)
+    assert wide.truncated and 50 < len(wide.rows) < 200 and wide.failure is None
+    # a table skyrl-gym shows whole is shown the same
+    small = run_in_rollback(zoo / "spider/database/toy/toy.sqlite", f"{numbers(30)} SELECT n, n * 0.5 FROM r",
+                            SQLLimits(), PREVIEW)
+    assert not small.truncated
+    pd = pytest.importorskip("pandas")
+    assert _table(frozenset(small.rows)) == pd.DataFrame(frozenset(small.rows)).to_string(index=False)
+
+
 def test_limit_settings_are_checked(db):
     with pytest.raises(ValueError, match="max_result_bytes.*Fix"):
         env_for(db, "SELECT 1", max_result_bytes=10)

@@ -1,4 +1,5 @@
-"""`ridgeline serve [overrides] [--host H] [--port N] [--api-key K] [--served-model-name NAME]`: the
+"""`ridgeline serve [overrides] [--host H] [--port N] [--api-key K] [--served-model-name NAME]
+[--trust-request-chat-template]`: the
 embedded engine of the configured policy model behind an HTTP server (ridgeline.inference.server),
 serving it on the OpenAI routes under `--served-model-name` (default: `generator.model_name` when
 the config sets one, else the model's name: `default_served_name`)."""
@@ -46,6 +47,10 @@ def add_parser(sub) -> None:
                         "name, or tiny-NAME / random-NAME)")
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
                    help="most top logprobs a request may ask per token (default %(default)d)")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="render a chat template a request sends (chat_template, chat_template_kwargs.chat_template; "
+                        "vLLM's flag). Off by default: a template is a program the server runs, and one request can "
+                        "take gigabytes of memory")
 
 
 def _limits(args: argparse.Namespace):
@@ -126,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
                             tokenizer_path=tokenizer_folder(spec),
                             chat_max_tokens=cfg.generator.sampling_params.max_generate_length,
                             context_length=args.context_length or engine.context_length, vocab_size=engine.vocab_size,
+                            weight_shapes={n: tuple(p.shape) for n, p in engine.model.named_parameters()},
+                            trust_request_chat_template=args.trust_request_chat_template,
                             steps=engine.generate_steps, limits=limits)
     server = make_http_server(service, args.host, args.port, args.api_key)
     host, port = server.server_address[:2]

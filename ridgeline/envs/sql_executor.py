@@ -41,8 +41,8 @@ from typing import Any
 from . import sql_worker
 from .sql_worker import CRASHED, READ_ONLY, ROLLED_BACK, TIMEOUT, Reply, Request, RowDigest
 
-__all__ = ["KILL_GRACE_S", "QueryResult", "SQLCounts", "SQLLimits", "has_top_level_order_by", "results_match",
-           "run_in_rollback", "run_query", "same_result", "worker_memory_bytes"]
+__all__ = ["KILL_GRACE_S", "Preview", "QueryResult", "SQLCounts", "SQLLimits", "has_top_level_order_by",
+           "results_match", "run_in_rollback", "run_query", "same_result", "worker_memory_bytes"]
 
 MiB = 1024 * 1024
 KILL_GRACE_S = 0.5          # after timeout_s, how long a worker has to answer before it is killed
@@ -179,19 +179,33 @@ def run_query(db_path: str | Path, sql: str, *, max_rows: int = 1000, limits: SQ
     return result
 
 
-def run_in_rollback(db_path: str | Path, sql: str, limits: SQLLimits) -> QueryResult:
+@dataclass(frozen=True)
+class Preview:
+    """What an exploratory query sends back when its rows only make an observation: at most
+    ``rows`` rows taking ``bytes`` (Python sizes), each text and blob cut to ``cell_chars``;
+    reading stops there (``QueryResult.complete`` false), in the worker, so the trainer never
+    holds more."""
+
+    rows: int
+    bytes: int
+    cell_chars: int
+
+
+def run_in_rollback(db_path: str | Path, sql: str, limits: SQLLimits, preview: Preview | None = None) -> QueryResult:
     """Execute one statement of any kind inside ``BEGIN TRANSACTION`` ... rollback, as skyrl-gym's
     SQL env does, keeping every row (more than ``limits.max_result_bytes`` of them is a
-    ``too_large`` failure). Writes run but never reach the file; ATTACH, extension loading and
-    process-wide pragmas are refused. No digests (skyrl-gym compares the rows as sets).
+    ``too_large`` failure), or with ``preview`` the first rows within its bounds. Writes run but
+    never reach the file; ATTACH, extension loading and process-wide pragmas are refused. No
+    digests (skyrl-gym compares the rows as sets).
 
     Raises FileNotFoundError / RuntimeError as :func:`run_query` does.
     """
-    return _run(ROLLED_BACK, db_path, sql, limits, keep_rows=None, digest=False)
+    return _run(ROLLED_BACK, db_path, sql, limits, keep_rows=None if preview is None else preview.rows, digest=False,
+                preview=preview)
 
 
 def _run(mode: str, db_path: str | Path, sql: str, limits: SQLLimits, *, keep_rows: int | None,
-         digest: bool) -> QueryResult:
+         digest: bool, preview: Preview | None = None) -> QueryResult:
     started = time.monotonic()
     path = Path(db_path)
     if not path.is_file():
@@ -199,8 +213,9 @@ def _run(mode: str, db_path: str | Path, sql: str, limits: SQLLimits, *, keep_ro
     if not isinstance(sql, str):
         return QueryResult(rows=None, failure=sql_worker.SQL_ERROR,
                            error=f"query must be a string, got {type(sql).__name__}")
+    budget = limits.max_result_bytes if preview is None else min(preview.bytes, limits.max_result_bytes)
     request = Request(mode, str(path.resolve()), sql, float(limits.timeout_s), keep_rows, int(limits.max_value_bytes),
-                      int(limits.max_result_bytes), digest)
+                      int(budget), digest, preview is not None, None if preview is None else preview.cell_chars)
     reply = _pool(worker_memory_bytes(limits)).run(request, limits)
     return QueryResult(rows=reply.rows, columns=list(reply.columns), row_count=reply.row_count,
                        complete=reply.complete, ordered=reply.ordered, unordered=reply.unordered,

@@ -15,7 +15,9 @@ Inside, each statement gets a fresh connection with:
 * a progress handler that aborts the statement at the deadline (the usual case; the kill is for
   single long calls);
 * rows read one at a time: each row's Python size is added to the budget (``max_result_bytes``)
-  before it is kept, and the deadline is checked per row too;
+  before it is kept, and the deadline is checked per row too. A preview (``Request.preview``: an
+  exploratory query whose rows only make an observation) cuts each text and blob to
+  ``cell_chars`` first, and stops reading at the budget instead of failing (``complete`` false);
 * an authorizer (see :func:`_authorizer`). ``READ_ONLY`` mode (``text2sql_lenient``) also opens
   the file read-only with ``PRAGMA query_only`` and only lets a SELECT/WITH/VALUES/PRAGMA
   statement reach the compiler. ``ROLLED_BACK`` mode (skyrl-gym's ``text2sql``) runs any
@@ -119,6 +121,8 @@ class Request:
     max_value_bytes: int
     max_result_bytes: int
     digest: bool
+    preview: bool = False          # past the budget: stop reading (not a failure)
+    cell_chars: int | None = None  # a preview's texts and blobs cut to this length
 
 
 @dataclass(frozen=True)
@@ -348,7 +352,11 @@ def _read_rows(cursor: sqlite3.Cursor, request: Request, deadline: float):
         if digest is not None:
             digest.add(row)
         if keep is None or len(rows) < keep:
+            if request.cell_chars is not None:
+                row = tuple(_cut(v, request.cell_chars) for v in row)
             budget -= sys.getsizeof(row) + sum(map(sys.getsizeof, row))
+            if budget < 0 and request.preview:
+                return rows, count, False, (b"", b"")
             if budget < 0:
                 raise _Stop(TOO_LARGE, f"result too large (over {request.max_result_bytes // (1024 * 1024)} MiB "
                                        "in memory; the limit is max_result_bytes)")
@@ -356,6 +364,13 @@ def _read_rows(cursor: sqlite3.Cursor, request: Request, deadline: float):
         elif digest is None:
             return rows, count, False, (b"", b"")
     return rows, count, True, digest.values() if digest is not None else (b"", b"")
+
+
+def _cut(value: Any, chars: int) -> Any:
+    """A text or blob cut to ``chars`` (marked with "..."); other values as they are."""
+    if isinstance(value, (str, bytes)) and len(value) > chars:
+        return value[:chars] + ("..." if isinstance(value, str) else b"...")
+    return value
 
 
 def _failed(failure: str, message: str, error_type: str = "") -> Reply:

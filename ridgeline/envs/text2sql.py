@@ -18,6 +18,14 @@ else ``extras["max_turns"]``, else 5):
   pandas table inside ``<observation>`` with a reminder of the turns left (or the error, or a note
   that the response had no query).
 
+An exploratory query's rows only make that observation, so the worker sends back a preview
+(:data:`PREVIEW`): the first 4501 rows within 512 KiB, each text and blob cut to 9000
+characters; reading stops there, in the worker. Every table skyrl-gym shows whole (at most 9000
+characters) fits in it and is shown the same; a longer one is cut the way skyrl-gym cuts it
+("Truncated to 50 lines ...", its first 50 rows), from the preview's rows, and the observation
+is at most :data:`MAX_OBSERVATION_CHARS`. Before, one ``<sql>`` step returning 7 cells of 8 MB
+kept a 64 MB observation for the episode and took the trainer from 134 to 498 MiB.
+
 Queries run as skyrl-gym runs them, inside a transaction that is always rolled back, so a write
 does run (and its empty result can match an empty gold result) but, here, never reaches the
 file: :func:`ridgeline.envs.sql_executor.run_in_rollback` runs it in a worker process with the
@@ -41,7 +49,7 @@ from typing import Any
 from .base import Env, StepOutput
 from .registry import register
 from .skyrl_rules import skyrl_ground_truth, skyrl_max_turns
-from .sql_executor import SQLCounts, SQLLimits, run_in_rollback
+from .sql_executor import Preview, SQLCounts, SQLLimits, run_in_rollback
 
 __all__ = [
     "DATASET_FOLDERS",
@@ -67,6 +75,10 @@ EXPLORE_TIMEOUT_S = 5.0   # an exploratory <sql> query
 SCORE_TIMEOUT_S = 30.0    # the solution and the gold query, when scoring
 _MAX_TABLE_CHARS = 9000   # a longer table is cut to its first 50 rows
 _CUT_ROWS = 50
+# past 4500 rows a table is always longer than 9000 characters, and so is one with a cell longer than 9000;
+# 4500 rows of 9000 characters in all take at most ~480 KiB as Python objects
+PREVIEW = Preview(rows=_MAX_TABLE_CHARS // 2 + 1, bytes=512 * 1024, cell_chars=_MAX_TABLE_CHARS)
+MAX_OBSERVATION_CHARS = 100_000  # generator.max_observation_chars' default: no more reaches the model
 
 _TAG_IN_SOLUTION = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
 _OBSERVATION_END = re.compile(r"</observation>", re.IGNORECASE)
@@ -86,29 +98,34 @@ class TransactionResult:
     error: str | None
     timed_out: bool
     failure: str | None = None
+    complete: bool = True  # False: a preview, more rows than it holds
 
 
-def run_rolled_back(db_file: str, sql: str, limits: SQLLimits) -> TransactionResult:
+def run_rolled_back(db_file: str, sql: str, limits: SQLLimits, preview: Preview | None = None) -> TransactionResult:
     """Run one statement inside ``BEGIN TRANSACTION`` ... rollback under ``limits``; the rows as
-    skyrl-gym keeps them (``frozenset(cursor.fetchall())``)."""
-    result = run_in_rollback(db_file, sql, limits)
+    skyrl-gym keeps them (``frozenset(cursor.fetchall())``), or with ``preview`` those of the
+    preview."""
+    result = run_in_rollback(db_file, sql, limits, preview)
     rows = None if result.rows is None else frozenset(result.rows)
-    return TransactionResult(rows=rows, error=result.error, timed_out=result.timed_out, failure=result.failure)
+    return TransactionResult(rows=rows, error=result.error, timed_out=result.timed_out, failure=result.failure,
+                             complete=result.rows is None or not result.truncated)
 
 
-def _table(rows: frozenset[tuple[Any, ...]]) -> str:
+def _table(rows: frozenset[tuple[Any, ...]], complete: bool = True) -> str:
     """Rows as skyrl-gym shows them: pandas' plain-text table (pandas comes with ``datasets``),
     cut to its first 50 rows past 9000 characters. Every row line is at least one character and a
     newline, so past 4500 rows the whole table is never rendered: the frame is still built from
-    all rows (it sets the column types the first 50 rows print with)."""
+    all rows (it sets the column types the first 50 rows print with). An incomplete preview is
+    always cut. The text is at most MAX_OBSERVATION_CHARS."""
     import pandas as pd
 
     frame = pd.DataFrame(rows)
-    if 2 * len(rows) <= _MAX_TABLE_CHARS:
+    if complete and 2 * len(rows) <= _MAX_TABLE_CHARS:
         text = frame.to_string(index=False)
         if len(text) <= _MAX_TABLE_CHARS:
             return text
-    return "Truncated to 50 lines since returned response too long: " + frame.head(_CUT_ROWS).to_string(index=False)
+    text = "Truncated to 50 lines since returned response too long: " + frame.head(_CUT_ROWS).to_string(index=False)
+    return text[:MAX_OBSERVATION_CHARS]
 
 
 def sql_observation(db_file: str, sql: str | None, turns_left: int, limits: SQLLimits,
@@ -120,13 +137,13 @@ def sql_observation(db_file: str, sql: str | None, turns_left: int, limits: SQLL
         body = ("Your previous action is invalid. Follow the format of outputting thinking process and sql tool, "
                 "and try again.")
     else:
-        result = run_rolled_back(db_file, sql, replace(limits, timeout_s=EXPLORE_TIMEOUT_S))
+        result = run_rolled_back(db_file, sql, replace(limits, timeout_s=EXPLORE_TIMEOUT_S), PREVIEW)
         if counts is not None:
             counts.add(result.failure)
         if result.timed_out:
             body = f"SQL Timeout:\n{sql}"
         elif result.rows is not None:
-            body = _table(result.rows)
+            body = _table(result.rows, result.complete)
         else:
             body = f"Error executing SQL: {result.error}, db file: {db_file}"
     reminder = f"<reminder>You have {turns_left} turns left to complete the task.</reminder>"

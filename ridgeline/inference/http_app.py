@@ -4,11 +4,17 @@ stack of vLLM's and SGLang's servers), on a socket bound when the server is buil
 Every request passes one gate, in this order, before its body is read:
   1. the route (404 / 405 otherwise);
   2. the key: with an API key, every route but /health needs `Authorization: Bearer <key>` (401);
-  3. the size: a Content-Length over the cap is refused unread (413), a body without one is
-     counted as it arrives and refused once it passes the cap.
+  3. the load: past `max_requests` requests in progress, 503 (idle and half-sent connections
+     do not count: `guarded_h11` closes them; /health is always answered);
+  4. the size: a Content-Length over the cap is refused unread (413), a body without one is
+     counted as it arrives and refused once it passes the cap; a body not in within
+     `read_timeout_s` is refused (408).
 A refusal closes the connection, so the rest of a refused body is never read. Then the body is
-parsed (a JSON object) and the route's handler runs on a worker thread (engine work waits there
-for the engine loop, ridgeline.inference.scheduler). Errors map to statuses: RequestError 400
+measured before it is parsed (`json_shape`: nesting depth and number of arrays and objects, with bytes-level
+scans at C speed), parsed on a worker thread (never on the event loop), checked for lone
+surrogates (400 naming the field), and the route's handler runs on a worker thread (engine work
+waits there for the engine loop, ridgeline.inference.scheduler). A handler may answer an
+`EventStream`: sent as server-sent events. Errors map to statuses: RequestError 400
 naming the field, ServerBusy / RequestTimedOut 503, a weight-sync failure 400, anything else 500
 (logged). They take the shape of the route's API family: {"error": {message, type, param, code}}
 (OpenAI's, for /v1/*; SGLang's native routes answer the same, which holds SGLang's
@@ -23,10 +29,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
@@ -47,12 +54,37 @@ OPEN_ROUTES = ("/health",)  # answered without the key: load balancers and launc
 class Route:
     """One route. Its family gives the shape of its error answers; the "weights" family (SGLang's
     weight, memory and cache routes) changes what the engine serves, so it is never served beyond
-    loopback without a key (`check_exposure`)."""
+    loopback without a key (`check_exposure`). The open routes (/health) are answered on the event
+    loop without reading a body: their handler must be instant."""
 
     method: Literal["GET", "POST"]  # a GET route answers POST too, as SGLang's do
     path: str
     handler: Callable[[dict], Any]
     family: ApiFamily
+
+
+@dataclass(frozen=True)
+class EventStream:
+    """An answer sent as server-sent events (`stream=true`): each event one `data: {json}` line,
+    then `data: [DONE]`, as vLLM's and SGLang's servers send them."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def body(self) -> str:
+        return "".join(f"data: {json.dumps(e)}\n\n" for e in self.events) + "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one request may cost the HTTP layer before a handler sees it."""
+
+    max_body_bytes: int          # --max-body-mb
+    max_requests: int            # requests in progress (reading, waiting, running); 503 beyond
+    max_json_depth: int = 32     # nesting of arrays and objects (an OpenAI chat request needs 5)
+    # arrays and objects: ~64-byte objects from 2-3 bytes of JSON (60 MiB of `[],`: 20 M lists, +1.5 GB);
+    # scalars cost at most ~12x their bytes, bounded by the body cap
+    max_json_containers: int = 1_000_000
+    read_timeout_s: float = 60.0  # from the end of the headers to the end of the body (408 beyond)
 
 
 class ExposureError(ValueError):
@@ -74,12 +106,12 @@ def error_answer(family: ApiFamily, status: HTTPStatus, message: str, param: str
     return {"error": {"message": message, "type": status.phrase, "param": param, "code": int(status)}}
 
 
-def build_app(routes: list[Route], *, api_key: str | None, max_body_bytes: int, workers: int) -> FastAPI:
+def build_app(routes: list[Route], *, api_key: str | None, limits: HttpLimits, workers: int) -> FastAPI:
     """The FastAPI app of `routes`; `workers` bounds the handler threads (engine work waits in them)."""
     from fastapi import FastAPI
     from starlette.exceptions import HTTPException
 
-    gate = _Gate(api_key or None, max_body_bytes, workers)
+    gate = _Gate(api_key or None, limits, workers)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     for route in routes:
         methods = ["GET", "POST"] if route.method == "GET" else ["POST"]
@@ -103,14 +135,108 @@ def build_app(routes: list[Route], *, api_key: str | None, max_body_bytes: int, 
     return app
 
 
+class BodyRefused(ValueError):
+    """A body refused before or while it is parsed: `status` (400 / 413) and the field at fault."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+_STRING = re.compile(rb'"[^"]*"')  # a JSON string once its escaped backslashes and quotes are gone
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def _containers(text: bytes | bytearray) -> int:
+    return text.count(b"[") + text.count(b"{")
+
+
+def json_shape(raw: bytes | bytearray, limits: HttpLimits) -> None:
+    """Refuse a body whose parse would cost more than its size says: more than
+    `max_json_containers` arrays and objects (60 MiB of `[],` is 20 M lists, +1.5 GB parsed), or nesting
+    deeper than `max_json_depth` (the parser recurses). Each scan is a bytes method (C speed,
+    ~0.3 s for 64 MiB): escapes and strings are cut first, so text inside strings never counts."""
+    bare = _STRING.sub(b"", raw.replace(b"\\\\", b"").replace(b'\\"', b"")) if b'"' in raw else raw
+    containers = _containers(bare)
+    if containers > limits.max_json_containers:
+        raise BodyRefused(f"the request body holds {containers} JSON arrays and objects, more than this server's "
+                          f"limit of {limits.max_json_containers}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+    brackets = bare.translate(None, _NOT_BRACKETS)
+    for _ in range(limits.max_json_depth):  # each pass removes at least the innermost level
+        if not brackets:
+            return
+        inner = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if inner == brackets:  # no innermost pair left: the brackets do not balance
+            raise BodyRefused("the body is not JSON: its brackets do not balance")
+        brackets = inner
+    if brackets:
+        raise BodyRefused(f"the request body nests arrays and objects more than {limits.max_json_depth} deep "
+                          "(this server's limit)")
+
+
+def parse_body(raw: bytes | bytearray, limits: HttpLimits) -> dict[str, Any]:
+    """The request's JSON object, measured first (`json_shape`); a string holding a lone
+    surrogate (which no tokenizer can encode) is refused naming its field."""
+    json_shape(raw, limits)
+    try:
+        body = json.loads(raw) if raw else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BodyRefused(f"the body is not JSON: {e}") from e
+    except RecursionError as e:  # json_shape bounds the depth; the interpreter's stack may be smaller
+        raise BodyRefused("the request body nests arrays and objects too deep to parse") from e
+    if not isinstance(body, dict):
+        raise BodyRefused("the request body must be a JSON object")
+    bad = _lone_surrogate(body, "")
+    if bad is not None:
+        raise BodyRefused(f"{bad} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is no "
+                          "character: send valid Unicode", param=bad)
+    return body
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The path (`messages[0].content`) of the first string, key or value, that cannot be UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        here = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and _lone_surrogate(key, "") is not None:
+            return here
+        found = _lone_surrogate(item, here)
+        if found is not None:
+            return found
+    return None
+
+
 class _Gate:
-    def __init__(self, api_key: str | None, max_body_bytes: int, workers: int):
-        self.api_key, self.max_body_bytes, self.workers = api_key, max_body_bytes, workers
-        self._limiter = None  # made in the event loop (anyio needs one running)
+    def __init__(self, api_key: str | None, limits: HttpLimits, workers: int):
+        self.api_key, self.limits, self.workers = api_key, limits, workers
+        self.max_body_bytes = limits.max_body_bytes
+        self._limiter = self._parsers = None  # made in the event loop (anyio needs one running)
+        self._in_progress = 0  # only touched on the event loop
 
     def endpoint(self, route: Route) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
-            return await self.handle(route, request)
+            # /health is answered whatever the load, on the loop, without reading a body (it takes
+            # none), so bodies sent slowly by many clients cannot make a load balancer drop the server
+            if route.path in OPEN_ROUTES:
+                response = _json(route.handler({}), HTTPStatus.OK)
+                if "content-length" in request.headers or "transfer-encoding" in request.headers:
+                    response.headers["Connection"] = "close"  # the body is never read
+                return response
+            if self._in_progress >= self.limits.max_requests:
+                status = HTTPStatus.SERVICE_UNAVAILABLE
+                return _refuse(route.family, status, f"{self._in_progress} requests are in progress, this server's "
+                                                     "limit; retry later")
+            self._in_progress += 1
+            try:
+                return await self.handle(route, request)
+            finally:
+                self._in_progress -= 1
         return handle
 
     async def handle(self, route: Route, request: Request) -> Response:
@@ -123,25 +249,28 @@ class _Gate:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             return _refuse(route.family, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large(declared))
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > self.max_body_bytes:
-                return _refuse(route.family, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large(None))
-        try:
-            body = json.loads(raw) if raw else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _json(error_answer(route.family, HTTPStatus.BAD_REQUEST, f"the body is not JSON: {e}"),
-                         HTTPStatus.BAD_REQUEST)
-        if not isinstance(body, dict):
-            return _json(error_answer(route.family, HTTPStatus.BAD_REQUEST, "the request body must be a JSON object"),
-                         HTTPStatus.BAD_REQUEST)
+        with anyio.move_on_after(self.limits.read_timeout_s) as reading:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > self.max_body_bytes:
+                    return _refuse(route.family, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large(None))
+        if reading.cancelled_caught:
+            return _refuse(route.family, HTTPStatus.REQUEST_TIMEOUT,
+                           f"the request body did not arrive within {self.limits.read_timeout_s:g}s")
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.workers)
+            self._parsers = anyio.CapacityLimiter(2)  # parsing holds the GIL: more threads would not help
+        try:
+            body = await anyio.to_thread.run_sync(parse_body, raw, self.limits, limiter=self._parsers)
+        except BodyRefused as e:
+            return _json(error_answer(route.family, e.status, str(e), e.param), e.status)
+        del raw
         try:
             # abandoned on cancel: a server shutting down does not wait for the engine
             result = await anyio.to_thread.run_sync(route.handler, body, limiter=self._limiter, abandon_on_cancel=True)
         except RequestError as e:
-            return _json(error_answer(route.family, HTTPStatus.BAD_REQUEST, str(e), e.param), HTTPStatus.BAD_REQUEST)
+            status = HTTPStatus(e.status)
+            return _json(error_answer(route.family, status, str(e), e.param), status)
         except (ServerBusy, RequestTimedOut) as e:
             status = HTTPStatus.SERVICE_UNAVAILABLE
             return _json(error_answer(route.family, status, str(e)), status)
@@ -151,6 +280,10 @@ class _Gate:
             log.exception("%s %s failed", request.method, route.path)
             status = HTTPStatus.INTERNAL_SERVER_ERROR
             return _json(error_answer(route.family, status, f"{type(e).__name__}: {e}"), status)
+        if isinstance(result, EventStream):
+            from fastapi import Response
+
+            return Response(result.body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         failed = isinstance(result, dict) and result.get("success") is False
         return _json(result, HTTPStatus.BAD_REQUEST if failed else HTTPStatus.OK)
 
@@ -178,12 +311,69 @@ def _refuse(family: ApiFamily, status: HTTPStatus, message: str) -> Response:
     return response
 
 
+def guarded_h11(header_timeout_s: float, max_open: int) -> type:
+    """uvicorn's h11 protocol with the two guards it lacks (it has a keep-alive timeout after a
+    response, and a header size cap, but no header timeout, and it counts idle connections against
+    its concurrency limit): a request's headers must be complete within `header_timeout_s` of the
+    connection or of the request's first byte, else the connection closes; past `max_open`
+    connections, a new one closes the oldest that has no request in progress (half-sent headers,
+    keep-alive), so such connections never lock real requests out (slowloris)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11(H11Protocol):
+        _header_timer = None
+        _opened = 0.0
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._opened = self.loop.time()
+            self._arm_header_timer()
+            if len(self.connections) > max_open:
+                idle = [c for c in self.connections if c is not self and c._idle()]
+                if idle:
+                    min(idle, key=lambda c: c._opened).transport.close()
+
+        def _idle(self) -> bool:
+            """No request in progress: its headers are not all in yet (uvicorn makes a cycle for a
+            request once they are), or its answer has been sent."""
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm_header_timer(self) -> None:
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_overdue)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_overdue(self) -> None:
+            self._header_timer = None
+            if self._idle() and not self.transport.is_closing():
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if not self._idle():
+                self._cancel_header_timer()
+            elif self._header_timer is None:  # the first bytes of the next request on a kept-alive connection
+                self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+    return GuardedH11
+
+
 class HttpServer:
     """uvicorn serving `app` on a socket bound here: a taken port fails at construction (OSError),
     port 0 picks a free one (`server_address`). `serve_forever` / `shutdown` / `server_close` as
-    the standard library's servers: run `serve_forever` in a thread of its own."""
+    the standard library's servers: run `serve_forever` in a thread of its own. Requests in
+    progress are bounded by the app (`HttpLimits.max_requests`), open connections here
+    (`max_open`, idle ones closed first: `guarded_h11`)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int, *, backlog: int, max_connections: int):
+    def __init__(self, app: FastAPI, host: str, port: int, *, backlog: int, max_open: int,
+                 header_timeout_s: float):
         import uvicorn
 
         family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
@@ -199,9 +389,9 @@ class HttpServer:
         self.server_address: tuple[str, int] = self.socket.getsockname()[:2]
         # h11 and asyncio: no optional speedups, no process-wide event-loop policy (a training run
         # serves from a thread of its own); log_config=None leaves the process's logging alone
-        config = uvicorn.Config(app, http="h11", loop="asyncio", lifespan="off", log_config=None,
-                                log_level="warning", access_log=False, backlog=backlog,
-                                limit_concurrency=max_connections, timeout_graceful_shutdown=3, server_header=False)
+        config = uvicorn.Config(app, http=guarded_h11(header_timeout_s, max_open), loop="asyncio", lifespan="off",
+                                log_config=None, log_level="warning", access_log=False, backlog=backlog,
+                                timeout_graceful_shutdown=3, server_header=False)
         self._server = uvicorn.Server(config)
         self._stopped = threading.Event()
         self._stopped.set()

@@ -23,12 +23,18 @@ matched stop string (unless `include_stop_str_in_output`); `finish_reason` is "s
 `stop_reason` the stop string or stop token id that ended a choice (None: the end-of-sequence
 token). Usage counts each prompt once and every sampled token.
 
+`stream=true` answers the same choices as server-sent events in vLLM's chunk shapes
+(`text_completion` / `chat.completion.chunk` events, `stream_options.include_usage`'s last
+event with the usage, then `data: [DONE]`); the answer is computed whole first, then sent.
+
 Refused with a 400 naming the field, never ignored: a `model` other than the served one (required
 on the generation routes, as SkyRL's endpoint asks; optional on /tokenize and /detokenize, as
-vLLM's), a field this server does not act on (`tools`, `response_format`, a non-zero penalty...),
-`stream=true` (answers come whole: no server-sent events), top logprobs of prompt tokens
-(`prompt_logprobs` > 0, `echo` with `logprobs` > 0: the engine scores each prompt token, not its
-alternatives) and content parts other than text.
+vLLM's), a field this server does not act on (`tools`, `response_format`, `best_of`, a non-zero
+penalty...), top logprobs of prompt tokens (`prompt_logprobs` > 0, `echo` with `logprobs` > 0:
+the engine scores each prompt token, not its alternatives), content parts other than text, and a
+chat template sent with the request (`chat_template`, `chat_template_kwargs.chat_template`) unless
+the server trusts them (`--trust-request-chat-template`, vLLM's flag: rendering a template is
+running a program; one of 150 bytes took 2 GB).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from jinja2 import TemplateError
 
 from ridgeline.inference import request_fields as fields
-from ridgeline.inference.http_app import Route
+from ridgeline.inference.http_app import EventStream, Route
 from ridgeline.inference.request_fields import RequestError
 from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams, TopLogprobs
 
@@ -52,16 +58,18 @@ _SAMPLING = {"n", "seed", "max_tokens", "temperature", "top_p", "top_k", "min_p"
              "return_tokens_as_token_ids", "logprobs"}
 # `user` and SkyRL's `session_id` (a routing hint) change no answer, so they are accepted
 _ANY = {"model", "stream", "user", "session_id"}
-_TEMPLATE = {"chat_template_kwargs", "add_generation_prompt", "continue_final_message", "add_special_tokens"}
-COMPLETION_FIELDS = _ANY | _SAMPLING | {"prompt", "prompt_logprobs", "echo", "add_special_tokens"}
-CHAT_FIELDS = _ANY | _SAMPLING | _TEMPLATE | {"messages", "max_completion_tokens", "top_logprobs"}
+_TEMPLATE = {"chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+             "add_special_tokens"}
+COMPLETION_FIELDS = _ANY | _SAMPLING | {"prompt", "prompt_logprobs", "echo", "add_special_tokens", "stream_options"}
+CHAT_FIELDS = _ANY | _SAMPLING | _TEMPLATE | {"messages", "max_completion_tokens", "top_logprobs", "stream_options"}
 TOKENIZE_FIELDS = _TEMPLATE | {"model", "prompt", "messages", "return_token_strs"}
 DETOKENIZE_FIELDS = {"model", "tokens"}
 # OpenAI fields this server does not apply: accepted only at a value (or null) that applies nothing
 _NEUTRAL: dict[str, tuple[Any, ...]] = {"frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},),
-                                        "suffix": ("",), "stream_options": ()}
-_FLAGS = ("skip_special_tokens", "include_stop_str_in_output", "return_token_ids", "return_tokens_as_token_ids",
-          "echo", "add_special_tokens", "add_generation_prompt", "continue_final_message", "return_token_strs")
+                                        "suffix": ("",)}
+_FLAGS = ("stream", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",
+          "return_tokens_as_token_ids", "echo", "add_special_tokens", "add_generation_prompt",
+          "continue_final_message", "return_token_strs")
 COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
 
@@ -87,11 +95,11 @@ class OpenAIApi:
                                             "root": s.tokenizer_path, "parent": None, "created": int(s.started),
                                             "max_model_len": s.model_limits.context_length}]}
 
-    def completions(self, body: dict) -> dict:
+    def completions(self, body: dict) -> dict | EventStream:
         self._check(body, "/v1/completions", COMPLETION_FIELDS)
         limits = self.service.model_limits
         prompts, texts = self._completion_prompts(body)
-        n = _sample_count(body)
+        n = _sample_count(body, len(prompts), limits)
         echo = bool(body.get("echo"))
         max_tokens = body.get("max_tokens")
         params, stop = self._sampling(body, ("max_tokens", COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens),
@@ -137,11 +145,12 @@ class OpenAIApi:
                                                           "decoded_token": self.tokenizer.decode([t])}}
                         for lp, t in zip(scored, req.prompt_token_ids)]
                 choices.append(choice)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.service.served_model_name, "choices": choices,
-                "usage": _usage(sum(len(r.prompt_token_ids) for r in requests), outputs)}
+        answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                  "model": self.service.served_model_name, "choices": choices,
+                  "usage": _usage(sum(len(r.prompt_token_ids) for r in requests), outputs)}
+        return _completion_events(answer, _usage_wanted(body)) if body.get("stream") else answer
 
-    def chat_completions(self, body: dict) -> dict:
+    def chat_completions(self, body: dict) -> dict | EventStream:
         """`n` samples of the chat-templated messages, in one batch."""
         self._check(body, "/v1/chat/completions", CHAT_FIELDS)
         prompt = self._render_chat(body)
@@ -155,7 +164,8 @@ class OpenAIApi:
         # logprobs=true with no top_logprobs still returns each sampled token's logprob
         params, stop = self._sampling(body, limit, ("top_logprobs", top))
         request = fields.fit_context(EngineRequest(prompt, params, stop), "messages", self.service.model_limits)
-        outputs = self.service.sample([request] * _sample_count(body), [body.get("seed")])
+        outputs = self.service.sample([request] * _sample_count(body, 1, self.service.model_limits),
+                                      [body.get("seed")])
         skip, keep = body.get("skip_special_tokens", True), body.get("include_stop_str_in_output", False)
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
@@ -171,7 +181,7 @@ class OpenAIApi:
                   "model": self.service.served_model_name, "choices": choices, "usage": _usage(len(prompt), outputs)}
         if body.get("return_token_ids"):
             answer["prompt_token_ids"] = prompt  # vLLM's field: with `token_ids`, the exact tokens sampled from
-        return answer
+        return _chat_events(answer, _usage_wanted(body)) if body.get("stream") else answer
 
     def tokenize(self, body: dict) -> dict:
         """vLLM's /tokenize: a text (`prompt`, special tokens added by default) or a chat
@@ -182,8 +192,8 @@ class OpenAIApi:
         if "messages" in body:
             ids = self._render_chat(body)
         else:
-            chat_only = sorted(k for k in ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
-                               if k in body)
+            chat_only = sorted(k for k in ("chat_template", "chat_template_kwargs", "add_generation_prompt",
+                                           "continue_final_message") if k in body)
             if chat_only:
                 raise RequestError(f"/tokenize: {chat_only[0]} applies to messages, not to a prompt", chat_only[0])
             if not isinstance(body["prompt"], str):
@@ -202,12 +212,8 @@ class OpenAIApi:
 
     # -- requests -------------------------------------------------------------------------------
     def _check(self, body: dict, route: str, known: set[str], *, model_required: bool = True) -> None:
-        """What every request must satisfy: the served model named, no streaming, no field this
-        server would not act on, flags that are flags."""
-        if body.get("stream") is not None and fields.flag(body["stream"], "stream"):
-            raise RequestError(f"{route}: stream=true is not supported: ridgeline serve answers with the whole "
-                               "response, not server-sent events. Fix: send stream=false (the openai client's "
-                               "default)", "stream")
+        """What every request must satisfy: the served model named, no field this server would not
+        act on, flags that are flags, stream options only with stream=true."""
         unknown = sorted(k for k in body if k not in known and k not in _NEUTRAL)
         if unknown:
             raise RequestError(f"{route}: fields this server does not act on: {unknown}. Fix: remove them (the fields "
@@ -226,6 +232,8 @@ class OpenAIApi:
         for key in _FLAGS:
             if body.get(key) is not None:
                 fields.flag(body[key], key)
+        if body.get("stream_options") is not None:
+            _usage_wanted(body)
 
     def _sampling(self, body: dict, max_tokens: tuple[str, Any], top_logprobs: tuple[str, Any]) -> \
             tuple[SamplingParams, tuple[int, ...]]:
@@ -259,14 +267,28 @@ class OpenAIApi:
         if template_kwargs is not None and not isinstance(template_kwargs, dict):
             raise RequestError(f"chat_template_kwargs must be an object, got {fields.short(template_kwargs)}",
                                "chat_template_kwargs")
+        template_kwargs = dict(template_kwargs or {})
+        given = [k for k, v in (("chat_template", body.get("chat_template")),
+                                ("chat_template_kwargs.chat_template", template_kwargs.get("chat_template")))
+                 if v is not None]
+        if given and not self.service.trust_request_chat_template:
+            # a template is a program the server runs (loops, string growth): one request of 150 bytes
+            # took 2 GB. vLLM refuses them the same way unless started with this flag
+            raise RequestError(f"{given[0]}: this server renders chats with the model's own template only; a "
+                               "template sent with the request is refused unless the server is started with "
+                               "--trust-request-chat-template. Fix: drop it", given[0])
+        if body.get("chat_template") is not None:
+            if not isinstance(body["chat_template"], str):
+                raise RequestError(f"chat_template must be a text, got {fields.short(body['chat_template'])}",
+                                   "chat_template")
+            template_kwargs["chat_template"] = body["chat_template"]
         cont = bool(body.get("continue_final_message"))
         if cont and body.get("add_generation_prompt"):
             raise RequestError("continue_final_message=true continues the last message, add_generation_prompt=true "
                                "opens a new one: set one of them", "continue_final_message")
         options = {"add_generation_prompt": body.get("add_generation_prompt", not cont), "continue_final_message": cont}
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **{**(template_kwargs or {}),
-                                                                                   **options})
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **{**template_kwargs, **options})
         except (TemplateError, ValueError, TypeError) as e:
             raise RequestError(f"the chat template cannot render these messages: {e}", "messages") from e
         return self.service.encode(text, add_special_tokens=body.get("add_special_tokens", False))
@@ -329,8 +351,74 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _sample_count(body: dict) -> int:
-    return fields.whole(body.get("n", 1), "n", 1)
+def _sample_count(body: dict, prompts: int, limits: fields.ModelLimits) -> int:
+    """`n`: samples per prompt, at most `limits.max_sequences` sequences in all."""
+    return fields.sequence_count(fields.whole(body.get("n", 1), "n", 1), prompts, "n", limits)
+
+
+def _usage_wanted(body: dict) -> bool:
+    """`stream_options` (only with stream=true, as vLLM): whether the last event carries the usage."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not body.get("stream"):
+        raise RequestError("stream_options applies to stream=true only. Fix: drop it, or set stream=true",
+                           "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        raise RequestError(f"stream_options must be {{\"include_usage\": true/false}}, got {fields.short(options)}",
+                           "stream_options")
+    if options.get("continuous_usage_stats"):
+        raise RequestError("stream_options.continuous_usage_stats: this server sends the usage once, in the last "
+                           "event (include_usage). Fix: drop it", "stream_options.continuous_usage_stats")
+    return fields.flag(options.get("include_usage", False), "stream_options.include_usage")
+
+
+def _event(answer: dict, obj: str, choices: list[dict], usage: bool) -> dict[str, Any]:
+    event = {"id": answer["id"], "object": obj, "created": answer["created"], "model": answer["model"],
+             "choices": choices}
+    if usage:
+        event["usage"] = None  # OpenAI's shape: null on every event but the last
+    return event
+
+
+def _completion_events(answer: dict, usage: bool) -> EventStream:
+    """A /v1/completions answer as vLLM streams it: per choice, its text (with its logprobs), then
+    its finish reason; the usage last when asked."""
+    events = []
+    for c in answer["choices"]:
+        extra = {k: c[k] for k in ("token_ids", "prompt_token_ids", "prompt_logprobs") if k in c}
+        events.append(_event(answer, "text_completion", [{"index": c["index"], "text": c["text"],
+                                                          "logprobs": c["logprobs"], "finish_reason": None,
+                                                          "stop_reason": None, **extra}], usage))
+        events.append(_event(answer, "text_completion", [{"index": c["index"], "text": "", "logprobs": None,
+                                                          "finish_reason": c["finish_reason"],
+                                                          "stop_reason": c["stop_reason"]}], usage))
+    if usage:
+        events.append({**_event(answer, "text_completion", [], False), "usage": answer["usage"]})
+    return EventStream(events)
+
+
+def _chat_events(answer: dict, usage: bool) -> EventStream:
+    """A /v1/chat/completions answer as vLLM streams it (`chat.completion.chunk`): per choice the
+    role, the content (with its logprobs), then the finish reason; the usage last when asked."""
+    obj, events = "chat.completion.chunk", []
+    for c in answer["choices"]:
+        i = c["index"]
+        events.append(_event(answer, obj, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}], usage))
+        content = {"index": i, "delta": {"content": c["message"]["content"]}, "logprobs": c["logprobs"],
+                   "finish_reason": None}
+        if "token_ids" in c:
+            content["token_ids"] = c["token_ids"]
+        events.append(_event(answer, obj, [content], usage))
+        events.append(_event(answer, obj, [{"index": i, "delta": {}, "logprobs": None,
+                                            "finish_reason": c["finish_reason"], "stop_reason": c["stop_reason"]}],
+                             usage))
+    if "prompt_token_ids" in answer and events:
+        events[0]["prompt_token_ids"] = answer["prompt_token_ids"]
+    if usage:
+        events.append({**_event(answer, obj, [], False), "usage": answer["usage"]})
+    return EventStream(events)
 
 
 def _only_own_logprobs(count: int, key: str, when: str = "") -> None:

@@ -5,7 +5,10 @@ left to fail inside the engine.
 The limits are vLLM's and SGLang's: temperature >= 0, 0 < top_p <= 1, top_k -1 / 0 (off) or >= 1,
 0 <= min_p <= 1, repetition_penalty > 0, at most `max_logprobs` top logprobs (vLLM's default 20),
 token ids of the model's vocabulary, and a prompt that fits the context, whose
-`max_new_tokens` / `max_tokens` is then cut to what is left of it (SGLang's rule).
+`max_new_tokens` / `max_tokens` is then cut to what is left of it (SGLang's rule). What a request
+costs the engine beyond that is bounded here too: sequences per request (n x prompts: n=2,000,000
+took +1.7 GB and 50 s), stop strings in number and total length (every new token is checked
+against each: 3 M of them starved every other client), stop token ids in number.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ SEED_RANGE = (-2**63, 2**64)  # what torch's generators take
 class RequestError(ValueError):
     """A request the server refuses: answered 400, naming `param`, the field at fault."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)
-        self.param = param
+        self.param, self.status = param, status
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,20 @@ class ModelLimits:
     vocab_size: int               # token ids 0 .. vocab_size - 1
     context_length: int | None    # prompt + response tokens; None: the engine judges alone
     max_logprobs: int = 20        # top logprobs per token (vLLM's --max-logprobs default)
+    max_sequences: int = 16384    # sequences one request generates: n x its prompts (a remote training
+                                  # batch comes as one /generate: 1024 prompts x 16 samples fit)
+    max_stop_strings: int = 64    # stop strings of one request (OpenAI's API takes 4)
+    max_stop_chars: int = 4096    # their total length in characters
+    max_stop_token_ids: int = 1024
+
+
+def sequence_count(n: int, prompts: int, key: str, limits: ModelLimits) -> int:
+    """`n` samples of `prompts` prompts: at most `max_sequences` in all (`key` names the field)."""
+    if n * prompts > limits.max_sequences:
+        raise RequestError(f"{key}: {n} sample(s) of {prompts} prompt(s) is {n * prompts} sequences, more than this "
+                           f"server's limit of {limits.max_sequences} per request. Fix: split it into several "
+                           "requests", key)
+    return n
 
 
 def whole(value: Any, key: str, low: int | None = None, high: int | None = None) -> int:
@@ -90,16 +107,27 @@ def token_batch(value: Any, key: str, limits: ModelLimits, *, other: str = "") -
 
 
 def stop_token_ids(value: Any, key: str, limits: ModelLimits) -> tuple[int, ...]:
+    if isinstance(value, list) and len(value) > limits.max_stop_token_ids:
+        raise RequestError(f"{key} has {len(value)} token ids, more than this server's limit of "
+                           f"{limits.max_stop_token_ids}", key)
     return () if value is None or value == [] else tuple(token_ids(value, key, limits))
 
 
-def stop_strings(value: Any, key: str) -> tuple[str, ...]:
-    """A `stop` field (null, a string or a list of strings, as both APIs take it)."""
+def stop_strings(value: Any, key: str, limits: ModelLimits) -> tuple[str, ...]:
+    """A `stop` field (null, a string or a list of strings, as both APIs take it), at most
+    `max_stop_strings` of them, `max_stop_chars` in all."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError(f"{key} must be a non-empty string or a list of non-empty strings, got {value!r}", key)
+        raise RequestError(f"{key} must be a non-empty string or a list of non-empty strings, got {short(value)}", key)
+    if len(stops) > limits.max_stop_strings:
+        raise RequestError(f"{key} has {len(stops)} stop strings, more than this server's limit of "
+                           f"{limits.max_stop_strings}", key)
+    chars = sum(map(len, stops))
+    if chars > limits.max_stop_chars:
+        raise RequestError(f"{key}: the stop strings have {chars} characters in all, more than this server's limit "
+                           f"of {limits.max_stop_chars}", key)
     return tuple(stops)
 
 
@@ -119,7 +147,7 @@ def sampling(fields: dict[str, Any], *, max_tokens: tuple[str, Any], prefix: str
         top_k=whole(*get("top_k", -1), -1),
         min_p=number(*get("min_p", 0.0), 0.0, 1.0),
         repetition_penalty=number(*get("repetition_penalty", 1.0), 0.0, low_open=True),
-        stop=stop_strings(fields.get("stop"), prefix + "stop"),
+        stop=stop_strings(fields.get("stop"), prefix + "stop", limits),
         logprobs=top_logprob_count(top, top_key, limits) or None)
 
 

@@ -31,9 +31,13 @@ weight routes' SGLang-style {success, message}.
 Safety (docs/security.md): the server binds 127.0.0.1 unless told otherwise and refuses to serve
 the routes that change weights, memory or the cache beyond loopback without an API key; with a key
 every route but /health asks for `Authorization: Bearer <key>`, checked before the body is read;
-bodies are capped (`ServeLimits.max_body_bytes`); every sampling field and token id is checked
-(400 naming the field, request_fields); a prompt must fit the context, and `max_new_tokens` /
-`max_tokens` is cut to what is left of it. HTTP runs on FastAPI + uvicorn (http_app).
+bodies are capped (`ServeLimits.max_body_bytes`) and measured before they are parsed (depth,
+number of values), off the event loop; headers and bodies have timeouts; every sampling field and
+token id is checked (400 naming the field, request_fields), and what one request may cost (n x
+prompts, stop strings) is bounded; a prompt must fit the context, and `max_new_tokens` /
+`max_tokens` is cut to what is left of it; a chat template sent with a request is rendered only
+when the server trusts them; a disk weight update loads all or nothing. HTTP runs on FastAPI +
+uvicorn (http_app).
 
 Engine work runs on one thread (scheduler.EngineScheduler): generations take turns step by step,
 so a short request is answered while a long one runs; weight, memory and cache routes run alone,
@@ -45,6 +49,8 @@ endpoint shares its process, ridgeline.inference.endpoint).
 from __future__ import annotations
 
 import secrets
+import stat
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -54,7 +60,7 @@ from typing import Any, Callable
 import torch
 
 from ridgeline.inference import request_fields as fields
-from ridgeline.inference.http_app import HttpServer, Route, build_app, check_exposure
+from ridgeline.inference.http_app import HttpLimits, HttpServer, Route, build_app, check_exposure
 from ridgeline.inference.openai_api import OpenAIApi
 from ridgeline.inference.request_fields import ModelLimits, RequestError
 from ridgeline.inference.scheduler import EngineScheduler, single_step
@@ -79,12 +85,26 @@ class ServeLimits:
     request_timeout_s: float = 600.0      # from arrival to answer (generator.remote_request_timeout_s's default)
     max_logprobs: int = 20                # top logprobs per token (vLLM's --max-logprobs)
     backlog: int = 2048                   # the listen queue (uvicorn's default)
+    max_sequences: int = 16384            # n x prompts of one request (a remote trainer's batch is one)
+    max_stop_strings: int = 64            # stop strings of one request ...
+    max_stop_chars: int = 4096            # ... and their total length
+    max_json_depth: int = 32              # nesting of a request body's arrays and objects
+    max_json_containers: int = 1_000_000  # arrays and objects of a request body
+    header_timeout_s: float = 10.0        # from a connection (or a request's first byte) to its last header
+    read_timeout_s: float = 60.0          # from the last header to the end of the body
+    max_open_connections: int = 2048      # beyond: the oldest connection without a request in progress closes
+    max_group_timeout_s: float = 300.0    # the most a weight-update group init may wait for its peers
 
     @property
     def max_connections(self) -> int:
-        """Connections and requests in progress before uvicorn answers 503 itself: room for every
-        queued and running request, and the quick info routes besides."""
+        """Requests in progress (reading, queued, running) before the server answers 503: room for
+        every queued and running request, and the quick info routes besides; also the handler threads."""
         return self.max_running_requests + self.max_queued_requests + 64
+
+    def http(self) -> HttpLimits:
+        return HttpLimits(max_body_bytes=self.max_body_bytes, max_requests=self.max_connections,
+                          max_json_depth=self.max_json_depth, max_json_containers=self.max_json_containers,
+                          read_timeout_s=self.read_timeout_s)
 
 
 def sampling_from_native(p: dict[str, Any], top_logprobs_num: Any, limits: ModelLimits) -> SamplingParams:
@@ -116,7 +136,8 @@ class EngineService:
 
     def __init__(self, engine, tokenizer, model_path: str, *, tp_size: int = 1, served_model_name: str | None = None,
                  tokenizer_path: str | None = None, chat_max_tokens: int = 1024, context_length: int | None = None,
-                 vocab_size: int | None = None,
+                 vocab_size: int | None = None, weight_shapes: dict[str, tuple[int, ...]] | None = None,
+                 trust_request_chat_template: bool = False,
                  steps: GenerationSteps | None = None, limits: ServeLimits = ServeLimits()):
         """`served_model_name`: the name OpenAI requests must give as `model` (default `model_path`,
         vLLM's rule); `tokenizer_path`: a hub id or folder AutoTokenizer loads the model's tokenizer
@@ -124,7 +145,10 @@ class EngineService:
         `chat_max_tokens`: the `max_tokens` of a chat request that sets none (vLLM fills
         the context; here the config's `generator.sampling_params.max_generate_length`);
         `context_length`: prompt + response tokens a request may take (None: the engine judges);
-        `vocab_size`: token ids accepted (default: the tokenizer's); `steps`: the engine's
+        `vocab_size`: token ids accepted (default: the tokenizer's); `weight_shapes`: the engine's
+        parameters by name, so /update_weights_from_disk checks a whole folder before it loads any
+        of it (None: that route refuses); `trust_request_chat_template`: render a chat template a
+        request sends (vLLM's --trust-request-chat-template; default: refused); `steps`: the engine's
         generation in steps, so requests take turns step by step (None: each generation is one
         step, e.g. an engine shared with a training loop)."""
         self.engine = engine
@@ -136,7 +160,12 @@ class EngineService:
         self.tp_size = tp_size
         self.limits = limits
         self.model_limits = ModelLimits(vocab_size=vocab_size or len(tokenizer), context_length=context_length,
-                                        max_logprobs=limits.max_logprobs)
+                                        max_logprobs=limits.max_logprobs, max_sequences=limits.max_sequences,
+                                        max_stop_strings=limits.max_stop_strings,
+                                        max_stop_chars=limits.max_stop_chars)
+        self.weight_shapes = weight_shapes
+        self.trust_request_chat_template = trust_request_chat_template
+        self._forming = threading.Lock()  # one weight-update group forms at a time
         self._steps: GenerationSteps = steps or (lambda requests, seed: single_step(
             lambda: engine.generate(requests, seed=seed)))
         self.weight_version = "0"
@@ -179,6 +208,7 @@ class EngineService:
             prompts, single = self._texts(body["text"])
         else:
             prompts, single = fields.token_batch(body["input_ids"], "input_ids", limits)
+        fields.sequence_count(1, len(prompts), "text" if "text" in body else "input_ids", limits)
         raw = body.get("sampling_params") or {}
         raw_list = raw if isinstance(raw, list) else [raw] * len(prompts)
         if len(raw_list) != len(prompts) or not all(isinstance(p, dict) for p in raw_list):
@@ -287,10 +317,18 @@ class EngineService:
         spec = GroupSpec(port=fields.whole(body.get("master_port"), "master_port", 1, 65536),
                          rank=fields.whole(body.get("rank_offset"), "rank_offset", 1, world), world_size=world,
                          backend=backend, host=host, group_name=name,
-                         timeout_s=fields.number(body.get("timeout_s", 60.0), "timeout_s", 0.0, low_open=True))
+                         timeout_s=fields.number(body.get("timeout_s", 60.0), "timeout_s", 0.0,
+                                                 self.limits.max_group_timeout_s, low_open=True))
         if spec.backend == "nccl" and not torch.cuda.is_available():
             return {"success": False, "message": "backend nccl needs a CUDA GPU on this server; ask for gloo"}
-        self.groups[name] = _Group(spec, TensorBroadcaster(spec))  # blocks until every member joined
+        # one group forms at a time: each waiting init holds a handler thread for up to its timeout
+        if not self._forming.acquire(blocking=False):
+            raise RequestError("another weight update group is forming on this server; retry once it has (or its "
+                               "timeout_s has passed)", "group_name", status=429)
+        try:
+            self.groups[name] = _Group(spec, TensorBroadcaster(spec))  # blocks until every member joined
+        finally:
+            self._forming.release()
         return {"success": True, "message": f"joined {name} as rank {spec.rank} of {spec.world_size}"}
 
     def destroy_weights_update_group(self, body: dict) -> dict:
@@ -322,24 +360,54 @@ class EngineService:
         return {"success": True, "message": f"updated {len(names)} tensors (version {self.weight_version})"}
 
     def update_weights_from_disk(self, body: dict) -> dict:
-        from safetensors.torch import load_file
+        """All or nothing: every file is checked (a regular file, never a FIFO or a device that
+        would block the read), its tensors' names and shapes checked against the engine's and read
+        into memory on this request's thread; only then do they load, alone on the engine, in one
+        call. A bad file, name or shape leaves the weights and their version as they were."""
+        from safetensors import SafetensorError, safe_open
 
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise RequestError(f"model_path must be a folder of *.safetensors files, got {path!r}", "model_path")
+        if self.weight_shapes is None:
+            return {"success": False, "message": "this server cannot check weights before loading them"}
         folder = Path(path)
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             return {"success": False, "message": f"no *.safetensors files in {folder}"}
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            try:
+                if not stat.S_ISREG(f.stat().st_mode):
+                    return {"success": False, "message": f"{f} is not a regular file; nothing was loaded"}
+                with safe_open(str(f), framework="pt") as reader:
+                    for name in reader.keys():
+                        problem = self._weight_problem(name, reader.get_slice(name).get_shape())
+                        if problem:
+                            return {"success": False, "message": f"{f}: {problem}; nothing was loaded"}
+                    tensors.update((name, reader.get_tensor(name)) for name in reader.keys()
+                                   if name in self.weight_shapes)
+            except (OSError, SafetensorError) as e:
+                return {"success": False, "message": f"{f} cannot be read as safetensors ({e}); nothing was loaded"}
+        if not tensors:
+            return {"success": False, "message": f"no tensor in {folder} names a parameter of this model; nothing was "
+                                                 "loaded"}
 
         def load() -> None:
-            for f in files:
-                self.engine.update_weights(load_file(str(f)).items())
+            self.engine.update_weights(tensors.items())
             self.engine.reset_prefix_cache()
 
         self.scheduler.exclusive(load, f"loading weights from {folder}")
         self.weight_version = _version(body, self.weight_version)
         return {"success": True, "message": f"loaded {len(files)} file(s) from {folder}"}
+
+    def _weight_problem(self, name: str, shape: list[int]) -> str | None:
+        """Why tensor `name` of `shape` cannot load (None: it can, or the engine has no such
+        parameter and skips it, as tied weights' second names)."""
+        want = self.weight_shapes.get(name) if self.weight_shapes is not None else None
+        if want is not None and tuple(shape) != tuple(want):
+            return f"tensor {name} has shape {list(shape)}, the model's has {list(want)}"
+        return None
 
     def release_memory(self, body: dict) -> dict:
         """SGLang's route; the embedded engine releases its weights and KV cache together."""
@@ -447,5 +515,6 @@ def make_http_server(service: EngineService, host: str = "127.0.0.1", port: int 
     routes = service.routes() if routes is None else routes
     check_exposure(host, api_key, steering=any(r.family == "weights" for r in routes))
     limits = service.limits
-    app = build_app(routes, api_key=api_key, max_body_bytes=limits.max_body_bytes, workers=limits.max_connections)
-    return HttpServer(app, host, port, backlog=limits.backlog, max_connections=limits.max_connections)
+    app = build_app(routes, api_key=api_key, limits=limits.http(), workers=limits.max_connections)
+    return HttpServer(app, host, port, backlog=limits.backlog, max_open=limits.max_open_connections,
+                      header_timeout_s=limits.header_timeout_s)
