@@ -46,3 +46,46 @@ def test_sglang_loads_views_of_a_received_bucket_as_copies_of_its_own():
     for name, value in weights:
         expected = value.to(torch.bfloat16) if value.is_floating_point() else value
         assert torch.equal(engine.engine.loaded[name], expected), name
+
+
+# -- 11. a colocated engine sleeps at level 2: the full weight sync after the wake refills it -------
+
+class _Recorded:
+    """The trainer's engine, with its sleep and wake calls recorded."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+        self.engine.sleep(level)
+
+    def wake_up(self, tags=("weights", "kv_cache")) -> None:
+        self.calls.append(("wake_up", tuple(tags)))
+        self.engine.wake_up(tags)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_colocated_engine_sleeps_at_level_2_and_the_sync_refills_every_weight(tmp_path):
+    """The colocated step on this CPU (the trainer's GPU-only flag switched on): the embedded engine
+    drops its weights (level 2, nothing copied to the host), wakes them, takes the policy's new
+    weights (every one: a dropped weight left unfilled refuses to generate), wakes its cache and
+    generates."""
+    from ridgeline.config import load_config
+    from ridgeline.inference.types import EngineRequest, SamplingParams
+    from ridgeline.trainer.trainer import Trainer
+
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=16",
+                       "trainer.eval_before_train=false"])
+    trainer = Trainer.from_config(cfg)
+    engine = trainer.engine
+    trainer.colocated, trainer.engine = True, _Recorded(engine)
+    trainer.run.global_step = 1
+    trainer.train_step(next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0)))
+    assert trainer.engine.calls == [("sleep", 2), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+    policy = dict(trainer.workers.policy.model.named_parameters())
+    for name, p in engine.model.named_parameters():
+        assert torch.equal(p, policy[name].detach().to(p.dtype)), name
+    assert engine.generate([EngineRequest([5, 6, 7], SamplingParams(max_generate_length=3))], seed=0)

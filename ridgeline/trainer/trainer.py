@@ -580,7 +580,9 @@ class Trainer:
                     metrics["generate/step_wise_samples"] = float(len(samples))
             if self.colocated:
                 with timer.phase("engine_sleep"):  # the engine's weights and cache leave the GPU for training
-                    self.engine.sleep()
+                    # level 2 drops the weights instead of copying them to the host and back: the
+                    # sync below overwrites every one of them right after the wake
+                    self.engine.sleep(2)
             with timer.phase("fwd_logprobs_values_reward"):
                 # With one optimizer step per batch the policy has not moved when the loss is taken,
                 # so the old logprobs are the training forward's own (detached): one pass saved. The
