@@ -89,3 +89,59 @@ def test_a_colocated_engine_sleeps_at_level_2_and_the_sync_refills_every_weight(
     for name, p in engine.model.named_parameters():
         assert torch.equal(p, policy[name].detach().to(p.dtype)), name
     assert engine.generate([EngineRequest([5, 6, 7], SamplingParams(max_generate_length=3))], seed=0)
+
+
+# -- 10. finiteness: one all-reduced flag per optimizer step, not a check before every backward -----
+
+class _CountingGroup:
+    """A world of one whose all-reduces are counted."""
+
+    def __init__(self, parallel):
+        self.parallel, self.calls = parallel, []
+
+    def all_max(self, values):
+        self.calls.append(("all_max", len(values)))
+        return self.parallel.all_max(values)
+
+    def all_sum(self, values):
+        self.calls.append(("all_sum", len(values)))
+        return self.parallel.all_sum(values)
+
+    def __getattr__(self, name):
+        return getattr(self.parallel, name)
+
+
+def _policy_step_all_reduces(tmp_path, micro: int) -> tuple[list, dict]:
+    from ridgeline.config import load_config
+    from ridgeline.trainer.trainer import Trainer
+
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=16",
+                       "trainer.eval_before_train=false", f"trainer.micro_train_batch_size_per_gpu={micro}"])
+    trainer = Trainer.from_config(cfg)
+    policy = trainer.workers.policy
+    counting = _CountingGroup(policy.parallel)
+    train = policy.train
+
+    def counted_train(batch):
+        policy.parallel = counting
+        try:
+            return train(batch)
+        finally:
+            policy.parallel = counting.parallel
+    policy.train = counted_train
+    trainer.run.global_step = 1
+    metrics = trainer.train_step(next(trainer.train_data.batches(cfg.trainer.train_batch_size, seed=0, epoch=0)))
+    return counting.calls, metrics
+
+
+def test_a_policy_step_agrees_on_finiteness_once_whatever_its_micro_batches(tmp_path):
+    """The tiny preset's one optimizer step in 2 and in 8 micro-batches: the same all-reduces (one
+    finiteness flag per optimizer step), and the same step up to float summation order."""
+    two, two_metrics = _policy_step_all_reduces(tmp_path / "two", 64)
+    eight, eight_metrics = _policy_step_all_reduces(tmp_path / "eight", 16)
+    # the forward-path agreement reduces one value per micro-batch in one call: compare the calls
+    assert [name for name, _ in two] == [name for name, _ in eight]
+    assert eight.count(("all_max", 1)) == 2  # the finiteness flag, and the rollout mismatch's maximum
+    assert two_metrics["policy/policy_update_steps"] == 1.0 and two_metrics["policy/skipped_steps"] == 0.0
+    for key in ("policy/policy_loss", "policy/raw_grad_norm", "policy/policy_entropy"):
+        assert abs(two_metrics[key] - eight_metrics[key]) <= 1e-4 * max(1.0, abs(two_metrics[key])), key
