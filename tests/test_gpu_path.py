@@ -145,3 +145,46 @@ def test_a_policy_step_agrees_on_finiteness_once_whatever_its_micro_batches(tmp_
     assert two_metrics["policy/policy_update_steps"] == 1.0 and two_metrics["policy/skipped_steps"] == 0.0
     for key in ("policy/policy_loss", "policy/raw_grad_norm", "policy/policy_entropy"):
         assert abs(two_metrics[key] - eight_metrics[key]) <= 1e-4 * max(1.0, abs(two_metrics[key])), key
+
+
+# -- 5. checkpoints: the driver opens no CUDA context; the ranks save their own generators ----------
+
+def test_the_checkpoint_asks_for_cuda_generators_only_in_a_process_that_uses_cuda(monkeypatch):
+    """A Ray driver on a GPU node sees CUDA but never initialised it: asking for every GPU's
+    generator would open a context on each. Here torch.cuda is a stand-in that says so."""
+    from ridgeline.trainer import checkpoint
+
+    def opens_a_context():
+        raise AssertionError("get_rng_state_all opened a CUDA context on every GPU of the driver")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", opens_a_context)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: opens_a_context())
+    state = checkpoint._rng_state()
+    assert "cuda" not in state
+    checkpoint._set_rng_state(state)
+    # a process that computes on CUDA (one process on a GPU) keeps saving and restoring its own
+    saved = [torch.arange(4, dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: saved)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state = checkpoint._rng_state()
+    assert state["cuda"] is saved
+    checkpoint._set_rng_state(state)
+    assert restored == [saved]
+
+
+def test_a_rank_saves_and_restores_its_own_generators():
+    from types import SimpleNamespace
+
+    from ridgeline.distributed.ray_workers import TrainingRank
+
+    rank = object.__new__(TrainingRank)  # its methods, without Ray or a model
+    rank.worker = SimpleNamespace(parallel=SimpleNamespace(device=torch.device("cpu")))
+    state = rank.rng_state()
+    drawn = torch.rand(3)
+    rank.set_rng_state(state)
+    assert torch.equal(torch.rand(3), drawn)
+    assert set(state) == {"torch"}  # a CPU rank has no CUDA generator

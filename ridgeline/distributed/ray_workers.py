@@ -201,6 +201,20 @@ class TrainingRank:
     def load_optimizer(self, path: str) -> None:  # collective; every rank reads the file
         self.worker.load_optimizer(Path(path))
 
+    # -- this process's generators (checkpoints: the driver opens no CUDA context, ranks save their own)
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        state = {"torch": torch.get_rng_state()}
+        device = self.worker.parallel.device
+        if device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(device)
+        return state
+
+    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["torch"])
+        device = self.worker.parallel.device
+        if device.type == "cuda" and "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], device)
+
     def shutdown(self) -> None:
         if self.sender is not None:
             self.sender.close()
@@ -337,6 +351,16 @@ class _TrainedGroup(_RankGroup):
 
     def load_optimizer(self, path: Path) -> None:
         self.call("load_optimizer", str(path))
+
+    def rank_rng_states(self) -> list[dict[str, torch.Tensor]]:
+        return self.call("rng_state")
+
+    def set_rank_rng_states(self, states: list[dict[str, torch.Tensor]]) -> None:
+        if len(states) != self.world_size:
+            log.warning("the checkpoint holds the generator states of %d rank(s), this run has %d: the ranks keep "
+                        "the states trainer.seed gave them", len(states), self.world_size)
+            return
+        self.ray.get([a.set_rng_state.remote(state) for a, state in zip(self.actors, states)])
 
 
 class RayPolicyGroup(_TrainedGroup):

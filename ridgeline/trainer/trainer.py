@@ -266,7 +266,7 @@ class Trainer:
             if resume_from is not None:
                 checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
                 weight_sync.sync(run.global_step)   # the engines get the resumed policy
-                checkpointer.restore_rng(resume_from)  # last: loading and syncing may draw numbers
+                checkpointer.restore_rng(resume_from, workers)  # last: loading and syncing may draw numbers
             elif not isinstance(weight_sync, InProcessWeightSync):
                 weight_sync.sync(0)  # engines in other processes start from the trainer's weights, probed
         except BaseException:

@@ -262,6 +262,16 @@ class TrainedWorker(ModelWorker):
             self.scheduler.step()
         return 0.0
 
+    def rank_rng_states(self) -> list[dict[str, torch.Tensor]]:
+        """In one process the run's own generator states are the worker's (the checkpoint's
+        rng_state.pt); ranks' states come from their groups (ridgeline.distributed.ray_workers)."""
+        return []
+
+    def set_rank_rng_states(self, states: list[dict[str, torch.Tensor]]) -> None:
+        if states:
+            log.warning("the checkpoint holds the generator states of %d rank(s); this run trains in one process, "
+                        "whose states it restores from the run's own", len(states))
+
     def save_optimizer(self, path: Path) -> None:  # collective; rank 0 writes
         """AdamW state + learning-rate schedule state."""
         state = self.parallel.optimizer_state_dict(self.model, self.optimizer)
