@@ -188,3 +188,72 @@ def test_a_rank_saves_and_restores_its_own_generators():
     rank.set_rng_state(state)
     assert torch.equal(torch.rand(3), drawn)
     assert set(state) == {"torch"}  # a CPU rank has no CUDA generator
+
+
+# -- 6, 7, 9: who decides the device ----------------------------------------------------------------
+
+def test_gpu_or_cpu_workers_follow_the_clusters_gpus_not_the_drivers():
+    import pytest
+
+    from ridgeline.distributed.placement import PlacementConfigError
+    from ridgeline.distributed.ray_workers import cluster_device
+    from ridgeline.inference.weight_transport import usable_backend
+
+    assert not torch.cuda.is_available()  # this driver has no GPU...
+    assert cluster_device("auto", 8.0) == "GPU"  # ...and plans GPU workers on a cluster that has them
+    assert cluster_device("cuda", 8.0) == cluster_device("cuda:3", 1.0) == "GPU"
+    assert cluster_device("auto", 0.0) == cluster_device("cpu", 8.0) == "CPU"
+    with pytest.raises(PlacementConfigError, match="trainer.device=cuda asks for GPU workers, but the Ray cluster"):
+        cluster_device("cuda", 0.0)
+    assert usable_backend("nccl", gpus=True) == "nccl"  # the plan's GPUs, not this machine's
+    assert usable_backend("nccl", gpus=False) == "gloo"
+
+
+def test_the_config_check_of_an_fsdp2_run_does_not_ask_the_drivers_gpus():
+    import pytest
+
+    from ridgeline.config import load_config
+    from ridgeline.config.validate import ConfigError
+
+    base = ["+experiment=tiny", "trainer.strategy=fsdp2", "trainer.placement.colocate_all=false",
+            "trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=2"]
+    assert load_config([*base, "trainer.device=cuda"]).trainer.device == "cuda"  # no CUDA here: fine
+    with pytest.raises(ConfigError, match=r"trainer.device=cuda:1 names one GPU, but trainer.strategy=fsdp2 gives "
+                                          r"each rank the GPU Ray \(or LOCAL_RANK\) assigns it"):
+        load_config([*base, "trainer.device=cuda:1"])
+    with pytest.raises(ConfigError, match="trainer.device=cuda but CUDA is not available here"):
+        load_config(["+experiment=tiny", "trainer.device=cuda"])  # one process: this machine's GPU
+
+
+class _FakeCuda:
+    """torch.cuda as a process seeing `count` GPUs would answer, recording set_device."""
+
+    def __init__(self, monkeypatch, count: int):
+        self.current = []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda d: self.current.append(torch.device("cuda", d)
+                                                                                    if isinstance(d, int) else d))
+
+
+def test_a_rank_takes_its_own_gpu_whatever_index_trainer_device_names(monkeypatch):
+    from ridgeline.distributed.fsdp import rank_device
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    cuda = _FakeCuda(monkeypatch, count=1)  # a Ray actor sees its one GPU as cuda:0
+    assert rank_device("cuda:3") == torch.device("cuda", 0)
+    assert cuda.current == [torch.device("cuda", 0)]
+
+
+def test_one_process_on_cuda_n_makes_it_the_current_device(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from ridgeline.models.device import use_device
+    from ridgeline.training.build import single_process
+
+    cuda = _FakeCuda(monkeypatch, count=2)
+    assert use_device("cuda:1") == torch.device("cuda", 1)
+    assert single_process(OmegaConf.create({"trainer": {"device": "cuda:1"}})).device == torch.device("cuda", 1)
+    assert cuda.current == [torch.device("cuda", 1)] * 2
+    assert use_device("cpu") == torch.device("cpu") and len(cuda.current) == 2

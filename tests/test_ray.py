@@ -283,6 +283,6 @@ def test_a_pool_that_cannot_be_placed_names_the_resource():
     def plan(bundles: int) -> PlacementPlan:
         return PlacementPlan(device="CPU", ranks={"policy": bundles}, num_engines=1, engine_devices=1,
                              pools=(Pool("policy", ("policy",), bundles, 1),))
-    init_ray(plan(1))  # a small instance, or the one of the runs above
+    init_ray(plan(1).total_bundles)  # a small instance, or the one of the runs above
     with pytest.raises(PlacementError, match=r"pool 'policy' \(policy\): 64 bundle\(s\) of 1 CPU within 2 s"):
         reserve_pools(plan(64), timeout_s=2)

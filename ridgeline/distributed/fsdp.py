@@ -46,7 +46,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from ridgeline.models.device import resolve_device
+from ridgeline.models.device import device_kind, resolve_device
 from ridgeline.models.lora import plain
 from ridgeline.training.parallel import check_trainable_names
 
@@ -68,8 +68,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def rank_device(name: str) -> torch.device:
     """This rank's device from `trainer.device`: on CUDA the GPU `LOCAL_RANK` names (torchrun sets
     it; under Ray, CUDA_VISIBLE_DEVICES shows the actor its one GPU as index 0), made the current
-    device so NCCL and the caching allocator use it; else the CPU."""
-    device = resolve_device(name)
+    device so NCCL and the caching allocator use it; else the CPU. Only the kind of `name` counts:
+    a rank's GPU is its rank's, so an index (`cuda:N`, refused with fsdp2 by the config check) is
+    never checked against the GPUs this process sees."""
+    device = resolve_device(device_kind(name))
     if device.type != "cuda":
         return device
     index = int(os.environ.get("LOCAL_RANK", device.index or 0)) % torch.cuda.device_count()

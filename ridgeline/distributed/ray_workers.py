@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ridgeline.distributed.fsdp import FSDPGroup, rank_device
 from ridgeline.distributed.launch import free_port
-from ridgeline.distributed.placement import PlacementPlan, bundle_index, plan_placement
+from ridgeline.distributed.placement import PlacementConfigError, PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
 from ridgeline.distributed.weight_sync import (GroupSpec, ProbeTolerance, SyncStats, WeightReceiver, WeightSender,
                                                probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
@@ -41,7 +41,7 @@ from ridgeline.inference.ipc_transport import GIB, IPCBucket, IPCReceiver, IPCSe
 from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.inference.types import WAKE_TAGS, EngineOutput, EngineRequest, MemoryTag
 from ridgeline.inference.weight_transport import usable_backend
-from ridgeline.models.device import resolve_device
+from ridgeline.models.device import device_kind
 from ridgeline.models.loading import DTYPES, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import RankShare, TrainingBatch, rank_shares
@@ -561,9 +561,20 @@ class RayWorkers:
             remove_placement_group(g)
 
 
-def placement_plan(cfg: DictConfig) -> PlacementPlan:
+def cluster_device(trainer_device: str, cluster_gpus: float) -> Literal["GPU", "CPU"]:
+    """What the workers compute on, from `trainer.device` and the GPUs the Ray cluster has (not the
+    driver's own: a CPU-only head node of a GPU cluster must still plan GPU workers). `auto`: GPUs
+    when the cluster has any; `cuda` on a cluster without GPUs is refused, naming the key."""
+    kind = device_kind(trainer_device)
+    if kind == "cuda" and cluster_gpus <= 0:
+        raise PlacementConfigError(f"trainer.device={trainer_device} asks for GPU workers, but the Ray cluster has no "
+                                   "GPU. Fix: trainer.device=auto or cpu, or join a cluster with GPUs (RAY_ADDRESS)")
+    return "GPU" if kind == "cuda" or (kind == "auto" and cluster_gpus > 0) else "CPU"
+
+
+def placement_plan(cfg: DictConfig, device: Literal["GPU", "CPU"]) -> PlacementPlan:
+    """The run's pools with bundles of one `device` each (`cluster_device`)."""
     g = cfg.generator
-    device = "GPU" if resolve_device(cfg.trainer.device).type == "cuda" else "CPU"
     # an engine takes tensor x pipeline x data parallel devices of the plan (SkyRL's count), one engine
     # process per data-parallel rank; the embedded hf engine computes on the first device of its block
     return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines),
@@ -580,14 +591,17 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     the resumed checkpoint's)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    plan = placement_plan(cfg)
     ray = import_ray()
     t = cfg.trainer
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false",
            "RIDGELINE_PROGRESS": "0"}
-    init_ray(plan, env)
+    init_ray(placement_plan(cfg, "CPU").total_bundles, env)  # the counts size a local instance
+    # GPU or CPU workers: what the cluster has, never what this (driver) process sees
+    plan = placement_plan(cfg, cluster_device(t.device, float(ray.cluster_resources().get("GPU", 0.0))))
     groups = reserve_pools(plan, float(t.placement.timeout_s))
     plain = OmegaConf.to_container(cfg, resolve=True)
+    # the actors compute where the plan puts them: `auto` settled here, a rank's GPU is its own
+    plain["trainer"]["device"] = "cuda" if plan.device == "GPU" else "cpu"
 
     def actor(cls, role: str, index: int, *args: Any):
         pool = plan.pool_of(role)
@@ -628,7 +642,8 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     if weight_sync_kind("cuda" if plan.device == "GPU" else "cpu", bool(t.placement.colocate_all)) == "cuda_ipc":
         sync = RayIPCWeightSync(ray, policy, engines, int(float(g.weight_transfer_threshold_cuda_ipc_GB) * GIB))
     else:
-        sync = RayWeightSync(ray, policy, engines, usable_backend(g.weight_sync_backend), float(g.weight_sync_timeout))
+        sync = RayWeightSync(ray, policy, engines, usable_backend(g.weight_sync_backend, gpus=plan.device == "GPU"),
+                             float(g.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
     return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
 

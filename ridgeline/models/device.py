@@ -38,6 +38,28 @@ def resolve_device(name: str) -> torch.device:
     raise ValueError(f"trainer.device={name!r} is not a device: one of {', '.join(DEVICE_CHOICES)}")
 
 
+def use_device(name: str) -> torch.device:
+    """`resolve_device`, made this process's current CUDA device: pinned host buffers, NCCL, the
+    caching allocator's defaults and every bare `cuda` land on it, not on GPU 0. For the process
+    that computes (one process on `trainer.device`); FSDP2 ranks take theirs by rank (`rank_device`)."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def device_kind(name: str) -> str:
+    """What `trainer.device` asks for without asking this machine: "auto", "cpu" or "cuda" (an index
+    dropped); ValueError for a name that is not a device. A Ray driver plans with it, and the ranks
+    find their GPU themselves."""
+    name = str(name).strip().lower()
+    if name in ("auto", "cpu", "cuda"):
+        return name
+    if name.startswith("cuda:") and name[5:].isdigit():
+        return "cuda"
+    raise ValueError(f"trainer.device={name!r} is not a device: one of {', '.join(DEVICE_CHOICES)}")
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     """Autocast to `dtype` on `device` (nothing for fp32 or None, and nothing on devices autocast
     does not know, e.g. `meta` in the placement tests)."""

@@ -41,7 +41,7 @@ from ridgeline.inference.build import build_engine
 from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_address
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
-from ridgeline.models.device import memory_metrics, resolve_device
+from ridgeline.models.device import memory_metrics, use_device
 from ridgeline.models.loading import configure_chat_template, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
@@ -210,7 +210,7 @@ class Trainer:
         # the learning-rate schedules run over the whole run's optimizer steps (build.lr_schedule)
         training_batches = planned_steps(train_data.num_batches(t.train_batch_size), t.epochs, t.max_steps)
         if t.strategy == "single":
-            device = resolve_device(t.device)
+            device = use_device(t.device)  # this process's current GPU too: pinned buffers land on it
             policy = build_policy_worker(cfg, tokenizer, training_batches=training_batches)
             workers = Workers(policy, build_ref_worker(cfg, tokenizer, policy=policy),
                               build_critic(cfg, tokenizer, training_batches=training_batches))
