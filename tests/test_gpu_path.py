@@ -257,3 +257,35 @@ def test_one_process_on_cuda_n_makes_it_the_current_device(monkeypatch):
     assert single_process(OmegaConf.create({"trainer": {"device": "cuda:1"}})).device == torch.device("cuda", 1)
     assert cuda.current == [torch.device("cuda", 1)] * 2
     assert use_device("cpu") == torch.device("cpu") and len(cuda.current) == 2
+
+
+# -- 2. colocated engines of several GPUs are refused (documented in docs/gpu.md) -------------------
+
+def test_colocated_engines_of_several_gpus_are_refused_before_anything_starts():
+    import pytest
+
+    from ridgeline.config import load_config
+    from ridgeline.config.validate import ConfigError
+    from ridgeline.distributed.placement import PlacementConfigError, plan_placement
+    from ridgeline.inference.parallelism import EngineParallelism
+
+    eight = ["generator.backend=vllm", "trainer.placement.policy_num_gpus_per_node=8",
+             "trainer.placement.ref_num_gpus_per_node=8"]
+    refusal = (r"colocate_all=true on GPUs pairs each engine with one policy rank's GPU .* each engine here takes "
+               r"2 GPUs \(inference_engine_tensor_parallel_size=2\): colocated engines of several GPUs are not built. "
+               r"Fix: generator.inference_engine_tensor_parallel_size=1 .* = 8 \(the policy's GPUs\), or "
+               r"trainer.placement.colocate_all=false")
+    tp2 = [*eight, "generator.num_inference_engines=4", "generator.inference_engine_tensor_parallel_size=2"]
+    with pytest.raises(ConfigError, match=refusal):  # GPUs named: the config check knows
+        load_config([*tp2, "trainer.device=cuda"])
+    cfg = load_config(tp2)  # `auto`: the driver plans once Ray says what the cluster has...
+    placement = cfg.trainer.placement
+    with pytest.raises(PlacementConfigError, match=refusal):  # ...and a GPU cluster refuses it there
+        plan_placement(placement, num_engines=4, engine=EngineParallelism(tensor=2), use_ref=True, use_critic=False,
+                       device="GPU")
+    # CPU workers keep them (the embedded engine computes on the first device of its block)
+    plan_placement(placement, num_engines=4, engine=EngineParallelism(tensor=2), use_ref=True, use_critic=False,
+                   device="CPU")
+    # engines of one GPU each, data parallel included, pair with the policy's GPUs
+    load_config([*eight, "trainer.device=cuda", "generator.num_inference_engines=4",
+                 "generator.inference_engine_tensor_parallel_size=1", "generator.inference_engine_data_parallel_size=2"])
