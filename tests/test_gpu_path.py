@@ -289,3 +289,129 @@ def test_colocated_engines_of_several_gpus_are_refused_before_anything_starts():
     # engines of one GPU each, data parallel included, pair with the policy's GPUs
     load_config([*eight, "trainer.device=cuda", "generator.num_inference_engines=4",
                  "generator.inference_engine_tensor_parallel_size=1", "generator.inference_engine_data_parallel_size=2"])
+
+
+# -- 3. a rank sharing its GPU with an engine gives the memory back after every call ---------------
+
+def test_a_colocated_gpu_rank_frees_gradients_and_cached_memory_after_each_call(monkeypatch):
+    """torch.cuda's memory calls are stand-ins that record; the rank is the real TrainingRank with
+    a real policy worker on this CPU, its device said to be a GPU."""
+    import gc
+    from types import SimpleNamespace
+
+    from ridgeline.distributed.ray_workers import TrainingRank
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("gc.collect") or 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: calls.append("ipc_collect"))
+    layer = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    grads_at_release = []
+
+    class Worker(SimpleNamespace):  # a trained worker's attributes the rank reads, and its calls
+        def train(self, batch):
+            layer(torch.ones(1, 2)).sum().backward()
+            calls.append("train")
+            return {"policy/policy_loss": 1.0}
+
+        def compute_logprobs(self, batch):
+            calls.append("compute_logprobs")
+            return torch.zeros(1, 1)
+
+    rank = object.__new__(TrainingRank)
+    rank.worker = Worker(optimizer=optimizer, parallel=SimpleNamespace(device=torch.device("cuda", 0)))
+    rank.ipc_transfer = None
+    monkeypatch.setattr("ridgeline.distributed.ray_workers.TrainedWorker", Worker)  # it has an optimizer
+    monkeypatch.setattr(optimizer, "zero_grad", lambda set_to_none=True: (
+        grads_at_release.append(set_to_none), torch.optim.SGD.zero_grad(optimizer, set_to_none=set_to_none)))
+    rank.shares_gpu = False  # engines elsewhere: nothing to hand back
+    assert rank.train(None) == {"policy/policy_loss": 1.0} and calls == ["train"]
+    calls.clear()
+    rank.shares_gpu = True
+    rank.train(None)
+    assert calls == ["train", "gc.collect", "empty_cache", "ipc_collect"]
+    assert grads_at_release == [True] and all(p.grad is None for p in layer.parameters())
+    calls.clear()
+    rank.compute_logprobs(None)
+    rank.finish_ipc()
+    assert calls == ["compute_logprobs"] + ["gc.collect", "empty_cache", "ipc_collect"] * 2
+
+
+# -- 4. engines start alone, are waited for and put to sleep before any rank loads a model ---------
+
+class _OrderRay:
+    """`ray.get` over stand-in actors whose calls go into one log, in the order they run."""
+
+    def __init__(self):
+        self.log = []
+
+    def get(self, refs):
+        return [ref() for ref in refs]
+
+
+class _Method:
+    def __init__(self, log, name, value=None):
+        self.log, self.name, self.value = log, name, value
+
+    def remote(self, *args):
+        return lambda: self.log.append((self.name, *args)) or self.value
+
+
+class _Engine:
+    def __init__(self, log, index):
+        self.dtype = _Method(log, f"engine {index} built", "bfloat16")
+        self.sleep = _Method(log, f"engine {index} sleep")
+
+
+def test_engines_are_built_and_asleep_before_the_ranks_start():
+    from ridgeline.distributed.ray_workers import start_engines_first
+
+    ray = _OrderRay()
+    engines = [_Engine(ray.log, i) for i in range(2)]
+    started = start_engines_first(ray, engines, True, lambda: ray.log.append(("ranks start",)) or "ranks")
+    assert started == "ranks"
+    assert ray.log == [("engine 0 built",), ("engine 1 built",), ("engine 0 sleep", 2), ("engine 1 sleep", 2),
+                       ("ranks start",)]
+    ray.log.clear()  # engines on GPUs of their own stay awake; remote engines have no actors
+    start_engines_first(ray, engines, False, lambda: ray.log.append(("ranks start",)))
+    assert ray.log == [("engine 0 built",), ("engine 1 built",), ("ranks start",)]
+
+
+# -- 8. the colocated sync gathers the weights bucket by bucket, never the whole model -------------
+
+def test_a_bucket_reads_its_weights_only_when_it_is_packed():
+    import pytest
+
+    from ridgeline.inference.weight_transport import WeightSyncError
+
+    weights = [(f"w{i}", torch.full((8,), float(i))) for i in range(4)]  # 32 bytes each
+    specs = [(name, tuple(t.shape), t.dtype) for name, t in weights]
+    reads = []
+
+    def gathered(pairs):  # what a rank's GatheredState does: one all-gather per tensor read
+        for name, tensor in pairs:
+            reads.append(name)
+            yield name, tensor
+    sender = IPCSender(torch.bfloat16, threshold_bytes=128, device="cpu")  # two tensors per bucket
+    with sender.start(gathered(weights), version=2, specs=specs) as transfer:
+        assert (transfer.count, reads) == (2, [])
+        first = transfer.bucket(0)
+        assert reads == ["w0", "w1"] and [m.name for m in first.tensors] == ["w0", "w1"]
+        received = dict(IPCReceiver().weights([first, transfer.bucket(1)]))
+        assert reads == ["w0", "w1", "w2", "w3"]
+        assert all(torch.equal(received[name], t.to(torch.bfloat16)) for name, t in weights)
+    with sender.start(gathered(reversed(weights)), version=3, specs=specs) as transfer:
+        with pytest.raises(WeightSyncError, match=r"bucket 0 expected w0 \(8,\) from the weights, got w3 \(8,\)"):
+            transfer.bucket(0)
+
+
+def test_gathered_state_reads_one_parameter_at_a_time_and_plans_from_meta_tensors():
+    from ridgeline.distributed.fsdp import GatheredState
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied: one parameter, named once
+    state = GatheredState(model, torch.device("cpu"))
+    assert list(state) == ["0.weight"]
+    assert state.specs()["0.weight"].is_meta and state.specs()["0.weight"].shape == (5, 3)
+    assert torch.equal(state["0.weight"], model[0].weight) and not state["0.weight"].requires_grad

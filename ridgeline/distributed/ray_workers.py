@@ -24,13 +24,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from ridgeline.distributed.fsdp import FSDPGroup, rank_device
+from ridgeline.distributed.fsdp import FSDPGroup, GatheredState, rank_device
 from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementConfigError, PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
@@ -41,7 +41,7 @@ from ridgeline.inference.ipc_transport import GIB, IPCBucket, IPCReceiver, IPCSe
 from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.inference.types import WAKE_TAGS, EngineOutput, EngineRequest, MemoryTag
 from ridgeline.inference.weight_transport import usable_backend
-from ridgeline.models.device import device_kind
+from ridgeline.models.device import device_kind, release_device_memory
 from ridgeline.models.loading import DTYPES, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import RankShare, TrainingBatch, rank_shares
@@ -50,7 +50,7 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      training_autocast_dtype, training_precision)
 from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
-from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
+from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker, TrainedWorker
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from ridgeline.inference.remote import RemoteSettings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 # ------------------------------------------------------------------------------------- actors
@@ -75,6 +77,7 @@ class TrainingRank:
         self.sender: WeightSender | None = None
         self.ipc_sender: IPCSender | None = None
         self.ipc_transfer: IPCTransfer | None = None
+        self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand memory back
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
@@ -87,6 +90,8 @@ class TrainingRank:
         t = self.cfg.trainer
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         device = rank_device(t.device)
+        self.shares_gpu = (device.type == "cuda" and bool(t.placement.colocate_all)
+                           and bool(self.cfg.generator.run_engines_locally))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{host}:{port}",
                                 rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=float(t.placement.timeout_s)))
@@ -110,16 +115,28 @@ class TrainingRank:
 
     # -- training --------------------------------------------------------------------------
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
-        return self.worker.compute_logprobs(batch)
+        return self._handing_back(self.worker.compute_logprobs(batch))
 
     def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective (a LoRA policy's ranks)
-        return self.base_ref.compute_logprobs(batch)
+        return self._handing_back(self.base_ref.compute_logprobs(batch))
 
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:  # collective (critic)
-        return self.worker.compute_values(batch)
+        return self._handing_back(self.worker.compute_values(batch))
 
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
-        return self.worker.train(batch)
+        return self._handing_back(self.worker.train(batch))
+
+    def _handing_back(self, result: R) -> R:
+        """`result`, after a rank sharing its GPU with an engine gave that GPU its memory back: the
+        caching allocator keeps a call's peak (activations, the gathered weights, the IPC bucket,
+        the old blocks of optimizer state moved to the host) reserved otherwise, and the engine's
+        wake (KV cache at generator.gpu_memory_utilization of the GPU) would not fit. Gradients go
+        first: they stay allocated after the last optimizer step."""
+        if self.shares_gpu:
+            if isinstance(self.worker, TrainedWorker):
+                self.worker.optimizer.zero_grad(set_to_none=True)
+            release_device_memory(self.worker.parallel.device)
+        return result
 
     def skipped_steps(self) -> int:
         return self.worker.skipped_steps
@@ -149,16 +166,18 @@ class TrainingRank:
 
     # -- CUDA IPC to the engine on this rank's GPU (RayIPCWeightSync) ---------------------------
     def start_ipc(self, dtype: str, threshold_bytes: int, version: int) -> int:  # collective
-        """Gather the full weights on every rank (on its device: no host round trip) and plan the
-        buckets for this rank's engine, which pulls them with `ipc_bucket`; returns their bytes."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(self.worker.model,
-                                     options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        """Plan the buckets of the full weights for this rank's engine, which pulls them with
+        `ipc_bucket`; returns their bytes. Nothing is gathered here: each bucket gathers its own
+        tensors from the shards as it is packed (on the device: no host round trip), so the rank
+        holds one bucket and the tensor being packed, never the full model (every rank packs
+        every bucket: its engine pulls them all, so the all-gathers meet)."""
+        device = self.worker.parallel.device
         if self.ipc_sender is None:
-            self.ipc_sender = IPCSender(DTYPES[dtype], threshold_bytes, self.worker.parallel.device)
-        # engines name tied weights once; a LoRA policy's are merged, on the device
-        self.ipc_transfer = self.ipc_sender.start(list(self.worker.engine_weights(state)), version)
+            self.ipc_sender = IPCSender(DTYPES[dtype], threshold_bytes, device)
+        state = GatheredState(self.worker.model, device)
+        # engines name tied weights once; a LoRA policy's are merged (shapes from meta tensors)
+        specs = [(name, tuple(t.shape), t.dtype) for name, t in self.worker.engine_weights(state.specs())]
+        self.ipc_transfer = self.ipc_sender.start(self.worker.engine_weights(state), version, specs=specs)
         return self.ipc_transfer.nbytes
 
     def ipc_bucket(self, index: int) -> IPCBucket:
@@ -166,10 +185,11 @@ class TrainingRank:
         return self.ipc_transfer.bucket(index)
 
     def finish_ipc(self) -> None:
-        """Release the last bucket and the gathered weights."""
+        """Release the last bucket and the gathered weights (and their memory, to the engine)."""
         if self.ipc_transfer is not None:
             self.ipc_transfer.close()
             self.ipc_transfer = None
+        self._handing_back(None)
 
     def init_remote_push(self, settings: RemoteSettings) -> None:
         """Rank 0 opens its own client to the remote servers: it holds the full weights after the
@@ -610,20 +630,24 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
                        placement_group=groups[pool.name], placement_group_bundle_index=bundle_index(plan, role, index))}
         return ray.remote(cls).options(**options).remote(*args)
 
+    def start_ranks() -> tuple[list[Any], list[Any], list[Any], list[dict[str, float]]]:
+        policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, plan.ranks["policy"], training_batches)
+                         for r in range(plan.ranks["policy"])]
+        ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
+                       for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
+        critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"],
+                                training_batches) for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
+        infos = []
+        for actors in (policy_actors, ref_actors, critic_actors):
+            if actors:
+                host, port = ray.get(actors[0].master_address.remote())
+                infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
+        return policy_actors, ref_actors, critic_actors, infos
+
     n = cfg.generator.n_samples_per_prompt
-    policy_world = plan.ranks["policy"]
-    policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world, training_batches)
-                     for r in range(policy_world)]
-    ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
-                   for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
-    critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"], training_batches)
-                      for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
     engine_actors = [actor(EngineRank, "engine", i, plain) for i in range(plan.num_engines)]  # none if remote
-    infos = []
-    for actors in (policy_actors, ref_actors, critic_actors):
-        if actors:
-            host, port = ray.get(actors[0].master_address.remote())
-            infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
+    shares_gpus = plan.device == "GPU" and bool(t.placement.colocate_all)
+    policy_actors, ref_actors, critic_actors, infos = start_engines_first(ray, engine_actors, shares_gpus, start_ranks)
     mini = t.policy_mini_batch_size * n
     # the driver's copy of the ranks' settings (the trainer reads kl_estimator from it): computed for
     # the host, so the driver never opens a CUDA context; the ranks compute their own
@@ -646,6 +670,18 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
                              float(g.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
     return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
+
+
+def start_engines_first(ray, engines: list[Any], shares_gpus: bool, start_ranks: Callable[[], T]) -> T:
+    """Start the engines alone, then the ranks (SkyRL's order): vLLM sizes its KV cache from the
+    GPU's free memory and checks that no other process took memory while it profiled, so no rank
+    may load a model on that GPU meanwhile. Engines sharing the ranks' GPUs are put to sleep before
+    the ranks start (level 2: the first weight sync brings the policy's weights)."""
+    if engines:
+        ray.get([e.dtype.remote() for e in engines])  # answered once the engine is built
+        if shares_gpus:
+            ray.get([e.sleep.remote(2) for e in engines])
+    return start_ranks()
 
 
 def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,

@@ -7,6 +7,7 @@ for its current index, which a CPU-only build (and FakeTensorMode on it) cannot 
 from __future__ import annotations
 
 import contextlib
+import gc
 import resource
 
 import torch
@@ -46,6 +47,18 @@ def use_device(name: str) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Hand the caching allocator's free blocks back to the GPU, for another process on it (a
+    colocated engine about to wake): Python's garbage first (tensors held only by reference cycles
+    keep their blocks), then the cache, then the blocks other processes received by IPC and let go.
+    Nothing to do off CUDA."""
+    if device.type != "cuda":
+        return
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.ipc_collect()
 
 
 def device_kind(name: str) -> str:
