@@ -415,3 +415,33 @@ def test_gathered_state_reads_one_parameter_at_a_time_and_plans_from_meta_tensor
     assert list(state) == ["0.weight"]
     assert state.specs()["0.weight"].is_meta and state.specs()["0.weight"].shape == (5, 3)
     assert torch.equal(state["0.weight"], model[0].weight) and not state["0.weight"].requires_grad
+
+
+# -- the colocated path end to end (tests/gpu/test_colocated_gpu.py runs it on a GPU) --------------
+
+def colocated_overrides(export_path, device: str, *extra: str) -> list[str]:
+    return ["+experiment=tiny", f"trainer.export_path={export_path}", "trainer.strategy=fsdp2",
+            "trainer.placement.colocate_all=true", "trainer.placement.policy_num_gpus_per_node=1",
+            "trainer.placement.ref_num_gpus_per_node=1", "generator.num_inference_engines=1",
+            "trainer.algorithm.use_kl_loss=false", "generator.model_dtype=bfloat16", f"trainer.device={device}",
+            "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=2",
+            *extra]
+
+
+def test_the_colocated_path_runs_in_ray_s_order_and_hands_the_trained_weights_over(tmp_path):
+    """One FSDP2 rank (gloo) and its embedded engine process on this CPU, through start-up, a step
+    and the IPC sync (shared memory standing in for CUDA IPC): the engine is built and asleep
+    before the rank loads its model, and after the handoff it passes the probe and generates."""
+    from colocated_path import run_colocated
+
+    from ridgeline.config import load_config
+    from ridgeline.distributed.weight_sync import check_probe, probe_tolerance
+    from ridgeline.inference.types import EngineRequest, SamplingParams
+
+    cfg = load_config(colocated_overrides(tmp_path, "cpu"))
+    run = run_colocated(cfg, [EngineRequest([5, 6, 7], SamplingParams(max_generate_length=3))])
+    assert run.order == ["engine built", "engine asleep", "rank set up"]
+    assert run.metrics["policy/policy_update_steps"] == 1.0 and run.version == 1
+    check_probe(torch.tensor(run.trainer_probe), torch.tensor(run.engine_probe), probe_tolerance(torch.bfloat16),
+                version=1)
+    assert len(run.responses) == 1 and 1 <= len(run.responses[0]) <= 3

@@ -270,16 +270,21 @@ class EngineRank:
         return self.receiver.version
 
     def receive_ipc(self, sender: "ActorHandle") -> int:
-        """Load the weights policy rank `sender` (on this engine's GPU) offers after `start_ipc`:
-        its buckets are pulled one by one while the engine loads them, so the sender packs bucket
-        k+1 only after the engine finished reading bucket k (ridgeline.inference.ipc_transport).
-        Returns the version received."""
+        """Load the weights policy rank `sender` (on this engine's GPU) offers after `start_ipc`
+        (`load_ipc`, each bucket asked of the rank by Ray). Returns the version received."""
         import ray
 
+        return self.load_ipc(lambda index: ray.get(sender.ipc_bucket.remote(index)))
+
+    def load_ipc(self, fetch: Callable[[int], IPCBucket]) -> int:
+        """Load a CUDA IPC handoff whose bucket k `fetch(k)` asks of the sending rank: the buckets
+        are pulled one by one while the engine loads them, so the sender packs bucket k+1 only after
+        the engine finished reading bucket k (ridgeline.inference.ipc_transport). Returns the
+        version received."""
         def buckets():
             index, count = 0, 1
             while index < count:
-                bucket = ray.get(sender.ipc_bucket.remote(index))
+                bucket = fetch(index)
                 count, index = bucket.count, index + 1
                 yield bucket
 
