@@ -26,6 +26,16 @@ from ridgeline.training.batch import build_training_batch
 REPLY_TIMEOUT_S = 300.0
 
 
+def colocated_overrides(export_path, device: str, *extra: str) -> list[str]:
+    """The tiny preset as one FSDP2 policy rank colocated with one embedded engine on `device`."""
+    return ["+experiment=tiny", f"trainer.export_path={export_path}", "trainer.strategy=fsdp2",
+            "trainer.placement.colocate_all=true", "trainer.placement.policy_num_gpus_per_node=1",
+            "trainer.placement.ref_num_gpus_per_node=1", "generator.num_inference_engines=1",
+            "trainer.algorithm.use_kl_loss=false", "generator.model_dtype=bfloat16", f"trainer.device={device}",
+            "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=2",
+            *extra]
+
+
 def memory(device: str) -> dict[str, int]:
     """This process's device memory in bytes: tensors allocated, and what the allocator reserves."""
     if device != "cuda":

@@ -419,20 +419,11 @@ def test_gathered_state_reads_one_parameter_at_a_time_and_plans_from_meta_tensor
 
 # -- the colocated path end to end (tests/gpu/test_colocated_gpu.py runs it on a GPU) --------------
 
-def colocated_overrides(export_path, device: str, *extra: str) -> list[str]:
-    return ["+experiment=tiny", f"trainer.export_path={export_path}", "trainer.strategy=fsdp2",
-            "trainer.placement.colocate_all=true", "trainer.placement.policy_num_gpus_per_node=1",
-            "trainer.placement.ref_num_gpus_per_node=1", "generator.num_inference_engines=1",
-            "trainer.algorithm.use_kl_loss=false", "generator.model_dtype=bfloat16", f"trainer.device={device}",
-            "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=2",
-            *extra]
-
-
 def test_the_colocated_path_runs_in_ray_s_order_and_hands_the_trained_weights_over(tmp_path):
     """One FSDP2 rank (gloo) and its embedded engine process on this CPU, through start-up, a step
     and the IPC sync (shared memory standing in for CUDA IPC): the engine is built and asleep
     before the rank loads its model, and after the handoff it passes the probe and generates."""
-    from colocated_path import run_colocated
+    from colocated_path import colocated_overrides, run_colocated
 
     from ridgeline.config import load_config
     from ridgeline.distributed.weight_sync import check_probe, probe_tolerance
