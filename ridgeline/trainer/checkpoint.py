@@ -15,7 +15,7 @@ to go on as if it had never stopped (docs/checkpointing.md):
     ref/                the reference model, only once `update_ref_every_epoch` replaced it
     trainer_state.json  global step, data position, run id, KL controller, running reward std,
                         skipped-step counters, metrics rows written so far
-    rng_state.pt        python `random`, numpy, torch CPU (+ CUDA) RNG states
+    rng_state.pt        python `random`, numpy, torch CPU (+ CUDA) RNG states; "ranks": FSDP2 ranks' own
     rollouts_ahead.json asynchronous modes: the batches of the next steps, generated (by older policies)
                         but not yet trained on (ridgeline.trainer.scheduled, docs/async.md)
     config.yaml         the resolved config of the run
