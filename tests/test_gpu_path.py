@@ -293,9 +293,9 @@ def test_colocated_engines_of_several_gpus_are_refused_before_anything_starts():
 
 # -- 3. a rank sharing its GPU with an engine gives the memory back after every call ---------------
 
-def test_a_colocated_gpu_rank_frees_gradients_and_cached_memory_after_each_call(monkeypatch):
-    """torch.cuda's memory calls are stand-ins that record; the rank is the real TrainingRank with
-    a real policy worker on this CPU, its device said to be a GPU."""
+def test_a_colocated_gpu_rank_offloads_frees_gradients_and_cached_memory_after_each_call(monkeypatch):
+    """torch.cuda's memory calls are stand-ins that record; the rank is the real TrainingRank around
+    a stand-in worker whose device is said to be a GPU (its model's moves are recorded)."""
     import gc
     from types import SimpleNamespace
 
@@ -307,9 +307,13 @@ def test_a_colocated_gpu_rank_frees_gradients_and_cached_memory_after_each_call(
     monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: calls.append("ipc_collect"))
     layer = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-    grads_at_release = []
+    gpu = torch.device("cuda", 0)
 
-    class Worker(SimpleNamespace):  # a trained worker's attributes the rank reads, and its calls
+    class Model:
+        def to(self, device):
+            calls.append(f"params to {torch.device(device).type}")
+
+    class Worker(SimpleNamespace):  # what the rank reads of a trained worker, and its calls
         def train(self, batch):
             layer(torch.ones(1, 2)).sum().backward()
             calls.append("train")
@@ -320,22 +324,25 @@ def test_a_colocated_gpu_rank_frees_gradients_and_cached_memory_after_each_call(
             return torch.zeros(1, 1)
 
     rank = object.__new__(TrainingRank)
-    rank.worker = Worker(optimizer=optimizer, parallel=SimpleNamespace(device=torch.device("cuda", 0)))
+    rank.worker = Worker(optimizer=optimizer, model=Model(), parallel=SimpleNamespace(device=gpu, cpu_offload=False))
     rank.ipc_transfer = None
     monkeypatch.setattr("ridgeline.distributed.ray_workers.TrainedWorker", Worker)  # it has an optimizer
-    monkeypatch.setattr(optimizer, "zero_grad", lambda set_to_none=True: (
-        grads_at_release.append(set_to_none), torch.optim.SGD.zero_grad(optimizer, set_to_none=set_to_none)))
-    rank.shares_gpu = False  # engines elsewhere: nothing to hand back
+    rank.shares_gpu = False  # engines on GPUs of their own: the rank keeps its GPU
     assert rank.train(None) == {"policy/policy_loss": 1.0} and calls == ["train"]
     calls.clear()
     rank.shares_gpu = True
     rank.train(None)
-    assert calls == ["train", "gc.collect", "empty_cache", "ipc_collect"]
-    assert grads_at_release == [True] and all(p.grad is None for p in layer.parameters())
+    handed_back = ["params to cpu", "gc.collect", "empty_cache", "ipc_collect"]
+    assert calls == ["params to cuda", "train", *handed_back]
+    assert all(p.grad is None for p in layer.parameters())
     calls.clear()
     rank.compute_logprobs(None)
     rank.finish_ipc()
-    assert calls == ["compute_logprobs"] + ["gc.collect", "empty_cache", "ipc_collect"] * 2
+    assert calls == ["params to cuda", "compute_logprobs", *handed_back, *handed_back]
+    calls.clear()
+    rank.worker.parallel.cpu_offload = True  # FSDP2 keeps them on the host already: nothing to move
+    rank.compute_logprobs(None)
+    assert calls == ["compute_logprobs", "gc.collect", "empty_cache", "ipc_collect"]
 
 
 # -- 4. engines start alone, are waited for and put to sleep before any rank loads a model ---------

@@ -19,6 +19,7 @@ to engines colocated on the policy's GPUs, as IPC handles (`weight_sync_kind` pi
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import time
@@ -63,6 +64,19 @@ R = TypeVar("R")
 
 
 # ------------------------------------------------------------------------------------- actors
+def _model_on_device(method: Callable[..., R]) -> Callable[..., R]:
+    """A `TrainingRank` call that computes with its model: the parameters come to the device first
+    and the GPU goes back to a colocated engine afterwards (`TrainingRank._hand_back`)."""
+    @functools.wraps(method)
+    def call(self: "TrainingRank", *args: Any, **kwargs: Any) -> R:
+        self._model_to_device()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._hand_back()
+    return call
+
+
 class TrainingRank:
     """One data-parallel rank of the policy, reference or critic, run as a Ray actor: the same
     worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
@@ -77,7 +91,7 @@ class TrainingRank:
         self.sender: WeightSender | None = None
         self.ipc_sender: IPCSender | None = None
         self.ipc_transfer: IPCTransfer | None = None
-        self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand memory back
+        self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand it back
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
@@ -111,32 +125,50 @@ class TrainingRank:
                                        options=PLAIN)
         else:
             self.worker = build_ref_worker(self.cfg, self.tokenizer, parallel=group)
-        return {"parameters": float(sum(p.numel() for p in self.worker.model.parameters()))}
+        parameters = float(sum(p.numel() for p in self.worker.model.parameters()))
+        self._hand_back()  # the engine's first wake (the sync of the start weights) follows
+        return {"parameters": parameters}
 
     # -- training --------------------------------------------------------------------------
+    @_model_on_device
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
-        return self._handing_back(self.worker.compute_logprobs(batch))
+        return self.worker.compute_logprobs(batch)
 
+    @_model_on_device
     def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective (a LoRA policy's ranks)
-        return self._handing_back(self.base_ref.compute_logprobs(batch))
+        return self.base_ref.compute_logprobs(batch)
 
+    @_model_on_device
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:  # collective (critic)
-        return self._handing_back(self.worker.compute_values(batch))
+        return self.worker.compute_values(batch)
 
+    @_model_on_device
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
-        return self._handing_back(self.worker.train(batch))
+        return self.worker.train(batch)
 
-    def _handing_back(self, result: R) -> R:
-        """`result`, after a rank sharing its GPU with an engine gave that GPU its memory back: the
-        caching allocator keeps a call's peak (activations, the gathered weights, the IPC bucket,
-        the old blocks of optimizer state moved to the host) reserved otherwise, and the engine's
-        wake (KV cache at generator.gpu_memory_utilization of the GPU) would not fit. Gradients go
-        first: they stay allocated after the last optimizer step."""
-        if self.shares_gpu:
-            if isinstance(self.worker, TrainedWorker):
-                self.worker.optimizer.zero_grad(set_to_none=True)
-            release_device_memory(self.worker.parallel.device)
-        return result
+    def _offloads_model(self) -> bool:
+        """The parameters wait on the host between calls: the rank shares its GPU with an engine and
+        FSDP2 does not keep them on the host already (`fsdp_config.cpu_offload`)."""
+        return self.shares_gpu and not self.worker.parallel.cpu_offload
+
+    def _model_to_device(self) -> None:
+        if self._offloads_model():
+            self.worker.model.to(self.worker.parallel.device)
+
+    def _hand_back(self) -> None:
+        """Give the GPU back to the engine that shares it (SkyRL's offload under colocate_all): the
+        gradients go (they stay allocated after the last optimizer step), the parameters move to
+        the host, and the caching allocator returns its free blocks to the device: it keeps a call's
+        peak (activations, gathered weights, the IPC bucket, the old blocks of optimizer state
+        moved to the host) reserved otherwise, and the engine's wake (KV cache at
+        generator.gpu_memory_utilization of the GPU) would not fit."""
+        if not self.shares_gpu:
+            return
+        if isinstance(self.worker, TrainedWorker):
+            self.worker.optimizer.zero_grad(set_to_none=True)
+        if self._offloads_model():
+            self.worker.model.to("cpu")
+        release_device_memory(self.worker.parallel.device)
 
     def skipped_steps(self) -> int:
         return self.worker.skipped_steps
@@ -145,9 +177,11 @@ class TrainingRank:
         self.worker.skipped_steps = value
 
     # -- weights ---------------------------------------------------------------------------
+    @_model_on_device
     def full_state_dict(self) -> dict[str, torch.Tensor]:  # collective; rank 0 gets the weights
         return self.worker.full_state_dict()
 
+    @_model_on_device
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # collective
         self.worker.parallel.load_full_state_dict(self.worker.model, state)
 
@@ -160,6 +194,7 @@ class TrainingRank:
         state = self.full_state_dict()
         return list(self.worker.engine_weights(state)) if self.rank == 0 else None
 
+    @_model_on_device
     def send_weights(self, dtype: str, version: int) -> SyncStats | None:  # collective
         weights = self._engine_weights()
         return None if weights is None else self.sender.send(weights, DTYPES[dtype], version=version)
@@ -189,7 +224,7 @@ class TrainingRank:
         if self.ipc_transfer is not None:
             self.ipc_transfer.close()
             self.ipc_transfer = None
-        self._handing_back(None)
+        self._hand_back()
 
     def init_remote_push(self, settings: RemoteSettings) -> None:
         """Rank 0 opens its own client to the remote servers: it holds the full weights after the
@@ -198,26 +233,33 @@ class TrainingRank:
             from ridgeline.inference.remote import RemoteEngine
             self.remote = RemoteEngine(settings)
 
+    @_model_on_device
     def push_remote(self, version: int) -> dict | None:  # collective
         weights = self._engine_weights()
         return None if weights is None else self.remote.update_weights(weights, version)
 
+    @_model_on_device
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)
         return probe_logprobs(self.worker.model, self.tokenizer, device=self.worker.parallel.device)
 
     # -- checkpoints: the worker's own methods, world-size-free files ---------------------------
+    @_model_on_device
     def save_weights(self, folder: str) -> None:  # collective; rank 0 writes
         self.worker.save_weights(Path(folder))
 
+    @_model_on_device
     def export_weights(self, folder: str) -> None:  # collective; rank 0 writes
         self.worker.export_weights(Path(folder))
 
+    @_model_on_device
     def load_weights(self, folder: str) -> None:  # collective; every rank reads the folder
         self.worker.load_weights(Path(folder))
 
+    @_model_on_device
     def save_optimizer(self, path: str) -> None:  # collective; rank 0 writes
         self.worker.save_optimizer(Path(path))
 
+    @_model_on_device
     def load_optimizer(self, path: str) -> None:  # collective; every rank reads the file
         self.worker.load_optimizer(Path(path))
 

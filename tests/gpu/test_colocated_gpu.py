@@ -6,8 +6,9 @@ other process on the GPU can or cannot have, not only as allocated tensors:
 
 - the engine, asleep at level 2 before the rank starts, reserves at most 10% of what it reserved
   when built;
-- after a training step the rank holds no gradients and its cache reserves at most 128 MiB beyond
-  its live tensors (issue 36: it kept its peak before);
+- after a training step the rank holds no gradients, its parameters and AdamW's moments wait on
+  the host (at most 64 MiB allocated) and its cache reserves at most 128 MiB beyond its live
+  tensors (issue 36: it kept its peak before);
 - after the CUDA IPC handoff (gathered bucket by bucket) the rank reserves at most 128 MiB more
   than after set-up; the engine then passes the probe and generates.
 
@@ -44,6 +45,7 @@ def test_colocated_rank_and_engine_hand_the_gpu_back_and_forth(tmp_path, figures
     assert run.order == ["engine built", "engine asleep", "rank set up"]
     trained = run.rank["trained"]
     assert run.grads_left == 0
+    assert trained["allocated"] <= 64 * MIB, trained  # parameters and AdamW's moments wait on the host
     assert trained["reserved"] <= trained["allocated"] + 128 * MIB, trained
     assert run.rank["synced"]["reserved"] <= run.rank["set up"]["reserved"] + 128 * MIB, run.rank
     assert run.engine["awake"]["reserved"] >= 0.9 * 134_515_008 * 2
