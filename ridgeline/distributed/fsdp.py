@@ -153,9 +153,13 @@ class GatheredState(Mapping[str, torch.Tensor]):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         value = self._params[name].detach()
-        if value.device != self._device:
-            value = value.to(self._device)
-        return value.full_tensor() if isinstance(value, DTensor) else value
+        if not isinstance(value, DTensor):
+            return value.to(self._device)
+        local = value.to_local()
+        if local.device != self._device:  # a shard waiting on the host: the all-gather runs on the device
+            value = DTensor.from_local(local.to(self._device), value.device_mesh, value.placements,
+                                       run_check=False, shape=value.shape, stride=value.stride())
+        return value.full_tensor()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._params)
