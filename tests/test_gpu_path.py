@@ -443,3 +443,27 @@ def test_the_colocated_path_runs_in_ray_s_order_and_hands_the_trained_weights_ov
     check_probe(torch.tensor(run.trainer_probe), torch.tensor(run.engine_probe), probe_tolerance(torch.bfloat16),
                 version=1)
     assert len(run.responses) == 1 and 1 <= len(run.responses[0]) <= 3
+
+
+def test_a_lora_policy_plans_its_merged_buckets_from_meta_tensors(tmp_path):
+    """A LoRA policy's engine weights (merged W + scaling B A, plain names) planned from `meta`
+    tensors have the names, shapes and dtypes of those computed from the real weights, and the
+    lazy source yields exactly them, one at a time."""
+    from ridgeline.config import load_config
+    from ridgeline.distributed.fsdp import GatheredState
+    from ridgeline.models.tiny import build_char_tokenizer
+    from ridgeline.training.build import build_policy_worker
+
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "trainer.policy.model.lora.rank=8"])
+    worker = build_policy_worker(cfg, build_char_tokenizer(), training_batches=1)
+    with torch.no_grad():  # trained-looking adapters, so the merge changes the weights
+        for name, p in worker.model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(std=0.1)
+    state = GatheredState(worker.model, torch.device("cpu"))
+    planned = [(name, tuple(t.shape), t.dtype) for name, t in worker.engine_weights(state.specs())]
+    real = list(worker.engine_weights(worker.model.state_dict()))
+    assert planned == [(name, tuple(t.shape), t.dtype) for name, t in real]
+    assert not any("lora" in name for name, _, _ in planned)
+    for (name, value), (real_name, real_value) in zip(worker.engine_weights(state), real):
+        assert name == real_name and torch.equal(value, real_value), name
