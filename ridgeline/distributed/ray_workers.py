@@ -739,7 +739,7 @@ def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, g
     from ridgeline.distributed.weight_sync import RemoteWeightSync
     from ridgeline.inference.remote import RemoteEngine, RemoteSettings
 
-    settings = RemoteSettings.from_config(cfg)
+    settings = RemoteSettings.from_config(cfg, gpus=plan.device == "GPU")  # rank 0 pushes, on the plan's device
     engine = RemoteEngine(settings)
     policy.call("init_remote_push", settings)
     sync = RemoteWeightSync(engine, tokenizer, push=lambda version: policy.call("push_remote", version)[0],
