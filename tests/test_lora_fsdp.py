@@ -232,7 +232,7 @@ def ray_runs(tmp_path_factory):
     from ridgeline.entrypoints.run import run_training
     single, multi = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ray")
     from ridgeline.distributed.ray_workers import placement_plan
-    assert set(placement_plan(load_config(PPO_LORA + RAY)).ranks) == {"policy", "critic"}  # no reference ranks
+    assert set(placement_plan(load_config(PPO_LORA + RAY), "CPU").ranks) == {"policy", "critic"}  # no reference ranks
     run_training(load_config(PPO_LORA + [f"trainer.export_path={single}"]))
     summary = run_training(load_config(PPO_LORA + RAY + [f"trainer.export_path={multi}", "trainer.ckpt_interval=1"]))
     return _rows(single / "tiny"), multi / "tiny", summary

@@ -59,12 +59,16 @@ def test_separate_pools_and_policy_ref_sharing():
 def test_colocation_counts_engines_times_tensor_parallelism():
     """SkyRL's rule: num_inference_engines x inference_engine_tensor_parallel_size devices, here 2 x 4
     on 8 policy GPUs; each engine takes the first bundle of its block."""
+    # (colocated engines of several devices run on CPU workers only: on GPUs they are refused, see
+    # tests/test_gpu_path.py)
     plan = plan_placement(_placement(policy_num_gpus_per_node=8), num_engines=2, engine=EngineParallelism(tensor=4), use_ref=False,
-                          use_critic=False, device="GPU")
+                          use_critic=False, device="CPU")
     assert [(p.name, p.bundles) for p in plan.pools] == [("colocated", 8)]
     assert [bundle_index(plan, "engine", i) for i in range(2)] == [0, 4]
     # on GPUs an actor asks for its share of its bundle's GPU (Ray then shows it that one GPU)
-    assert plan.actor_resources("policy") == {"num_gpus": 0.2, "num_cpus": 0.2}
+    gpus = plan_placement(_placement(policy_num_gpus_per_node=8), num_engines=8, engine=ONE, use_ref=False,
+                          use_critic=False, device="GPU")
+    assert gpus.actor_resources("policy") == {"num_gpus": 0.2, "num_cpus": 0.2}
     cpu = plan_placement(_placement(colocate_all=False), num_engines=1, engine=ONE, use_ref=False,
                          use_critic=False, device="CPU")
     assert cpu.actor_resources("policy") == {"num_cpus": 1.0}
@@ -77,7 +81,7 @@ def test_an_engine_takes_tensor_x_pipeline_x_data_devices_one_process_per_data_p
     engine processes (one per data-parallel rank) takes a block of tensor x pipeline = 2 bundles."""
     engine = EngineParallelism(tensor=2, pipeline=1, data=2)
     plan = plan_placement(_placement(policy_num_gpus_per_node=8), num_engines=2, engine=engine, use_ref=False,
-                          use_critic=False, device="GPU")
+                          use_critic=False, device="CPU")
     assert [(p.name, p.bundles) for p in plan.pools] == [("colocated", 8)]
     assert (plan.num_engines, plan.engine_devices) == (4, 2)
     assert [bundle_index(plan, "engine", i) for i in range(4)] == [0, 2, 4, 6]
@@ -89,7 +93,7 @@ def test_an_engine_takes_tensor_x_pipeline_x_data_devices_one_process_per_data_p
                        r"inference_engine_data_parallel_size=2\) = 8. Fix: generator.num_inference_engines=2"):
         plan_placement(_placement(policy_num_gpus_per_node=16), num_engines=1,
                        engine=EngineParallelism(tensor=2, pipeline=2, data=2), use_ref=False, use_critic=False,
-                       device="GPU")
+                       device="CPU")
 
 
 def test_the_config_check_counts_pipeline_and_data_parallel_devices():
@@ -283,6 +287,6 @@ def test_a_pool_that_cannot_be_placed_names_the_resource():
     def plan(bundles: int) -> PlacementPlan:
         return PlacementPlan(device="CPU", ranks={"policy": bundles}, num_engines=1, engine_devices=1,
                              pools=(Pool("policy", ("policy",), bundles, 1),))
-    init_ray(plan(1))  # a small instance, or the one of the runs above
+    init_ray(plan(1).total_bundles)  # a small instance, or the one of the runs above
     with pytest.raises(PlacementError, match=r"pool 'policy' \(policy\): 64 bundle\(s\) of 1 CPU within 2 s"):
         reserve_pools(plan(64), timeout_s=2)

@@ -34,6 +34,7 @@ divide factor 1 both reductions sum, so the normalisation argument above is unch
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +44,11 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from ridgeline.models.device import resolve_device
+from ridgeline.models.device import device_kind, resolve_device
 from ridgeline.models.lora import plain
 from ridgeline.training.parallel import check_trainable_names
 
@@ -68,8 +70,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def rank_device(name: str) -> torch.device:
     """This rank's device from `trainer.device`: on CUDA the GPU `LOCAL_RANK` names (torchrun sets
     it; under Ray, CUDA_VISIBLE_DEVICES shows the actor its one GPU as index 0), made the current
-    device so NCCL and the caching allocator use it; else the CPU."""
-    device = resolve_device(name)
+    device so NCCL and the caching allocator use it; else the CPU. Only the kind of `name` counts:
+    a rank's GPU is its rank's, so an index (`cuda:N`, refused with fsdp2 by the config check) is
+    never checked against the GPUs this process sees."""
+    device = resolve_device(device_kind(name))
     if device.type != "cuda":
         return device
     index = int(os.environ.get("LOCAL_RANK", device.index or 0)) % torch.cuda.device_count()
@@ -134,6 +138,37 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     `state_dict()`, so it loads into a fresh model of the same config."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
+
+
+class GatheredState(Mapping[str, torch.Tensor]):
+    """A sharded model's full parameters, gathered one at a time as they are read (on `device`,
+    where the all-gather runs: a CPU-offloaded shard is copied there first), so a reader that
+    takes one tensor at a time never holds the whole model. Reading is a collective: every rank
+    must read the same names in the same order. Keys: the model's parameters, tied ones once.
+    `specs()` gives the same keys as `meta` tensors of the full shapes, gathering nothing."""
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        self._params = dict(model.named_parameters())
+        self._device = device
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        value = self._params[name].detach()
+        if not isinstance(value, DTensor):
+            return value.to(self._device)
+        local = value.to_local()
+        if local.device != self._device:  # a shard waiting on the host: the all-gather runs on the device
+            value = DTensor.from_local(local.to(self._device), value.device_mesh, value.placements,
+                                       run_check=False, shape=value.shape, stride=value.stride())
+        return value.full_tensor()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    def specs(self) -> dict[str, torch.Tensor]:
+        return {name: torch.empty(p.shape, dtype=p.dtype, device="meta") for name, p in self._params.items()}
 
 
 def _reduction_device() -> torch.device:

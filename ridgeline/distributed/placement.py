@@ -116,6 +116,17 @@ def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, us
         raise PlacementConfigError(f"generator.num_inference_engines={num_engines} must be at least 1")
     engine_devices = num_engines * engine.devices
     pools: list[Pool] = []
+    if p["colocate_all"] and device == "GPU" and engine.replica_devices > 1:
+        # Colocated engines get their weights from the policy rank on their GPU by CUDA IPC (a handle
+        # opens only on its own GPU), and Ray shows an actor sharing a bundle that bundle's GPU alone:
+        # an engine of several GPUs would need one handoff per shard from several ranks. Not built.
+        raise PlacementConfigError(
+            f"trainer.placement.colocate_all=true on GPUs pairs each engine with one policy rank's GPU (its "
+            f"weights arrive over CUDA IPC from that rank), but each engine here takes {engine.replica_devices} "
+            f"GPUs ({_per_engine(engine, data=False)}): colocated engines of several GPUs are not built. Fix: "
+            f"generator.inference_engine_tensor_parallel_size=1 generator.inference_engine_pipeline_parallel_size=1 "
+            f"with num_inference_engines x inference_engine_data_parallel_size = {ranks['policy']} (the policy's "
+            "GPUs), or trainer.placement.colocate_all=false (engines of any size on GPUs of their own)")
     if p["colocate_all"]:
         for role in ranks:
             if ranks[role] != ranks["policy"]:
@@ -155,9 +166,10 @@ def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, us
                          engine_devices=engine.replica_devices, pools=tuple(pools))
 
 
-def _per_engine(engine: EngineParallelism) -> str:
-    """The keys one engine's device count comes from, with their values (the sizes above 1)."""
-    sizes = (("tensor", engine.tensor), ("pipeline", engine.pipeline), ("data", engine.data))
+def _per_engine(engine: EngineParallelism, data: bool = True) -> str:
+    """The keys one engine's device count comes from, with their values (the sizes above 1);
+    `data=False`: one engine process's (tensor x pipeline)."""
+    sizes = (("tensor", engine.tensor), ("pipeline", engine.pipeline)) + ((("data", engine.data),) if data else ())
     return " x ".join(f"inference_engine_{name}_parallel_size={size}" for name, size in sizes
                       if size != 1 or name == "tensor")
 

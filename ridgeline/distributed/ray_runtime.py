@@ -51,14 +51,15 @@ def import_ray():
     return ray
 
 
-def init_ray(plan: PlacementPlan, worker_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Start a local Ray instance sized for `plan`, or join `RAY_ADDRESS`; a running instance in
-    this process is reused (a local one we started is restarted when too small for `plan`).
-    Returns what was done, for the log."""
+def init_ray(bundles: int, worker_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start a local Ray instance for a plan of `bundles` bundles (each takes a CPU, and a GPU on a
+    GPU plan: the instance gets this machine's GPUs), or join `RAY_ADDRESS`; a running instance in
+    this process is reused (a local one we started is restarted when too small). Returns what was
+    done, for the log. The plan's device comes after, from what the cluster has."""
     global _started_locally
     ray = import_ray()
     env_vars = dict(worker_env or {})
-    num_cpus = max(os.cpu_count() or 1, plan.total_bundles + 1) if plan.device == "CPU" else None
+    num_cpus = max(os.cpu_count() or 1, bundles + 1)
     if ray.is_initialized():
         if not (_started_locally and num_cpus and ray.cluster_resources().get("CPU", 0) < num_cpus):
             return {"mode": "reused"}
@@ -73,8 +74,8 @@ def init_ray(plan: PlacementPlan, worker_env: dict[str, str] | None = None) -> d
         return {"mode": "joined", "address": address}
     for key, value in LOCAL_RAY_ENV.items():
         os.environ.setdefault(key, value)
-    log.info("starting a local Ray instance (%s); %s", f"{num_cpus} logical CPUs" if num_cpus else "all devices",
-             plan.describe())
+    log.info("starting a local Ray instance (%d logical CPUs and this machine's GPUs) for %d bundle(s)", num_cpus,
+             bundles)
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
              configure_logging=False)
     _started_locally = True

@@ -19,20 +19,21 @@ to engines colocated on the policy's GPUs, as IPC handles (`weight_sync_kind` pi
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from ridgeline.distributed.fsdp import FSDPGroup, rank_device
+from ridgeline.distributed.fsdp import FSDPGroup, GatheredState, rank_device
 from ridgeline.distributed.launch import free_port
-from ridgeline.distributed.placement import PlacementPlan, bundle_index, plan_placement
+from ridgeline.distributed.placement import PlacementConfigError, PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
 from ridgeline.distributed.weight_sync import (GroupSpec, ProbeTolerance, SyncStats, WeightReceiver, WeightSender,
                                                probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
@@ -41,7 +42,7 @@ from ridgeline.inference.ipc_transport import GIB, IPCBucket, IPCReceiver, IPCSe
 from ridgeline.inference.parallelism import EngineParallelism
 from ridgeline.inference.types import WAKE_TAGS, EngineOutput, EngineRequest, MemoryTag
 from ridgeline.inference.weight_transport import usable_backend
-from ridgeline.models.device import resolve_device
+from ridgeline.models.device import device_kind, release_device_memory
 from ridgeline.models.loading import DTYPES, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.training.batch import RankShare, TrainingBatch, rank_shares
@@ -50,7 +51,7 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      training_autocast_dtype, training_precision)
 from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
-from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
+from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker, TrainedWorker
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -58,9 +59,24 @@ if TYPE_CHECKING:
     from ridgeline.inference.remote import RemoteSettings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 # ------------------------------------------------------------------------------------- actors
+def _model_on_device(method: Callable[..., R]) -> Callable[..., R]:
+    """A `TrainingRank` call that computes with its model: the parameters come to the device first
+    and the GPU goes back to a colocated engine afterwards (`TrainingRank._hand_back`)."""
+    @functools.wraps(method)
+    def call(self: "TrainingRank", *args: Any, **kwargs: Any) -> R:
+        self._model_to_device()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._hand_back()
+    return call
+
+
 class TrainingRank:
     """One data-parallel rank of the policy, reference or critic, run as a Ray actor: the same
     worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
@@ -75,6 +91,7 @@ class TrainingRank:
         self.sender: WeightSender | None = None
         self.ipc_sender: IPCSender | None = None
         self.ipc_transfer: IPCTransfer | None = None
+        self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand it back
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
@@ -87,6 +104,8 @@ class TrainingRank:
         t = self.cfg.trainer
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         device = rank_device(t.device)
+        self.shares_gpu = (device.type == "cuda" and bool(t.placement.colocate_all)
+                           and bool(self.cfg.generator.run_engines_locally))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{host}:{port}",
                                 rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=float(t.placement.timeout_s)))
@@ -106,20 +125,50 @@ class TrainingRank:
                                        options=PLAIN)
         else:
             self.worker = build_ref_worker(self.cfg, self.tokenizer, parallel=group)
-        return {"parameters": float(sum(p.numel() for p in self.worker.model.parameters()))}
+        parameters = float(sum(p.numel() for p in self.worker.model.parameters()))
+        self._hand_back()  # the engine's first wake (the sync of the start weights) follows
+        return {"parameters": parameters}
 
     # -- training --------------------------------------------------------------------------
+    @_model_on_device
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
         return self.worker.compute_logprobs(batch)
 
+    @_model_on_device
     def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective (a LoRA policy's ranks)
         return self.base_ref.compute_logprobs(batch)
 
+    @_model_on_device
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:  # collective (critic)
         return self.worker.compute_values(batch)
 
+    @_model_on_device
     def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
         return self.worker.train(batch)
+
+    def _offloads_model(self) -> bool:
+        """The parameters wait on the host between calls: the rank shares its GPU with an engine and
+        FSDP2 does not keep them on the host already (`fsdp_config.cpu_offload`)."""
+        return self.shares_gpu and not self.worker.parallel.cpu_offload
+
+    def _model_to_device(self) -> None:
+        if self._offloads_model():
+            self.worker.model.to(self.worker.parallel.device)
+
+    def _hand_back(self) -> None:
+        """Give the GPU back to the engine that shares it (SkyRL's offload under colocate_all): the
+        gradients go (they stay allocated after the last optimizer step), the parameters move to
+        the host, and the caching allocator returns its free blocks to the device: it keeps a call's
+        peak (activations, gathered weights, the IPC bucket, the old blocks of optimizer state
+        moved to the host) reserved otherwise, and the engine's wake (KV cache at
+        generator.gpu_memory_utilization of the GPU) would not fit."""
+        if not self.shares_gpu:
+            return
+        if isinstance(self.worker, TrainedWorker):
+            self.worker.optimizer.zero_grad(set_to_none=True)
+        if self._offloads_model():
+            self.worker.model.to("cpu")
+        release_device_memory(self.worker.parallel.device)
 
     def skipped_steps(self) -> int:
         return self.worker.skipped_steps
@@ -128,9 +177,11 @@ class TrainingRank:
         self.worker.skipped_steps = value
 
     # -- weights ---------------------------------------------------------------------------
+    @_model_on_device
     def full_state_dict(self) -> dict[str, torch.Tensor]:  # collective; rank 0 gets the weights
         return self.worker.full_state_dict()
 
+    @_model_on_device
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # collective
         self.worker.parallel.load_full_state_dict(self.worker.model, state)
 
@@ -143,22 +194,25 @@ class TrainingRank:
         state = self.full_state_dict()
         return list(self.worker.engine_weights(state)) if self.rank == 0 else None
 
+    @_model_on_device
     def send_weights(self, dtype: str, version: int) -> SyncStats | None:  # collective
         weights = self._engine_weights()
         return None if weights is None else self.sender.send(weights, DTYPES[dtype], version=version)
 
     # -- CUDA IPC to the engine on this rank's GPU (RayIPCWeightSync) ---------------------------
     def start_ipc(self, dtype: str, threshold_bytes: int, version: int) -> int:  # collective
-        """Gather the full weights on every rank (on its device: no host round trip) and plan the
-        buckets for this rank's engine, which pulls them with `ipc_bucket`; returns their bytes."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(self.worker.model,
-                                     options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        """Plan the buckets of the full weights for this rank's engine, which pulls them with
+        `ipc_bucket`; returns their bytes. Nothing is gathered here: each bucket gathers its own
+        tensors from the shards as it is packed (on the device: no host round trip), so the rank
+        holds one bucket and the tensor being packed, never the full model (every rank packs
+        every bucket: its engine pulls them all, so the all-gathers meet)."""
+        device = self.worker.parallel.device
         if self.ipc_sender is None:
-            self.ipc_sender = IPCSender(DTYPES[dtype], threshold_bytes, self.worker.parallel.device)
-        # engines name tied weights once; a LoRA policy's are merged, on the device
-        self.ipc_transfer = self.ipc_sender.start(list(self.worker.engine_weights(state)), version)
+            self.ipc_sender = IPCSender(DTYPES[dtype], threshold_bytes, device)
+        state = GatheredState(self.worker.model, device)
+        # engines name tied weights once; a LoRA policy's are merged (shapes from meta tensors)
+        specs = [(name, tuple(t.shape), t.dtype) for name, t in self.worker.engine_weights(state.specs())]
+        self.ipc_transfer = self.ipc_sender.start(self.worker.engine_weights(state), version, specs=specs)
         return self.ipc_transfer.nbytes
 
     def ipc_bucket(self, index: int) -> IPCBucket:
@@ -166,10 +220,11 @@ class TrainingRank:
         return self.ipc_transfer.bucket(index)
 
     def finish_ipc(self) -> None:
-        """Release the last bucket and the gathered weights."""
+        """Release the last bucket and the gathered weights (and their memory, to the engine)."""
         if self.ipc_transfer is not None:
             self.ipc_transfer.close()
             self.ipc_transfer = None
+        self._hand_back()
 
     def init_remote_push(self, settings: RemoteSettings) -> None:
         """Rank 0 opens its own client to the remote servers: it holds the full weights after the
@@ -178,28 +233,49 @@ class TrainingRank:
             from ridgeline.inference.remote import RemoteEngine
             self.remote = RemoteEngine(settings)
 
+    @_model_on_device
     def push_remote(self, version: int) -> dict | None:  # collective
         weights = self._engine_weights()
         return None if weights is None else self.remote.update_weights(weights, version)
 
+    @_model_on_device
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)
         return probe_logprobs(self.worker.model, self.tokenizer, device=self.worker.parallel.device)
 
     # -- checkpoints: the worker's own methods, world-size-free files ---------------------------
+    @_model_on_device
     def save_weights(self, folder: str) -> None:  # collective; rank 0 writes
         self.worker.save_weights(Path(folder))
 
+    @_model_on_device
     def export_weights(self, folder: str) -> None:  # collective; rank 0 writes
         self.worker.export_weights(Path(folder))
 
+    @_model_on_device
     def load_weights(self, folder: str) -> None:  # collective; every rank reads the folder
         self.worker.load_weights(Path(folder))
 
+    @_model_on_device
     def save_optimizer(self, path: str) -> None:  # collective; rank 0 writes
         self.worker.save_optimizer(Path(path))
 
+    @_model_on_device
     def load_optimizer(self, path: str) -> None:  # collective; every rank reads the file
         self.worker.load_optimizer(Path(path))
+
+    # -- this process's generators (checkpoints: the driver opens no CUDA context, ranks save their own)
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        state = {"torch": torch.get_rng_state()}
+        device = self.worker.parallel.device
+        if device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(device)
+        return state
+
+    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["torch"])
+        device = self.worker.parallel.device
+        if device.type == "cuda" and "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], device)
 
     def shutdown(self) -> None:
         if self.sender is not None:
@@ -236,16 +312,21 @@ class EngineRank:
         return self.receiver.version
 
     def receive_ipc(self, sender: "ActorHandle") -> int:
-        """Load the weights policy rank `sender` (on this engine's GPU) offers after `start_ipc`:
-        its buckets are pulled one by one while the engine loads them, so the sender packs bucket
-        k+1 only after the engine finished reading bucket k (ridgeline.inference.ipc_transport).
-        Returns the version received."""
+        """Load the weights policy rank `sender` (on this engine's GPU) offers after `start_ipc`
+        (`load_ipc`, each bucket asked of the rank by Ray). Returns the version received."""
         import ray
 
+        return self.load_ipc(lambda index: ray.get(sender.ipc_bucket.remote(index)))
+
+    def load_ipc(self, fetch: Callable[[int], IPCBucket]) -> int:
+        """Load a CUDA IPC handoff whose bucket k `fetch(k)` asks of the sending rank: the buckets
+        are pulled one by one while the engine loads them, so the sender packs bucket k+1 only after
+        the engine finished reading bucket k (ridgeline.inference.ipc_transport). Returns the
+        version received."""
         def buckets():
             index, count = 0, 1
             while index < count:
-                bucket = ray.get(sender.ipc_bucket.remote(index))
+                bucket = fetch(index)
                 count, index = bucket.count, index + 1
                 yield bucket
 
@@ -337,6 +418,16 @@ class _TrainedGroup(_RankGroup):
 
     def load_optimizer(self, path: Path) -> None:
         self.call("load_optimizer", str(path))
+
+    def rank_rng_states(self) -> list[dict[str, torch.Tensor]]:
+        return self.call("rng_state")
+
+    def set_rank_rng_states(self, states: list[dict[str, torch.Tensor]]) -> None:
+        if len(states) != self.world_size:
+            log.warning("the checkpoint holds the generator states of %d rank(s), this run has %d: the ranks keep "
+                        "the states trainer.seed gave them", len(states), self.world_size)
+            return
+        self.ray.get([a.set_rng_state.remote(state) for a, state in zip(self.actors, states)])
 
 
 class RayPolicyGroup(_TrainedGroup):
@@ -537,9 +628,20 @@ class RayWorkers:
             remove_placement_group(g)
 
 
-def placement_plan(cfg: DictConfig) -> PlacementPlan:
+def cluster_device(trainer_device: str, cluster_gpus: float) -> Literal["GPU", "CPU"]:
+    """What the workers compute on, from `trainer.device` and the GPUs the Ray cluster has (not the
+    driver's own: a CPU-only head node of a GPU cluster must still plan GPU workers). `auto`: GPUs
+    when the cluster has any; `cuda` on a cluster without GPUs is refused, naming the key."""
+    kind = device_kind(trainer_device)
+    if kind == "cuda" and cluster_gpus <= 0:
+        raise PlacementConfigError(f"trainer.device={trainer_device} asks for GPU workers, but the Ray cluster has no "
+                                   "GPU. Fix: trainer.device=auto or cpu, or join a cluster with GPUs (RAY_ADDRESS)")
+    return "GPU" if kind == "cuda" or (kind == "auto" and cluster_gpus > 0) else "CPU"
+
+
+def placement_plan(cfg: DictConfig, device: Literal["GPU", "CPU"]) -> PlacementPlan:
+    """The run's pools with bundles of one `device` each (`cluster_device`)."""
     g = cfg.generator
-    device = "GPU" if resolve_device(cfg.trainer.device).type == "cuda" else "CPU"
     # an engine takes tensor x pipeline x data parallel devices of the plan (SkyRL's count), one engine
     # process per data-parallel rank; the embedded hf engine computes on the first device of its block
     return plan_placement(cfg.trainer.placement, num_engines=int(g.num_inference_engines),
@@ -556,14 +658,17 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     the resumed checkpoint's)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    plan = placement_plan(cfg)
     ray = import_ray()
     t = cfg.trainer
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false",
            "RIDGELINE_PROGRESS": "0"}
-    init_ray(plan, env)
+    init_ray(placement_plan(cfg, "CPU").total_bundles, env)  # the counts size a local instance
+    # GPU or CPU workers: what the cluster has, never what this (driver) process sees
+    plan = placement_plan(cfg, cluster_device(t.device, float(ray.cluster_resources().get("GPU", 0.0))))
     groups = reserve_pools(plan, float(t.placement.timeout_s))
     plain = OmegaConf.to_container(cfg, resolve=True)
+    # the actors compute where the plan puts them: `auto` settled here, a rank's GPU is its own
+    plain["trainer"]["device"] = "cuda" if plan.device == "GPU" else "cpu"
 
     def actor(cls, role: str, index: int, *args: Any):
         pool = plan.pool_of(role)
@@ -572,20 +677,24 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
                        placement_group=groups[pool.name], placement_group_bundle_index=bundle_index(plan, role, index))}
         return ray.remote(cls).options(**options).remote(*args)
 
+    def start_ranks() -> tuple[list[Any], list[Any], list[Any], list[dict[str, float]]]:
+        policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, plan.ranks["policy"], training_batches)
+                         for r in range(plan.ranks["policy"])]
+        ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
+                       for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
+        critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"],
+                                training_batches) for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
+        infos = []
+        for actors in (policy_actors, ref_actors, critic_actors):
+            if actors:
+                host, port = ray.get(actors[0].master_address.remote())
+                infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
+        return policy_actors, ref_actors, critic_actors, infos
+
     n = cfg.generator.n_samples_per_prompt
-    policy_world = plan.ranks["policy"]
-    policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world, training_batches)
-                     for r in range(policy_world)]
-    ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
-                   for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
-    critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"], training_batches)
-                      for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
     engine_actors = [actor(EngineRank, "engine", i, plain) for i in range(plan.num_engines)]  # none if remote
-    infos = []
-    for actors in (policy_actors, ref_actors, critic_actors):
-        if actors:
-            host, port = ray.get(actors[0].master_address.remote())
-            infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
+    shares_gpus = plan.device == "GPU" and bool(t.placement.colocate_all)
+    policy_actors, ref_actors, critic_actors, infos = start_engines_first(ray, engine_actors, shares_gpus, start_ranks)
     mini = t.policy_mini_batch_size * n
     # the driver's copy of the ranks' settings (the trainer reads kl_estimator from it): computed for
     # the host, so the driver never opens a CUDA context; the ranks compute their own
@@ -604,9 +713,22 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     if weight_sync_kind("cuda" if plan.device == "GPU" else "cpu", bool(t.placement.colocate_all)) == "cuda_ipc":
         sync = RayIPCWeightSync(ray, policy, engines, int(float(g.weight_transfer_threshold_cuda_ipc_GB) * GIB))
     else:
-        sync = RayWeightSync(ray, policy, engines, usable_backend(g.weight_sync_backend), float(g.weight_sync_timeout))
+        sync = RayWeightSync(ray, policy, engines, usable_backend(g.weight_sync_backend, gpus=plan.device == "GPU"),
+                             float(g.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
     return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
+
+
+def start_engines_first(ray, engines: list[Any], shares_gpus: bool, start_ranks: Callable[[], T]) -> T:
+    """Start the engines alone, then the ranks (SkyRL's order): vLLM sizes its KV cache from the
+    GPU's free memory and checks that no other process took memory while it profiled, so no rank
+    may load a model on that GPU meanwhile. Engines sharing the ranks' GPUs are put to sleep before
+    the ranks start (level 2: the first weight sync brings the policy's weights)."""
+    if engines:
+        ray.get([e.dtype.remote() for e in engines])  # answered once the engine is built
+        if shares_gpus:
+            ray.get([e.sleep.remote(2) for e in engines])
+    return start_ranks()
 
 
 def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
@@ -617,7 +739,7 @@ def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, g
     from ridgeline.distributed.weight_sync import RemoteWeightSync
     from ridgeline.inference.remote import RemoteEngine, RemoteSettings
 
-    settings = RemoteSettings.from_config(cfg)
+    settings = RemoteSettings.from_config(cfg, gpus=plan.device == "GPU")  # rank 0 pushes, on the plan's device
     engine = RemoteEngine(settings)
     policy.call("init_remote_push", settings)
     sync = RemoteWeightSync(engine, tokenizer, push=lambda version: policy.call("push_remote", version)[0],

@@ -150,7 +150,7 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_address
     from ridgeline.inference.hf_engine import HFEngine
     from ridgeline.tracking.dumps import eval_dump_folder
-    from ridgeline.models.device import resolve_device
+    from ridgeline.models.device import use_device
     from ridgeline.models.loading import configure_chat_template
     from ridgeline.trainer.builders import (build_generator, check_environments, load_environments,
                                             prepare_data, seed_everything)
@@ -165,7 +165,7 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
     if g.run_engines_locally and g.backend == "hf":
         tokenizer, model = load_policy(cfg, checkpoint)
         engine = HFEngine(model, tokenizer, dtype=next(model.parameters()).dtype, max_num_seqs=g.max_num_seqs,
-                          device=resolve_device(t.device))
+                          device=use_device(t.device))
         del model  # the engine holds its own copy
     else:  # vLLM / SGLang load a model folder themselves; remote servers serve what they hold
         from ridgeline.inference.build import build_engine

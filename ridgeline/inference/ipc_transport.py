@@ -4,7 +4,8 @@
 With `trainer.placement.colocate_all=true` on GPUs, policy rank r and engine r share one GPU. The
 rank packs the weights into flat buffers on that GPU and hands the engine a handle to each; the
 engine maps the trainer's memory and copies out of it, device to device: no host round trip and
-no process group.
+no process group. An FSDP2 rank gathers the weights tensor by tensor as their bucket is packed
+(`IPCSender.start(..., specs=...)`): never the whole model at once.
 
 Buckets. Tensors keep their order; each is cast to the engine dtype (floating tensors only, bit
 for bit `tensor.to(dtype)`) and written at a 64-byte aligned offset of one flat uint8 buffer of at
@@ -54,8 +55,7 @@ import torch
 import torch.multiprocessing as torch_mp
 from torch.multiprocessing.reductions import reduce_tensor
 
-from ridgeline.inference.weight_transport import (ALIGN, TensorMeta, WeightSyncError, dtype_from_name, dtype_name,
-                                                  wire_dtype)
+from ridgeline.inference.weight_transport import ALIGN, TensorMeta, WeightSyncError, dtype_from_name, dtype_name
 
 GIB = 1024 ** 3
 # where `storage_device` sits in the arguments reduce_tensor gives rebuild_cuda_tensor
@@ -170,19 +170,19 @@ def open_buffer(handle: IPCHandle) -> torch.Tensor:
 # -- the two ends --------------------------------------------------------------------------------
 
 class IPCTransfer:
-    """One version's buckets, packed on demand, in order. Bucket k's buffer lives until bucket k+1
+    """One version's buckets, packed on demand, in order, from `source`: the (name, tensor) pairs of
+    the plan in its order, read only as their bucket is packed (a lazy source, e.g. tensors gathered
+    from FSDP shards one at a time, is never held whole). Bucket k's buffer lives until bucket k+1
     is asked for, or `close()`. Each source tensor is let go once packed."""
 
-    def __init__(self, version: int, plan: list[BucketPlan], tensors: list[torch.Tensor], device: torch.device):
+    def __init__(self, version: int, plan: list[BucketPlan], source: Iterator[tuple[str, torch.Tensor]],
+                 device: torch.device):
         self.version = version
         self.plan = plan
         self.count = len(plan)
         self.nbytes = sum(b.nbytes for b in plan)
-        self._tensors: list[torch.Tensor | None] = list(tensors)
+        self._source: Iterator[tuple[str, torch.Tensor]] | None = source
         self._device = device
-        self._starts = [0]
-        for b in plan:
-            self._starts.append(self._starts[-1] + len(b.tensors))
         self._next = 0
         self._buffer: torch.Tensor | None = None
 
@@ -196,9 +196,14 @@ class IPCTransfer:
         plan = self.plan[index]
         # at least one byte: an empty shared-memory file cannot be mapped
         buffer = torch.empty(max(plan.nbytes, 1), dtype=torch.uint8, device=self._device)
-        for i, meta in enumerate(plan.tensors, start=self._starts[index]):
-            _slot(buffer, meta).copy_(self._tensors[i])
-            self._tensors[i] = None
+        for meta in plan.tensors:
+            name, tensor = next(self._source, (None, None))
+            if name != meta.name or tuple(tensor.shape) != meta.shape:
+                got = "nothing" if name is None else f"{name} {tuple(tensor.shape)}"
+                raise WeightSyncError(f"weight version {self.version}: bucket {index} expected {meta.name} "
+                                      f"{meta.shape} from the weights, got {got}")
+            _slot(buffer, meta).copy_(tensor)
+            del tensor
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)  # written before another process reads it
         self._buffer = buffer
@@ -216,7 +221,7 @@ class IPCTransfer:
     def close(self) -> None:
         """Release the last bucket and whatever was not sent."""
         self._release()
-        self._tensors = []
+        self._source = None
 
     def __enter__(self) -> "IPCTransfer":
         return self
@@ -241,16 +246,21 @@ class IPCSender:
             raise ValueError(f"IPC weight handoff packs buckets on CUDA or CPU, not {self.device}")
         self.version = 0
 
-    def start(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> IPCTransfer:
+    def start(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None,
+              specs: Iterable[tuple[str, tuple[int, ...], torch.dtype]] | None = None) -> IPCTransfer:
         """Plan the buckets of these tensors (floating ones cast to `dtype`); `version` (e.g. the
-        global step) defaults to one more than the last handoff's."""
-        pairs = [(name, t.detach()) for name, t in named_tensors]
-        plan = plan_buckets(((name, tuple(t.shape), wire_dtype(t, self.dtype)) for name, t in pairs),
-                            self.threshold_bytes)
+        global step) defaults to one more than the last handoff's. `specs`: each tensor's (name,
+        shape, dtype) in order, known without reading `named_tensors`, which then stays lazy and
+        is read bucket by bucket (without `specs` the tensors are read at once to plan)."""
+        if specs is None:
+            pairs = [(name, t.detach()) for name, t in named_tensors]
+            specs, named_tensors = [(name, tuple(t.shape), t.dtype) for name, t in pairs], pairs
+        plan = plan_buckets(((name, tuple(shape), self.dtype if dtype.is_floating_point else dtype)
+                             for name, shape, dtype in specs), self.threshold_bytes)
         if not plan:
             raise ValueError("no tensors to hand over")
         self.version = self.version + 1 if version is None else int(version)
-        return IPCTransfer(self.version, plan, [t for _, t in pairs], self.device)
+        return IPCTransfer(self.version, plan, ((name, t.detach()) for name, t in named_tensors), self.device)
 
 
 class IPCReceiver:

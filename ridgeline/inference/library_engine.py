@@ -170,15 +170,18 @@ def check_context_fits(cfg: DictConfig, length_key: str, folder: str) -> None:
 
 def tensor_batches(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
                    max_bytes: int = UPDATE_BATCH_BYTES,
-                   device: str | None = "cpu") -> Iterator[list[tuple[str, torch.Tensor]]]:
+                   device: str | None = "cpu", copy: bool = False) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """(name, tensor) pairs cast to the engine dtype (floating tensors only), detached,
     contiguous and on `device` (None: where they are), in batches of at most `max_bytes` (a
-    larger tensor goes alone)."""
+    larger tensor goes alone). `copy`: every tensor is a fresh copy, never the caller's memory (an
+    engine that re-sends the batch to another process needs that: torch refuses to share again a
+    CUDA tensor this process received by IPC, as the colocated weight handoff's views are)."""
     batch: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in named_tensors:
         t = tensor.detach().to(device=device or tensor.device,
-                               dtype=dtype if tensor.is_floating_point() else tensor.dtype).contiguous()
+                               dtype=dtype if tensor.is_floating_point() else tensor.dtype,
+                               copy=copy, memory_format=torch.contiguous_format)
         if batch and size + t.nbytes > max_bytes:
             yield batch
             batch, size = [], 0

@@ -80,7 +80,9 @@ class RemoteSettings:
     trainer_host: str = "127.0.0.1"   # the address the servers reach the trainer at for weight sync
 
     @classmethod
-    def from_config(cls, cfg) -> "RemoteSettings":
+    def from_config(cls, cfg, gpus: bool | None = None) -> "RemoteSettings":
+        """`gpus`: whether the process that pushes the weights computes on GPUs (FSDP2's rank 0, which
+        the Ray driver knows from its plan); None: this process's CUDA (`usable_backend`)."""
         from ridgeline.models.loading import DTYPES
 
         g = cfg.generator
@@ -89,7 +91,7 @@ class RemoteSettings:
                    timeout_s=float(g.remote_request_timeout_s), max_retries=int(g.remote_max_retries),
                    api_key=os.environ.get(API_KEY_ENV) or None,
                    override_existing_update_group=str(g.override_existing_update_group),
-                   weight_sync_backend=usable_backend(g.weight_sync_backend), weight_sync_timeout_s=float(g.weight_sync_timeout),
+                   weight_sync_backend=usable_backend(g.weight_sync_backend, gpus), weight_sync_timeout_s=float(g.weight_sync_timeout),
                    trainer_host=os.environ.get("RIDGELINE_TRAINER_HOST", "127.0.0.1"))
 
 

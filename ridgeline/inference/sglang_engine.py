@@ -366,9 +366,11 @@ class SGLangEngine(LibraryEngine):
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """`update_weights_from_tensor` in batches (engine dtype), flushing the cache after the last.
-        Tensors stay on their device: SGLang hands CUDA tensors to its workers by IPC handle."""
+        Tensors stay on their device: SGLang hands CUDA tensors to its scheduler by IPC handle, so
+        each batch is a copy this process owns (the colocated handoff gives views of another
+        process's buffer, which torch refuses to share on); the copy lives until SGLang loaded it."""
         self.wake_up((WEIGHTS,))
-        batches = tensor_batches(named_tensors, self.dtype, self.update_batch_bytes, device=None)
+        batches = tensor_batches(named_tensors, self.dtype, self.update_batch_bytes, device=None, copy=True)
         with self._weight_update_session():
             batch = next(batches, None)
             while batch is not None:

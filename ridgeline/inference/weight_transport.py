@@ -286,11 +286,15 @@ def _shut(fd: int) -> None:
         pass  # already closed
 
 
-def usable_backend(requested: str) -> str:
-    """`generator.weight_sync_backend` as this machine can run it: the base default names the GPU
-    transport (nccl), and a machine without CUDA speaks gloo instead (logged)."""
-    if requested == "nccl" and not torch.cuda.is_available():
-        log.info("generator.weight_sync_backend=nccl on a machine without GPUs: weight sync uses gloo")
+def usable_backend(requested: str, gpus: bool | None = None) -> str:
+    """`generator.weight_sync_backend` as the processes that sync can run it: the base default names
+    the GPU transport (nccl), and workers without CUDA speak gloo instead (logged). `gpus`: whether
+    they compute on GPUs (a Ray driver knows it from its placement plan, not from its own machine);
+    None: this machine's CUDA."""
+    if gpus is None:
+        gpus = torch.cuda.is_available()
+    if requested == "nccl" and not gpus:
+        log.info("generator.weight_sync_backend=nccl on workers without GPUs: weight sync uses gloo")
         return "gloo"
     return requested
 

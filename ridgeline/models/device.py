@@ -7,6 +7,7 @@ for its current index, which a CPU-only build (and FakeTensorMode on it) cannot 
 from __future__ import annotations
 
 import contextlib
+import gc
 import resource
 
 import torch
@@ -35,6 +36,40 @@ def resolve_device(name: str) -> torch.device:
         if not 0 <= index < torch.cuda.device_count():
             raise ValueError(f"trainer.device={name}: this machine has {torch.cuda.device_count()} GPU(s)")
         return torch.device("cuda", index)
+    raise ValueError(f"trainer.device={name!r} is not a device: one of {', '.join(DEVICE_CHOICES)}")
+
+
+def use_device(name: str) -> torch.device:
+    """`resolve_device`, made this process's current CUDA device: pinned host buffers, NCCL, the
+    caching allocator's defaults and every bare `cuda` land on it, not on GPU 0. For the process
+    that computes (one process on `trainer.device`); FSDP2 ranks take theirs by rank (`rank_device`)."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Hand the caching allocator's free blocks back to the GPU, for another process on it (a
+    colocated engine about to wake): Python's garbage first (tensors held only by reference cycles
+    keep their blocks), then the cache, then the blocks other processes received by IPC and let go.
+    Nothing to do off CUDA."""
+    if device.type != "cuda":
+        return
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.ipc_collect()
+
+
+def device_kind(name: str) -> str:
+    """What `trainer.device` asks for without asking this machine: "auto", "cpu" or "cuda" (an index
+    dropped); ValueError for a name that is not a device. A Ray driver plans with it, and the ranks
+    find their GPU themselves."""
+    name = str(name).strip().lower()
+    if name in ("auto", "cpu", "cuda"):
+        return name
+    if name.startswith("cuda:") and name[5:].isdigit():
+        return "cuda"
     raise ValueError(f"trainer.device={name!r} is not a device: one of {', '.join(DEVICE_CHOICES)}")
 
 

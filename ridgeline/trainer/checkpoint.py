@@ -15,7 +15,7 @@ to go on as if it had never stopped (docs/checkpointing.md):
     ref/                the reference model, only once `update_ref_every_epoch` replaced it
     trainer_state.json  global step, data position, run id, KL controller, running reward std,
                         skipped-step counters, metrics rows written so far
-    rng_state.pt        python `random`, numpy, torch CPU (+ CUDA) RNG states
+    rng_state.pt        python `random`, numpy, torch CPU (+ CUDA) RNG states; "ranks": FSDP2 ranks' own
     rollouts_ahead.json asynchronous modes: the batches of the next steps, generated (by older policies)
                         but not yet trained on (ridgeline.trainer.scheduled, docs/async.md)
     config.yaml         the resolved config of the run
@@ -510,9 +510,19 @@ def _rng_state() -> dict[str, Any]:
                   "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    # only a process that computes on CUDA has CUDA generators to save: asking for them would open a
+    # context (~0.5 GiB) on every GPU of a Ray driver, whose ranks save their own (`rank_rng_states`)
+    if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def _rank_rng_states(workers: Workers) -> dict[str, list[dict[str, torch.Tensor]]]:
+    """The generator states of the trained workers' ranks (none in one process)."""
+    states = {"policy": workers.policy.rank_rng_states()}
+    if workers.critic is not None:
+        states["critic"] = workers.critic.rank_rng_states()
+    return states
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -522,7 +532,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
                          npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_initialized():  # a Ray driver: no CUDA generator of its own
         return
     saved = state.get("cuda", [])
     if len(saved) != torch.cuda.device_count():
@@ -613,7 +623,8 @@ class Checkpointer:
     # -- writing ---------------------------------------------------------------------------------
     def _write_contents(self, folder: Path, run: RunState, workers: Workers, steps_per_epoch: int) -> None:
         """Everything but the COMPLETE marker, into `folder`."""
-        _save_torch(_rng_state(), folder / "rng_state.pt")  # first: nothing below may move an RNG first
+        # first: nothing below may move an RNG first; FSDP2 ranks' own states under "ranks"
+        _save_torch({**_rng_state(), "ranks": _rank_rng_states(workers)}, folder / "rng_state.pt")
         workers.policy.save_weights(folder / "policy")
         self.tokenizer.save_pretrained(folder / "policy")
         workers.policy.save_optimizer(folder / "policy_optim.pt")
@@ -724,9 +735,15 @@ class Checkpointer:
                  batch, epoch, run.run_id)
 
     @staticmethod
-    def restore_rng(folder: Path) -> None:
-        """The Python, numpy, torch and CUDA generator states the checkpoint recorded."""
-        _set_rng_state(torch.load(Path(folder) / "rng_state.pt", map_location="cpu", weights_only=True))
+    def restore_rng(folder: Path, workers: Workers) -> None:
+        """The Python, numpy, torch and CUDA generator states the checkpoint recorded, this
+        process's and its workers' ranks'."""
+        state = torch.load(Path(folder) / "rng_state.pt", map_location="cpu", weights_only=True)
+        _set_rng_state(state)
+        ranks = state.get("ranks", {})  # older checkpoints hold none
+        workers.policy.set_rank_rng_states(ranks.get("policy", []))
+        if workers.critic is not None:
+            workers.critic.set_rank_rng_states(ranks.get("critic", []))
 
     # -- exports ---------------------------------------------------------------------------------
     def save_model(self, workers: Workers, out: Path) -> None:

@@ -208,7 +208,7 @@ class SupervisedTrainer:
             checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
             if envs is not None:
                 envs.weight_sync.sync(run.global_step)  # the engine samples from the resumed policy
-            checkpointer.restore_rng(resume_from)
+            checkpointer.restore_rng(resume_from, workers)
         return trainer
 
     # ---------------------------------------------------------------------------------- loop

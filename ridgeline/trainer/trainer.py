@@ -41,7 +41,7 @@ from ridgeline.inference.build import build_engine
 from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_address
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
-from ridgeline.models.device import memory_metrics, resolve_device
+from ridgeline.models.device import memory_metrics, use_device
 from ridgeline.models.loading import configure_chat_template, load_tokenizer
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
@@ -210,7 +210,7 @@ class Trainer:
         # the learning-rate schedules run over the whole run's optimizer steps (build.lr_schedule)
         training_batches = planned_steps(train_data.num_batches(t.train_batch_size), t.epochs, t.max_steps)
         if t.strategy == "single":
-            device = resolve_device(t.device)
+            device = use_device(t.device)  # this process's current GPU too: pinned buffers land on it
             policy = build_policy_worker(cfg, tokenizer, training_batches=training_batches)
             workers = Workers(policy, build_ref_worker(cfg, tokenizer, policy=policy),
                               build_critic(cfg, tokenizer, training_batches=training_batches))
@@ -267,7 +267,7 @@ class Trainer:
             if resume_from is not None:
                 checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
                 weight_sync.sync(run.global_step)   # the engines get the resumed policy
-                checkpointer.restore_rng(resume_from)  # last: loading and syncing may draw numbers
+                checkpointer.restore_rng(resume_from, workers)  # last: loading and syncing may draw numbers
             elif not isinstance(weight_sync, InProcessWeightSync):
                 weight_sync.sync(0)  # engines in other processes start from the trainer's weights, probed
         except BaseException:
@@ -581,7 +581,9 @@ class Trainer:
                     metrics["generate/step_wise_samples"] = float(len(samples))
             if self.colocated:
                 with timer.phase("engine_sleep"):  # the engine's weights and cache leave the GPU for training
-                    self.engine.sleep()
+                    # level 2 drops the weights instead of copying them to the host and back: the
+                    # sync below overwrites every one of them right after the wake
+                    self.engine.sleep(2)
             with timer.phase("fwd_logprobs_values_reward"):
                 # With one optimizer step per batch the policy has not moved when the loss is taken,
                 # so the old logprobs are the training forward's own (detached): one pass saved. The

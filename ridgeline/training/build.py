@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ridgeline.algorithms import load_algorithm_modules, resolve_kl_estimator
-from ridgeline.models.device import resolve_device
+from ridgeline.models.device import resolve_device, use_device
 from ridgeline.models.forward import enable_activation_checkpointing, select_attention
 from ridgeline.models.loading import (ModelSpec, cpu_has_fast_bf16, critic_spec, load_model, load_tokenizer,
                                       policy_spec, ref_spec)
@@ -39,7 +39,7 @@ def seed_everything(seed: int) -> None:
 
 def single_process(cfg: DictConfig) -> SingleProcess:
     """The world of one the single-process trainer's workers share, on `trainer.device`."""
-    return SingleProcess(resolve_device(cfg.trainer.device))
+    return SingleProcess(use_device(cfg.trainer.device))  # and the current CUDA device (`use_device`)
 
 
 def training_precision(trainer_cfg: DictConfig) -> str:

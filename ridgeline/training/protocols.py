@@ -55,6 +55,15 @@ class Worker(Protocol):
 
     def load_optimizer(self, path: Path) -> None: ...
 
+    def rank_rng_states(self) -> list[dict[str, torch.Tensor]]:
+        """The generator states of the processes the worker's ranks run in (FSDP2 on Ray: one per
+        rank, torch CPU and CUDA), for checkpoints; [] in one process, whose states are the run's own."""
+        ...
+
+    def set_rank_rng_states(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """The inverse of `rank_rng_states` (a checkpoint of another rank count: left at their seeds, logged)."""
+        ...
+
 
 class ReferenceWorker(Protocol):
     """The frozen reference: logprobs, and the policy's weights after an epoch
@@ -95,6 +104,10 @@ class ValueWorker(Protocol):
     def save_optimizer(self, path: Path) -> None: ...
 
     def load_optimizer(self, path: Path) -> None: ...
+
+    def rank_rng_states(self) -> list[dict[str, torch.Tensor]]: ...
+
+    def set_rank_rng_states(self, states: list[dict[str, torch.Tensor]]) -> None: ...
 
 
 @dataclass

@@ -228,10 +228,11 @@ class TrainedWorker(ModelWorker):
 
     def check_loss(self, loss_value: float, what: str, mode: str) -> bool:  # collective
         """True when the loss is finite on every rank; False (the step is dropped) when not and
-        `mode` is skip; NonFiniteLossError when `mode` is stop. Runs before backward, so a NaN never
-        reaches the gradients."""
+        `mode` is skip; NonFiniteLossError when `mode` is stop. Either way a non-finite loss leaves
+        no gradient behind (a worker that checks after backward has let it reach them)."""
         if self.all_finite(loss_value):
             return True
+        self.optimizer.zero_grad(set_to_none=True)
         if mode == "stop":
             raise NonFiniteLossError(f"{what} is {loss_value} (trainer.nonfinite_loss=stop)")
         return False
@@ -260,6 +261,16 @@ class TrainedWorker(ModelWorker):
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
         return 0.0
+
+    def rank_rng_states(self) -> list[dict[str, torch.Tensor]]:
+        """In one process the run's own generator states are the worker's (the checkpoint's
+        rng_state.pt); ranks' states come from their groups (ridgeline.distributed.ray_workers)."""
+        return []
+
+    def set_rank_rng_states(self, states: list[dict[str, torch.Tensor]]) -> None:
+        if states:
+            log.warning("the checkpoint holds the generator states of %d rank(s); this run trains in one process, "
+                        "whose states it restores from the run's own", len(states))
 
     def save_optimizer(self, path: Path) -> None:  # collective; rank 0 writes
         """AdamW state + learning-rate schedule state."""
@@ -445,20 +456,39 @@ class PolicyWorker(TrainedWorker):
         micros = list(mini.chunks(c.micro_batch_size))
         paths = agreed_forward_options(self.parallel, self.model, micros, c.forward_options)
         self.optimizer.zero_grad(set_to_none=True)
-        finite = True
         tokens, sequences, micro_batches = self.step_normalizers(mini, len(micros))
+        reported = []
         with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches):
             for micro, options in zip(micros, paths):
-                if not self._micro_step(micro, options, sums, loss_sums, first_epoch):
-                    finite = False
-                    break
-        return self.apply_gradients("policy", c.max_grad_norm, None if finite else "non-finite loss")
+                reported.append(self._micro_step(micro, options, sums, first_epoch))
+        # The micro-batches' own numbers, read from the device once per optimizer step and checked
+        # by one all-reduced flag: a check before each backward stalled the device queue and cost an
+        # all-reduce per micro-batch. A non-finite loss has reached the gradients by then;
+        # `check_loss` drops them, and so the step.
+        rows = torch.stack([values for values, _ in reported]).tolist()
+        worst = next((row[0] for row in rows if not math.isfinite(row[0])), 0.0)
+        if not self.check_loss(worst, "policy loss", c.nonfinite_loss):
+            return self.apply_gradients("policy", c.max_grad_norm, "non-finite loss")
+        for (loss_value, pg_value, kl_value, entropy_value, tokens), (_, pg_metrics) in zip(rows, reported):
+            sums["micro_batches"] += 1
+            sums["policy_loss"] += pg_value
+            sums["final_loss"] += loss_value
+            sums["kl_loss"] += kl_value
+            sums["entropy_tokens"] += entropy_value * tokens
+            for key, value in pg_metrics.items():
+                if key.endswith("_max"):
+                    loss_sums[key] = max(loss_sums.get(key, float("-inf")), float(value))
+                elif key.endswith("_sum"):
+                    loss_sums[key] = loss_sums.get(key, 0.0) + float(value)
+                else:
+                    loss_sums[key] = loss_sums.get(key, 0.0) + float(value) * tokens
+        return self.apply_gradients("policy", c.max_grad_norm)
 
     def _micro_step(self, micro: TrainingBatch, options: ForwardOptions, sums: dict[str, float],
-                    loss_sums: dict[str, float], first_epoch: bool) -> bool:
+                    first_epoch: bool) -> tuple[torch.Tensor, dict[str, float]]:
         """Forward and backward of one host micro-batch on the device; the gradient accumulates on
-        the parameters. False (nothing accumulated, on any rank) when a rank's loss is not finite
-        and nonfinite_loss is skip."""
+        the parameters. Returns, still on the device, (loss, policy loss, KL loss, entropy mean,
+        loss tokens), and the policy loss's metrics."""
         c = self.config
         device = self.parallel.device
         with autocast(device, c.autocast_dtype):
@@ -490,25 +520,9 @@ class PolicyWorker(TrainedWorker):
             loss = loss + c.kl_loss_coef * kl_loss
         if c.use_entropy_loss:
             loss = loss - c.entropy_loss_coef * reduce_loss(entropy, mask, c.loss_reduction)
-        # every number this micro-batch reports, read from the device in one sync
         entropy_mean = masked_mean(entropy.detach(), mask)
         zero = loss.new_zeros(())
-        loss_value, pg_value, kl_value, entropy_value, tokens = torch.stack(
-            [t.detach().float().reshape(()) for t in (loss, pg_loss, kl_loss if kl_loss is not None else zero,
-                                                       entropy_mean, mask.sum())]).tolist()
-        if not self.check_loss(loss_value, "policy loss", c.nonfinite_loss):
-            return False
+        values = torch.stack([t.detach().float().reshape(()) for t in (
+            loss, pg_loss, kl_loss if kl_loss is not None else zero, entropy_mean, mask.sum())])
         loss.backward()
-        sums["micro_batches"] += 1
-        sums["policy_loss"] += pg_value
-        sums["final_loss"] += loss_value
-        sums["kl_loss"] += kl_value
-        sums["entropy_tokens"] += entropy_value * tokens
-        for key, value in pg_metrics.items():
-            if key.endswith("_max"):
-                loss_sums[key] = max(loss_sums.get(key, float("-inf")), float(value))
-            elif key.endswith("_sum"):
-                loss_sums[key] = loss_sums.get(key, 0.0) + float(value)
-            else:
-                loss_sums[key] = loss_sums.get(key, 0.0) + float(value) * tokens
-        return True
+        return values, pg_metrics

@@ -90,13 +90,17 @@ class RidgelineConfig(Section):
             return
         from ridgeline.distributed.placement import PlacementConfigError, plan_placement
         from ridgeline.inference.parallelism import EngineParallelism
+        from ridgeline.models.device import device_kind
         from ridgeline.models.lora import reference_is_base
         # a LoRA policy's reference is its own base on the policy ranks: no reference ranks
         use_ref = t.algorithm.uses_reference and not reference_is_base(t)
         try:
             plan = plan_placement(dataclasses.asdict(t.placement), num_engines=g.num_inference_engines,
                                   engine=EngineParallelism.from_config(g), use_ref=use_ref,
-                                  use_critic=t.critic.model.path is not None, device="CPU",
+                                  use_critic=t.critic.model.path is not None,
+                                  # `auto` is planned once Ray says what the cluster has (the same
+                                  # rules, ray_workers.cluster_device); `cuda` is GPUs already
+                                  device="GPU" if _device_kind(t.device, device_kind) == "cuda" else "CPU",
                                   remote_engines=not g.run_engines_locally)
         except PlacementConfigError as exc:
             report.add(str(exc))
@@ -121,6 +125,14 @@ class RidgelineConfig(Section):
                        f"tokens from 1 to generator.sampling_params.max_generate_length={max_len}: responses longer "
                        "than max_generate_length - overlong_buffer_len lose reward. "
                        f"Fix: e.g. trainer.algorithm.overlong_buffer_len={max(1, max_len // 4)}.")
+
+
+def _device_kind(name: str, kind) -> str:
+    """`trainer.device`'s kind, or "auto" for a name the trainer section's own check refuses."""
+    try:
+        return kind(name)
+    except ValueError:
+        return "auto"
 
 
 # --------------------------------------------------------------------------- the schema as data

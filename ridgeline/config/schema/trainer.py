@@ -331,7 +331,9 @@ class TrainerConfig(Section):
     mixed_precision: str = setting("auto", choices=("auto", "bf16", "fp32"))
     # Ridgeline extension: where this process trains and generates: auto (the GPU when CUDA is
     # available, else the CPU) | cpu | cuda (the current GPU; on a rank, the one LOCAL_RANK names)
-    # | cuda:N. SkyRL configs never name it; auto does what they expect.
+    # | cuda:N (one process only: with fsdp2 each rank takes the GPU Ray or LOCAL_RANK gives it, and
+    # the driver decides GPU or CPU workers from the Ray cluster's GPUs, not its own). SkyRL configs
+    # never name it; auto does what they expect.
     device: str = setting("auto")
     # FlashAttention-2 for the training models on CUDA when the flash-attn package is installed;
     # PyTorch's SDPA otherwise (and on CPU, eager attention for rows of <= 256 tokens).
@@ -455,11 +457,22 @@ class TrainerConfig(Section):
                        f"{at}.logger=[console,jsonl].")
 
     def _device(self, at: str, report: Report) -> None:
-        from ridgeline.models.device import resolve_device
+        from ridgeline.models.device import device_kind, resolve_device
+        if self.strategy not in ("fsdp2", "fsdp"):
+            try:
+                resolve_device(self.device)  # one process: this machine must have it
+            except ValueError as exc:
+                report.add(str(exc))
+            return
+        # FSDP2 ranks run on the Ray cluster's nodes, whose GPUs this process need not see
         try:
-            resolve_device(self.device)
+            kind = device_kind(self.device)
         except ValueError as exc:
             report.add(str(exc))
+            return
+        if kind == "cuda" and str(self.device).strip().lower() != "cuda":
+            report.add(f"{at}.device={self.device} names one GPU, but {at}.strategy={self.strategy} gives each rank "
+                       f"the GPU Ray (or LOCAL_RANK) assigns it. Fix: {at}.device=cuda (or auto).")
 
     def _critic_and_reference(self, at: str, report: Report) -> None:
         a, critic = f"{at}.algorithm", self.critic.model.path
