@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ridgeline.config.fields import show
-from ridgeline.config.schema import all_keys, base_config, free_form_keys
+from ridgeline.config.schema import RidgelineConfig, all_keys, base_config, free_form_keys
 from ridgeline.config.support import DEPRECATED_KEYS, rename_origin, renamed_key
 from ridgeline.config.validate import (
     ConfigError,
@@ -87,15 +87,15 @@ def preset_summaries() -> dict[str, str]:
     return out
 
 
-def load_config(overrides: list[str] | None = None, run_config: Path | None = None) -> DictConfig:
+def load_config(overrides: list[str] | None = None, run_config: Path | None = None) -> RidgelineConfig:
     """Compose the base config with Hydra ``overrides``, validate it and return it.
 
     ``run_config``: a run's saved ``config.yaml`` (``ridgeline eval --checkpoint``), applied over
     the base config and any preset, under the overrides' keys.
 
     Raises :class:`ConfigError` naming every problem found (bad override syntax, unknown keys,
-    wrong types, clashing batch sizes, features not built yet, ...). The result is typed: a value
-    of the wrong type set later is refused by OmegaConf.
+    wrong types, clashing batch sizes, features not built yet, ...). The result is the schema's
+    ``RidgelineConfig`` (interpolations resolved); a value of the wrong type set later is refused.
     """
     overrides = list(overrides or [])
     if run_config is not None:

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ridgeline.config.fields import Report, field_type, one_of, section_fields, section_type, show
+from ridgeline.config.fields import Report, Section, field_type, one_of, section_fields, section_type, show
 from ridgeline.config.schema import RidgelineConfig, all_keys, default_of, free_form_keys, leaf_fields
 from ridgeline.config.support import UNREAD_KEYS
 from ridgeline.errors import UserError
@@ -50,6 +50,8 @@ def configures_unbuilt(key: str) -> bool:
 
 log = logging.getLogger(__name__)
 
+S = typing.TypeVar("S", bound=Section)
+
 _MISSING = object()  # a value that could not be resolved (already reported)
 
 
@@ -75,33 +77,37 @@ def format_problems(problems: list[str]) -> str:
 # --------------------------------------------------------------------------- API
 
 
-def validate_config(cfg: DictConfig) -> DictConfig:
-    """The typed config (``RidgelineConfig``'s keys and types, interpolations kept) of ``cfg``; raises
-    one :class:`ConfigError` listing every problem."""
+def validate_config(cfg: DictConfig | RidgelineConfig) -> RidgelineConfig:
+    """The typed config of ``cfg`` (a ``RidgelineConfig``: missing keys at their defaults,
+    interpolations resolved); raises one :class:`ConfigError` listing every problem."""
     typed, problems = check_config(cfg)
     if problems:
         raise ConfigError(problems)
     return typed
 
 
-def config_problems(cfg: DictConfig) -> list[str]:
+def config_problems(cfg: DictConfig | RidgelineConfig) -> list[str]:
     """Every problem of ``cfg``, one paragraph each (empty when it is fine)."""
     return check_config(cfg)[1]
 
 
-def check_config(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
-    """(the typed config, every problem of ``cfg``)."""
+def check_config(cfg: DictConfig | RidgelineConfig) -> tuple[RidgelineConfig, list[str]]:
+    """(the typed config, every problem of ``cfg``). Where a key is refused, the config holds a
+    stand-in there (its default, or the zero of its type): it is for the rules, not for a run."""
     report = Report()
-    typed = OmegaConf.structured(RidgelineConfig)
+    tree = OmegaConf.structured(RidgelineConfig)
     unbuilt: dict[str, list[str]] = {}  # backend -> its sections in the config
+    if isinstance(cfg, RidgelineConfig):  # a config already typed, perhaps changed since: checked again
+        cfg = OmegaConf.structured(cfg)
     if not isinstance(cfg, DictConfig):
         report.refuse("", "The config is not a map of sections. Fix: load it with ridgeline.config.load_config().")
-        return typed, report.problems
-    _merge(cfg, typed, RidgelineConfig, "", report, unbuilt)
-    values = _resolve(typed, "", report)
+        return RidgelineConfig(), report.problems
+    _merge(cfg, tree, RidgelineConfig, "", report, unbuilt)
+    values = _resolve(tree, "", report)
     _unbuilt_sections(values, unbuilt, report)
     _field_rules(values, report)
-    _instance(RidgelineConfig, values, "", report).check("", report)
+    typed = _instance(RidgelineConfig, values, "", report)
+    typed.check("", report)
     return typed, report.problems
 
 
@@ -353,7 +359,7 @@ def _field_rules(values: dict, report: Report) -> None:
 # --------------------------------------------------------------------------- 4. rules between keys
 
 
-def _instance(cls: type, values: Any, prefix: str, report: Report) -> Any:
+def _instance(cls: type[S], values: Any, prefix: str, report: Report) -> S:
     """``cls`` built from resolved ``values``; a key refused above holds a stand-in (its default, or
     the zero of its type) so that the rules can run, and their problems naming it are left out."""
     values = values if isinstance(values, dict) else {}
