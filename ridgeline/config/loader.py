@@ -12,6 +12,7 @@ import logging
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -21,14 +22,15 @@ from ridgeline.config.schema import RidgelineConfig, all_keys, base_config, free
 from ridgeline.config.support import DEPRECATED_KEYS, rename_origin, renamed_key
 from ridgeline.config.validate import (
     ConfigError,
-    check_config,
+    check_tree,
     config_problems,
     configures_unbuilt,
     suggest_key,
+    typed_keys,
     under_free_form,
 )
 
-__all__ = ["CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments", "preset_summaries"]
+__all__ = ["CONFIG_DIR", "CONFIG_NAME", "load_config", "config_yaml", "saved_config", "save_config", "saved_values", "default_backend", "list_experiments", "preset_summaries"]
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +99,28 @@ def load_config(overrides: list[str] | None = None, run_config: Path | None = No
     wrong types, clashing batch sizes, features not built yet, ...). The result is the schema's
     ``RidgelineConfig`` (interpolations resolved); a value of the wrong type set later is refused.
     """
+    return _load(overrides, run_config)[1]
+
+
+def config_yaml(overrides: list[str], *, resolve: bool = False, package: str | None = None) -> str:
+    """The config ``overrides`` make (or its node ``package``) as YAML, as ``--cfg job`` prints it:
+    interpolations as written unless ``resolve``."""
+    tree = _load(overrides, None)[0]
+    node = tree if package is None else OmegaConf.select(tree, package, default=None)
+    if node is None:
+        raise ConfigError([f"--package {package}: the config has no such node. Fix: a dotted path of the "
+                           "config, e.g. --package trainer.algorithm"])
+    if not OmegaConf.is_config(node):
+        return f"{package}: {node}\n"
+    return OmegaConf.to_yaml(node, resolve=resolve)
+
+
+def _load(overrides: list[str] | None, run_config: Path | None) -> tuple[DictConfig, RidgelineConfig]:
+    """``load_config``'s work: (the typed OmegaConf tree, the ``RidgelineConfig``)."""
     overrides = list(overrides or [])
     if run_config is not None:
         with tempfile.TemporaryDirectory(prefix="ridgeline-run-config-") as folder:
-            return load_config([*overrides, *_run_config_overrides(Path(run_config), Path(folder))])
+            return _load([*overrides, *_run_config_overrides(Path(run_config), Path(folder))], None)
     problems: list[str] = []
     usable = _check_overrides(overrides, problems)
     try:
@@ -121,10 +141,34 @@ def load_config(overrides: list[str] | None = None, run_config: Path | None = No
             problems.extend(p for p in config_problems(cfg) if re.split(r"[=: ]", p, maxsplit=1)[0] in own)
         raise ConfigError(problems) from None
     _strip_hydra(cfg)
-    typed, found = check_config(cfg)
+    tree, typed, found = check_tree(cfg)
     problems.extend(found)
     if problems:
         raise ConfigError(problems)
+    return tree, typed
+
+
+def save_config(cfg: RidgelineConfig, path: Path) -> None:
+    """Write ``cfg`` as a run's ``config.yaml`` (every key, values resolved): what ``saved_config``,
+    ``ridgeline eval --checkpoint`` and a resume read back."""
+    OmegaConf.save(OmegaConf.structured(cfg), path, resolve=True)
+
+
+def saved_values(path: Path) -> dict[str, Any]:
+    """A run's saved ``config.yaml`` as written, a plain nested map (to compare with another run's)."""
+    values = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} holds no map of config sections. Fix: a run's config.yaml, as the run wrote it.")
+    return {str(k): v for k, v in values.items()}
+
+
+def saved_config(path: Path) -> RidgelineConfig:
+    """A run's saved ``config.yaml`` (a checkpoint's, a run folder's) as the schema's config: a key
+    the run's version did not have yet takes its default; a key this version no longer reads is
+    left out, with one warning naming it."""
+    typed, problems = typed_keys(OmegaConf.load(path))
+    for problem in problems:
+        log.warning("%s: %s", path, problem)
     return typed
 
 

@@ -23,7 +23,7 @@ from ridgeline.config.schema import RidgelineConfig, all_keys, default_of, free_
 from ridgeline.config.support import UNREAD_KEYS
 from ridgeline.errors import UserError
 
-__all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "suggest_key", "under_free_form",
+__all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "check_tree", "typed_keys", "suggest_key", "under_free_form",
            "configures_unbuilt"]
 
 # sections of SkyRL's training backends that are not built here: one sentence for the whole section
@@ -94,6 +94,13 @@ def config_problems(cfg: DictConfig | RidgelineConfig) -> list[str]:
 def check_config(cfg: DictConfig | RidgelineConfig) -> tuple[RidgelineConfig, list[str]]:
     """(the typed config, every problem of ``cfg``). Where a key is refused, the config holds a
     stand-in there (its default, or the zero of its type): it is for the rules, not for a run."""
+    _tree, typed, problems = check_tree(cfg)
+    return typed, problems
+
+
+def check_tree(cfg: DictConfig | RidgelineConfig) -> tuple[DictConfig, RidgelineConfig, list[str]]:
+    """``check_config`` with the typed OmegaConf tree it was built from (interpolations kept: what
+    ``--cfg job`` prints)."""
     report = Report()
     tree = OmegaConf.structured(RidgelineConfig)
     unbuilt: dict[str, list[str]] = {}  # backend -> its sections in the config
@@ -101,14 +108,23 @@ def check_config(cfg: DictConfig | RidgelineConfig) -> tuple[RidgelineConfig, li
         cfg = OmegaConf.structured(cfg)
     if not isinstance(cfg, DictConfig):
         report.refuse("", "The config is not a map of sections. Fix: load it with ridgeline.config.load_config().")
-        return RidgelineConfig(), report.problems
+        return tree, RidgelineConfig(), report.problems
     _merge(cfg, tree, RidgelineConfig, "", report, unbuilt)
     values = _resolve(tree, "", report)
     _unbuilt_sections(values, unbuilt, report)
     _field_rules(values, report)
     typed = _instance(RidgelineConfig, values, "", report)
     typed.check("", report)
-    return typed, report.problems
+    return tree, typed, report.problems
+
+
+def typed_keys(cfg: DictConfig) -> tuple[RidgelineConfig, list[str]]:
+    """(``cfg``'s keys and types as a ``RidgelineConfig``, the keys refused): only the keys and their
+    types are checked, not the rules between them (a run's saved config, read back for its models)."""
+    report = Report()
+    tree = OmegaConf.structured(RidgelineConfig)
+    _merge(cfg, tree, RidgelineConfig, "", report, {})
+    return _instance(RidgelineConfig, _resolve(tree, "", report), "", report), report.problems
 
 
 # --------------------------------------------------------------------------- 1. keys and types

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
 from ridgeline.distributed.fsdp import FSDPGroup, rank_device
 from ridgeline.distributed.launch import free_port
@@ -52,6 +51,9 @@ from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
@@ -66,8 +68,8 @@ class TrainingRank:
     worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
     called on every rank of the group at once."""
 
-    def __init__(self, cfg: dict, role: str, rank: int, world_size: int, training_batches: int):
-        self.cfg: DictConfig = OmegaConf.create(cfg)
+    def __init__(self, cfg: RidgelineConfig, role: str, rank: int, world_size: int, training_batches: int):
+        self.cfg = cfg
         self.role, self.rank, self.world_size = role, rank, world_size
         self.training_batches = training_batches  # the run's trainer steps: the schedule's length
         self.worker: PolicyWorker | RefWorker | CriticWorker | None = None
@@ -212,10 +214,9 @@ class EngineRank:
     """One inference engine (hf, vllm or sglang: `generator.backend`) in its own process, run as a
     Ray actor; it receives weights over the weight-sync group and loads them with `update_weights`."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: RidgelineConfig):
         from ridgeline.inference.build import build_engine
 
-        cfg = OmegaConf.create(cfg)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.tokenizer = load_tokenizer(policy_spec(cfg))
         self.engine = build_engine(cfg, self.tokenizer)
@@ -537,7 +538,7 @@ class RayWorkers:
             remove_placement_group(g)
 
 
-def placement_plan(cfg: DictConfig) -> PlacementPlan:
+def placement_plan(cfg: RidgelineConfig) -> PlacementPlan:
     g = cfg.generator
     device = "GPU" if resolve_device(cfg.trainer.device).type == "cuda" else "CPU"
     # an engine takes tensor x pipeline x data parallel devices of the plan (SkyRL's count), one engine
@@ -549,7 +550,7 @@ def placement_plan(cfg: DictConfig) -> PlacementPlan:
                           remote_engines=not g.run_engines_locally)
 
 
-def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayWorkers:
+def build_ray_workers(cfg: RidgelineConfig, tokenizer, training_batches: int) -> RayWorkers:
     """Start or join Ray, reserve the plan's pools, start every actor, build the sharded models and
     connect the weight-sync group; `training_batches` (the run's trainer steps) sizes the
     learning-rate schedules. The trainer pushes the first weights (`weight_sync.sync(0)`, or
@@ -563,7 +564,6 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
            "RIDGELINE_PROGRESS": "0"}
     init_ray(plan, env)
     groups = reserve_pools(plan, float(t.placement.timeout_s))
-    plain = OmegaConf.to_container(cfg, resolve=True)
 
     def actor(cls, role: str, index: int, *args: Any):
         pool = plan.pool_of(role)
@@ -574,13 +574,13 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
 
     n = cfg.generator.n_samples_per_prompt
     policy_world = plan.ranks["policy"]
-    policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, policy_world, training_batches)
+    policy_actors = [actor(TrainingRank, "policy", r, cfg, "policy", r, policy_world, training_batches)
                      for r in range(policy_world)]
-    ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
+    ref_actors = ([actor(TrainingRank, "ref", r, cfg, "ref", r, plan.ranks["ref"], training_batches)
                    for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
-    critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"], training_batches)
+    critic_actors = ([actor(TrainingRank, "critic", r, cfg, "critic", r, plan.ranks["critic"], training_batches)
                       for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
-    engine_actors = [actor(EngineRank, "engine", i, plain) for i in range(plan.num_engines)]  # none if remote
+    engine_actors = [actor(EngineRank, "engine", i, cfg) for i in range(plan.num_engines)]  # none if remote
     infos = []
     for actors in (policy_actors, ref_actors, critic_actors):
         if actors:
@@ -609,7 +609,7 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
 
 
-def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
+def _with_remote_engines(cfg: RidgelineConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
                          ref: RayRefGroup | RayBaseModelRefGroup | None, critic: RayCriticGroup | None, parameters: int) -> RayWorkers:
     """`generator.run_engines_locally=false`: the driver's client generates; policy rank 0 pushes the
     gathered weights to the servers over its own weight-update group; the probe compares the

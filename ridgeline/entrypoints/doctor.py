@@ -32,6 +32,9 @@ from ridgeline.inference.gpu_support import (
     format_capability,
 )
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 if TYPE_CHECKING:
     from ridgeline.entrypoints.doctor_sglang import SGLangInstall
 
@@ -151,14 +154,11 @@ def nearest_existing(path: str) -> Path:
     return p
 
 
-def disk_paths(cfg: Any) -> dict[str, str]:
+def disk_paths(cfg: RidgelineConfig | None) -> dict[str, str]:
     """Label -> path whose free space matters: this folder and the run's output folders."""
     paths = {".": "."}
     if cfg is not None:
-        from omegaconf import OmegaConf
-
-        for key in ("trainer.run_dir", "trainer.ckpt_path"):
-            value = OmegaConf.select(cfg, key, default=None)
+        for key, value in (("trainer.run_dir", cfg.trainer.run_dir), ("trainer.ckpt_path", cfg.trainer.ckpt_path)):
             if value and "://" not in str(value):  # object stores have no local free space
                 paths[f"{key}={value}"] = str(value)
     return paths
@@ -267,7 +267,7 @@ def ray_check(facts: MachineFacts) -> Check:
                  f"{cluster['cpus']:g} CPUs, {cluster['gpus']:g} GPUs")
 
 
-def probe_remote_engines(cfg: Any, timeout_s: float = 5.0) -> dict[str, str | None]:
+def probe_remote_engines(cfg: RidgelineConfig, timeout_s: float = 5.0) -> dict[str, str | None]:
     """Ask every server of `generator.remote_inference_engine_urls` for /health (once, no retries,
     `timeout_s` each): URL -> None when it answers, else what went wrong."""
     import requests
@@ -284,10 +284,8 @@ def probe_remote_engines(cfg: Any, timeout_s: float = 5.0) -> dict[str, str | No
     return out
 
 
-def config_checks(cfg: Any, facts: MachineFacts) -> list[Check]:
+def config_checks(cfg: RidgelineConfig, facts: MachineFacts) -> list[Check]:
     """Can the engine and strategy that ``cfg`` asks for work on this machine?"""
-    from omegaconf import OmegaConf
-
     gen, strategy = cfg.generator, cfg.trainer.strategy
     backend = gen.backend
     checks = [Check("config", OK, f"valid (generator.backend={backend}, trainer.strategy={strategy})")]
@@ -301,7 +299,7 @@ def config_checks(cfg: Any, facts: MachineFacts) -> list[Check]:
                           Check("remote engine", FAIL, f"{url} does not answer: {error}. Fix: start the server "
                                 "or correct generator.remote_inference_engine_urls"))
     else:
-        attention = OmegaConf.select(cfg, "generator.engine_init_kwargs.attention_backend", default=None)
+        attention = gen.engine_init_kwargs.get("attention_backend")  # the user's map of engine kwargs
         checks += engine_checks(backend, attention, facts)
     if backend == "sglang":
         from ridgeline.entrypoints.doctor_sglang import sglang_known_issues
@@ -344,7 +342,7 @@ def engine_checks(backend: str, attention: str | None, facts: MachineFacts) -> l
     return [Check(name, WARN, f"generator.backend={backend}: the doctor has no rule for this engine")]
 
 
-def all_checks(facts: MachineFacts, cfg: Any = None) -> list[Check]:
+def all_checks(facts: MachineFacts, cfg: RidgelineConfig | None = None) -> list[Check]:
     """The machine's checks, then (when a config is given) whether that config can run here."""
     return machine_checks(facts) + (config_checks(cfg, facts) if cfg is not None else [])
 
@@ -358,7 +356,7 @@ def verdict(checks: list[Check], summary: str) -> str:
     return f"ready ({summary})" + (f", {warns} warning(s) above" if warns else "")
 
 
-def summary(cfg: Any, facts: MachineFacts) -> str:
+def summary(cfg: RidgelineConfig, facts: MachineFacts) -> str:
     where = f"{len(facts.gpus)}x {facts.gpus[0].name}" if facts.gpus else "CPU"
     if cfg is None:
         return f"machine only, on {where}; pass the `ridgeline train` overrides to check a run"

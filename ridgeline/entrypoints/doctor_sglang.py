@@ -24,10 +24,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, TYPE_CHECKING
 
 from ridgeline.entrypoints.doctor import FAIL, NOT_CHECKED, OK, WARN, Check, MachineFacts
 from ridgeline.inference.gpu_support import attention_backend_problem, fitting_attention_backend, format_capability
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 IMPORT_TIMEOUT_S = 180.0
 # An SGLang scheduler joins the update group, and enters each broadcast, only between its batches:
@@ -113,7 +116,7 @@ def attention_check(attention: str | None, facts: MachineFacts) -> Check:
                  f"+generator.engine_init_kwargs.attention_backend={fits}")
 
 
-def sglang_known_issues(cfg: Any, environ: Mapping[str, str]) -> list[Check]:
+def sglang_known_issues(cfg: RidgelineConfig, environ: Mapping[str, str]) -> list[Check]:
     """The known SGLang problems a config and environment run into (module docstring)."""
     checks = []
     hook = environ.get("RAY_RUNTIME_ENV_HOOK")

@@ -20,7 +20,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -29,6 +29,9 @@ from ridgeline.errors import UserError
 from ridgeline.inference.server import EngineService, make_http_server
 from ridgeline.inference.types import (WAKE_TAGS, EngineError, EngineOutput, EngineRequest, InferenceEngine,
                                        MemoryTag, wake_order)
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 log = logging.getLogger(__name__)
 

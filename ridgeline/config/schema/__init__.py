@@ -94,7 +94,7 @@ class RidgelineConfig(Section):
         # a LoRA policy's reference is its own base on the policy ranks: no reference ranks
         use_ref = t.algorithm.uses_reference and not reference_is_base(t)
         try:
-            plan = plan_placement(dataclasses.asdict(t.placement), num_engines=g.num_inference_engines,
+            plan = plan_placement(t.placement, num_engines=g.num_inference_engines,
                                   engine=EngineParallelism.from_config(g), use_ref=use_ref,
                                   use_critic=t.critic.model.path is not None, device="CPU",
                                   remote_engines=not g.run_engines_locally)
