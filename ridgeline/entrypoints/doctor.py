@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ridgeline.entrypoints.doctor_facts import FAIL, NOT_CHECKED, OK, WARN, Check, Gpu, MachineFacts, Package
 from ridgeline.inference.gpu_support import (
     attention_backend_problem,
     fitting_attention_backend,
@@ -35,10 +36,6 @@ from ridgeline.inference.gpu_support import (
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
     from ridgeline.config.schema import RidgelineConfig
 
-if TYPE_CHECKING:
-    from ridgeline.entrypoints.doctor_sglang import SGLangInstall
-
-OK, WARN, FAIL, NOT_CHECKED = "ok", "warn", "FAIL", "not checked"
 MIN_PYTHON = (3, 11)
 MIN_FREE_GB = 10.0
 RAY_PROBE_TIMEOUT_S = 15.0
@@ -55,43 +52,6 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, ...]] = {
     "tensorboard": ("tensorboard",),
 }
 RAY_STRATEGIES = ("fsdp2", "fsdp")
-
-
-@dataclass
-class Gpu:
-    name: str
-    memory_gb: float
-    capability: tuple[int, int]
-
-
-@dataclass
-class Package:
-    version: str | None  # None: importable but installed without metadata
-    distribution: str | None
-
-
-@dataclass
-class MachineFacts:
-    python: tuple[int, int, int]
-    torch: str | None  # None: torch does not import
-    cuda_build: str | None  # torch.version.cuda; None on the CPU wheel
-    cuda_available: bool = False
-    cpu_fast_bf16: bool = False
-    gpus: list[Gpu] = field(default_factory=list)
-    packages: dict[str, Package | None] = field(default_factory=dict)  # None: not installed
-    disk: dict[str, tuple[str, float]] = field(default_factory=dict)  # label -> (folder, free GB)
-    ray_address: str | None = None
-    ray_cluster: dict[str, Any] | None = None  # {"nodes", "cpus", "gpus"} or {"error"}
-    remote: dict[str, str | None] = field(default_factory=dict)  # server URL -> None (answers) or the error
-    sandbox: str | None = None  # the code sandbox: "" when bubblewrap works, else why not; None: not probed
-    sglang: SGLangInstall | None = None  # SGLang's engine imported in a child process (generator.backend=sglang)
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | warn | FAIL | not checked
-    detail: str
 
 
 # --------------------------------------------------------------------------- gathering facts

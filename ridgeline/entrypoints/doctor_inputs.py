@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from ridgeline.entrypoints.doctor import FAIL, NOT_CHECKED, OK, WARN, Check
+from ridgeline.entrypoints.doctor_facts import FAIL, NOT_CHECKED, OK, WARN, Check
 from ridgeline.errors import UserError
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)

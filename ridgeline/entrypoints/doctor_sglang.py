@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, TYPE_CHECKING
 
-from ridgeline.entrypoints.doctor import FAIL, NOT_CHECKED, OK, WARN, Check, MachineFacts
+from ridgeline.entrypoints.doctor_facts import FAIL, NOT_CHECKED, OK, WARN, Check, MachineFacts, SGLangInstall
 from ridgeline.inference.gpu_support import attention_backend_problem, fitting_attention_backend, format_capability
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
@@ -37,16 +37,6 @@ IMPORT_TIMEOUT_S = 180.0
 # under a long batch (or a slow first start) a 60 s bound (SkyRL's default) runs out
 SGLANG_MIN_WEIGHT_SYNC_TIMEOUT_S = 180.0
 _PROBE = "import sglang, sglang.srt.entrypoints.engine; print(sglang.__version__)"
-
-
-@dataclass
-class SGLangInstall:
-    """What importing SGLang's engine in a child process showed."""
-
-    version: str | None   # sglang.__version__; None when the import failed
-    error: str | None     # the import's last error line; None when it imports
-    cpu_backend: bool     # imported with SGLANG_USE_CPU_ENGINE=1 (no CUDA here)
-    seconds: float
 
 
 def probe_sglang_install(cuda: bool, python: str = sys.executable, timeout_s: float = IMPORT_TIMEOUT_S) -> SGLangInstall:

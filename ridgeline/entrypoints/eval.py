@@ -124,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ridgeline.entrypoints.eval [--checkpoint DIR] [--output DIR] [overrides...]`."""
-    from ridgeline import cli
-    return cli.main(["eval", *(sys.argv[1:] if argv is None else argv)])
+    from ridgeline.entrypoints.command import run_command
+    return run_command("eval", add_parser, run, argv)
 
 
 # ------------------------------------------------------------------------------------ evaluation

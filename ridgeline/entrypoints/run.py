@@ -40,11 +40,11 @@ def run_training(cfg: RidgelineConfig) -> dict:
 
 def _train(cfg: RidgelineConfig) -> dict:
     from ridgeline.config import unbuilt_defaults
-    from ridgeline.trainer.trainer import Trainer
+    from ridgeline.trainer.async_trainer import build_trainer
 
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer.from_config(cfg)
+    trainer = build_trainer(cfg)
     # once the run is built: an error in what the user named (models, data, envs) stands alone
     for note in unbuilt_defaults(cfg):
         log.warning("not acted on yet: %s", note)

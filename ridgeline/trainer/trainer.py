@@ -162,9 +162,9 @@ class Trainer:
         in them (RunLockedError while another command holds one), and stay locked until `close()`."""
         if cfg.generator.enable_http_endpoint:  # a taken port stops the run before anything is written
             check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
-        if cfg.trainer.async_mode != "sync" and cls is Trainer:
-            from ridgeline.trainer.async_trainer import AsyncTrainer  # it builds on this module
-            return AsyncTrainer.from_config(cfg)
+        if cfg.trainer.async_mode != "sync" and cls is Trainer:  # a caller's slip, not the user's
+            raise ValueError(f"trainer.async_mode={cfg.trainer.async_mode} is AsyncTrainer's: build the run's "
+                             "trainer with ridgeline.trainer.async_trainer.build_trainer(cfg)")
         run_lock = RunLock.acquire(run_folders(cfg.trainer))
         try:
             return cls._build(cfg, run_lock)
