@@ -11,6 +11,7 @@ import difflib
 import logging
 import re
 import tempfile
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def _register_base_config() -> None:
     """Hydra's primary config: the schema's defaults, untyped (the validator types them, reporting
     every problem at once where Hydra would stop at the first), and Hydra's own settings: no output
     folders, no change of working directory, Python logging left to Ridgeline."""
-    node = OmegaConf.to_container(base_config(), resolve=False)
+    node = typing.cast(dict[str, Any], OmegaConf.to_container(base_config(), resolve=False))
     node["defaults"] = ["_self_", {"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
     node["hydra"] = {"run": {"dir": "."}, "output_subdir": None, "job": {"chdir": False}}
     ConfigStore.instance().store(name=CONFIG_NAME, node=node)
@@ -166,7 +167,10 @@ def saved_config(path: Path) -> RidgelineConfig:
     """A run's saved ``config.yaml`` (a checkpoint's, a run folder's) as the schema's config: a key
     the run's version did not have yet takes its default; a key this version no longer reads is
     left out, with one warning naming it."""
-    typed, problems = typed_keys(OmegaConf.load(path))
+    saved = OmegaConf.load(path)
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(f"{path} holds no map of config sections. Fix: a run's config.yaml, as the run wrote it.")
+    typed, problems = typed_keys(saved)
     for problem in problems:
         log.warning("%s: %s", path, problem)
     return typed

@@ -15,7 +15,7 @@ import re
 import typing
 from typing import Any, Iterable
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ridgeline.config.fields import Report, Section, field_type, one_of, section_fields, section_type, show
@@ -135,8 +135,8 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
     """Copy ``raw`` into the typed tree one key at a time; every unknown key and wrong type is reported."""
     names = {f.name for f in section_fields(cls)}
     for k in raw.keys():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        node = raw._get_node(k)
+        key = f"{prefix}.{str(k)}" if prefix else str(k)
+        node = typing.cast(Node, raw._get_node(k))
         value = node._value() if node._is_interpolation() or not OmegaConf.is_config(node) else \
             OmegaConf.to_container(node, resolve=False)
         if k not in names:
@@ -286,7 +286,7 @@ _PURE_REF = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
 def _resolve(node: Any, prefix: str, report: Report) -> Any:
     """A plain copy of ``node`` with interpolations resolved; failures become problems."""
     if isinstance(node, DictConfig):
-        return {str(k): _resolve_child(node, k, f"{prefix}.{k}" if prefix else str(k), report) for k in node.keys()}
+        return {str(k): _resolve_child(node, k, f"{prefix}.{str(k)}" if prefix else str(k), report) for k in node.keys()}
     if isinstance(node, ListConfig):
         items = [_resolve_child(node, i, f"{prefix}[{i}]", report) for i in range(len(node))]
         return _MISSING if any(v is _MISSING for v in items) else items
@@ -379,7 +379,7 @@ def _instance(cls: type[S], values: Any, prefix: str, report: Report) -> S:
     """``cls`` built from resolved ``values``; a key refused above holds a stand-in (its default, or
     the zero of its type) so that the rules can run, and their problems naming it are left out."""
     values = values if isinstance(values, dict) else {}
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for f in section_fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = field_type(cls, f.name)

@@ -30,7 +30,7 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      training_precision)
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
-    from ridgeline.config.schema import RidgelineConfig
+    from ridgeline.config.schema import EnvironmentConfig, RidgelineConfig
 
 __all__ = ["EnvironmentCheckError", "build_critic", "check_environments", "check_model_paths",
            "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
@@ -64,7 +64,7 @@ def chosen_env_class(cfg: RidgelineConfig) -> str | None:
     return None if value == envs.DEFAULT_ENV_CLASS else value
 
 
-def load_environments(env_cfg: RidgelineConfig) -> str | None:
+def load_environments(env_cfg: EnvironmentConfig) -> str | None:
     """Set the code sandbox from `environment.sandbox`, import `environment.env_modules` (their
     envs register themselves) and register `environment.reward_fn` as the env `reward_fn`; returns
     the env name every row must use instead of its own env_class (the reward function's), or None."""
