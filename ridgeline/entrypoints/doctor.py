@@ -316,7 +316,7 @@ def verdict(checks: list[Check], summary: str) -> str:
     return f"ready ({summary})" + (f", {warns} warning(s) above" if warns else "")
 
 
-def summary(cfg: RidgelineConfig, facts: MachineFacts) -> str:
+def summary(cfg: RidgelineConfig | None, facts: MachineFacts) -> str:
     where = f"{len(facts.gpus)}x {facts.gpus[0].name}" if facts.gpus else "CPU"
     if cfg is None:
         return f"machine only, on {where}; pass the `ridgeline train` overrides to check a run"
