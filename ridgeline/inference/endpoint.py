@@ -51,7 +51,7 @@ class EndpointSettings:
     tokenizer_path: str | None = None  # what /v1/models gives as `root` (None: model_path)
 
     @classmethod
-    def from_config(cls, cfg) -> "EndpointSettings":
+    def from_config(cls, cfg: RidgelineConfig) -> "EndpointSettings":
         """The context is the run's own, what vLLM and SGLang engines are built with: max(prompt
         lengths) + max(generation lengths), or the engine's length kwarg when
         generator.engine_init_kwargs sets it; remote servers judge themselves."""
