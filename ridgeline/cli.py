@@ -73,12 +73,13 @@ def _run(args: argparse.Namespace) -> int:
         from ridgeline.entrypoints.eval import run as run_eval
         return run_eval(args)
     from ridgeline.config import load_config
+    from ridgeline.config.loader import config_yaml
     command = args.command
     args = _train_args(args)
-    cfg = load_config(args.overrides)
     if args.cfg is not None:
-        print(config_yaml(cfg, resolve=args.resolve, package=args.package), end="")
+        print(config_yaml(args.overrides, resolve=args.resolve, package=args.package), end="")
         return 0
+    cfg = load_config(args.overrides)
     if command in ("sft", "dpo"):
         from ridgeline.entrypoints import supervised as supervised_cmd
         supervised_cmd.run(command, cfg)
@@ -143,21 +144,6 @@ def _train_args(args: argparse.Namespace) -> argparse.Namespace:
     late = parser.parse_intermixed_args(list(args.overrides))
     return argparse.Namespace(overrides=late.overrides, cfg=late.cfg or args.cfg, resolve=late.resolve or args.resolve,
                               package=late.package or args.package)
-
-
-def config_yaml(cfg, *, resolve: bool = False, package: str | None = None) -> str:
-    """The config (or its node `package`) as YAML, as `--cfg job` prints it."""
-    from omegaconf import OmegaConf
-
-    from ridgeline.config import ConfigError
-
-    node = cfg if package is None else OmegaConf.select(cfg, package, default=None)
-    if node is None:
-        raise ConfigError([f"--package {package}: the config has no such node. Fix: a dotted path of the "
-                           "config, e.g. --package trainer.algorithm"])
-    if not OmegaConf.is_config(node):
-        return f"{package}: {node}\n"
-    return OmegaConf.to_yaml(node, resolve=resolve)
 
 
 def entry() -> int:

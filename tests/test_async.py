@@ -19,7 +19,7 @@ from ridgeline.config.validate import ConfigError
 from ridgeline.distributed.weight_sync import probe_logprobs
 from ridgeline.trainer.async_trainer import AsyncTrainer
 from ridgeline.trainer.checkpoint import ROLLOUTS_AHEAD
-from ridgeline.trainer.trainer import Trainer
+from ridgeline.trainer.async_trainer import build_trainer
 from skyrl_commands import SKYRL_COMMANDS
 from test_resume import comparable, kill_after_step_2, read_rows, train_steps
 
@@ -115,8 +115,8 @@ def test_a_step_cap_ends_an_async_run_and_its_generation_ahead(tmp_path):
 
 def test_zero_staleness_is_the_synchronous_loop(tmp_path):
     base = ["+experiment=tiny", "data.prepare.num_train=48", *TINY]
-    Trainer.from_config(load_config([*base, f"trainer.export_path={tmp_path / 'sync'}"])).train()
-    Trainer.from_config(load_config([*base, f"trainer.export_path={tmp_path / 'async'}", "trainer.async_mode=fully_async",
+    build_trainer(load_config([*base, f"trainer.export_path={tmp_path / 'sync'}"])).train()
+    build_trainer(load_config([*base, f"trainer.export_path={tmp_path / 'async'}", "trainer.async_mode=fully_async",
                                      "trainer.fully_async.max_staleness_steps=0",
                                      "trainer.fully_async.num_parallel_generation_workers=16"])).train()
     sync_rows, async_rows = read_rows(tmp_path / "sync" / "tiny"), read_rows(tmp_path / "async" / "tiny")
@@ -127,11 +127,11 @@ def test_zero_staleness_is_the_synchronous_loop(tmp_path):
 
 def test_a_resumed_run_trains_the_batches_its_checkpoint_kept(tmp_path):
     full = [*FULLY, "trainer.ckpt_interval=1", f"trainer.export_path={tmp_path / 'full'}"]
-    Trainer.from_config(load_config(full)).train()
+    build_trainer(load_config(full)).train()
     ckpt = tmp_path / "full" / "tiny" / "ckpts" / "global_step_2"
     kept = json.loads((ckpt / ROLLOUTS_AHEAD).read_text())
     assert [(b["step"], b["version"]) for b in kept] == [(3, 0), (4, 1)]   # generated, not yet trained on
-    resumed = Trainer.from_config(load_config([*FULLY, f"trainer.export_path={tmp_path / 'resumed'}",
+    resumed = build_trainer(load_config([*FULLY, f"trainer.export_path={tmp_path / 'resumed'}",
                                                "trainer.resume_mode=from_path", f"trainer.resume_path={ckpt}"]))
     assert [b.step for b in resumed.run.rollouts_ahead] == [3, 4]
     resumed.train()
@@ -144,7 +144,7 @@ def test_a_killed_async_run_resumes_exactly(tmp_path):
     an uninterrupted run (fp32 tiny model: generation is deterministic)."""
     args = ["+experiment=[tiny,one_step_off_policy]", "data.prepare.num_train=128", *TINY, "trainer.ckpt_interval=1",
             "trainer.resume_mode=latest"]
-    Trainer.from_config(load_config([*args, f"trainer.export_path={tmp_path / 'full'}"])).train()
+    build_trainer(load_config([*args, f"trainer.export_path={tmp_path / 'full'}"])).train()
     command = [sys.executable, "-m", "ridgeline.cli", "train", *args, f"trainer.export_path={tmp_path / 'killed'}"]
     run_dir = tmp_path / "killed" / "tiny"
     kill_after_step_2(command, run_dir, tmp_path / "first.log")

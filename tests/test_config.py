@@ -387,7 +387,7 @@ def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
                                       "generator.inference_engine.engine_init_kwargs.attn_implementation=eager",
                                       "trainer.remove_microbatch_padding=false"])
     assert cfg.generator.num_inference_engines == 2 and cfg.trainer.use_sample_packing is False
-    assert cfg.generator.engine_init_kwargs.attn_implementation == "eager"
+    assert cfg.generator.engine_init_kwargs["attn_implementation"] == "eager"
     assert ("generator.inference_engine.num_engines is a later SkyRL release's name for "
             "generator.num_inference_engines") in caplog.text
     cfg = load_config(RUNNABLE + ["generator.backend=vllm", "generator.inference_engine.data_parallel_size=2",
@@ -407,7 +407,7 @@ def test_skyrl_0_3_1_deprecated_lora_keys_are_read_as_the_policys_with_a_notice(
     with caplog.at_level("INFO", logger="ridgeline.config.loader"):
         cfg = load_config(RUNNABLE + ["trainer.target_modules=[q_proj,v_proj]", "trainer.exclude_modules=null"])
     assert list(cfg.trainer.policy.model.lora.target_modules) == ["q_proj", "v_proj"]
-    assert cfg.trainer.policy.model.lora.exclude_modules is None and "target_modules" not in cfg.trainer
+    assert cfg.trainer.policy.model.lora.exclude_modules is None and "target_modules" not in vars(cfg.trainer)
     assert f"trainer.target_modules is SkyRL 0.3.1's deprecated spelling for {lora}.target_modules" in caplog.text
     assert "trainer.exclude_modules=null is SkyRL 0.3.1's deprecated key at its default" in caplog.text
     err = _error(RUNNABLE + ["trainer.exclude_modules=[k_proj]", f"{lora}.exclude_modules=[q_proj]"])
@@ -466,7 +466,7 @@ def test_model_keys_take_skyrl_values():
         "trainer.rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768}",
         "trainer.rope_theta=1000000", "trainer.ref.model.path=Qwen/Qwen2.5-7B-Instruct", "trainer.bf16=false",
         "trainer.policy.model.lora.exclude_modules=.*lm_head", "trainer.policy.model.lora.init_method=gaussian"])
-    assert cfg.generator.rope_scaling.factor == 4.0 and cfg.generator.rope_theta == 1000000  # follow the trainer's
+    assert cfg.generator.rope_scaling["factor"] == 4.0 and cfg.generator.rope_theta == 1000000  # follow the trainer's
     assert cfg.trainer.critic.model_config_kwargs.rms_norm_eps == 1e-5
     from ridgeline.config import unbuilt_defaults
     assert not any("lora_sync_path" in line for line in unbuilt_defaults(cfg))  # no LoRA: nothing to say
@@ -494,13 +494,13 @@ def test_base_config_loads_with_runnable_overrides(runnable_cfg):
     assert runnable_cfg.trainer.strategy == "single"
     assert runnable_cfg.generator.backend == "hf"
     assert runnable_cfg.trainer.logger == "console"
-    assert "hydra" not in runnable_cfg and "defaults" not in runnable_cfg
+    assert "hydra" not in vars(runnable_cfg) and "defaults" not in vars(runnable_cfg)
 
 
 @pytest.mark.parametrize("key,default", REFERENCE_DEFAULTS + EXTENSION_DEFAULTS)
 def test_every_reference_key_has_its_default(runnable_cfg, key, default):
     overridden = {o.split("=")[0] for o in RUNNABLE}
-    source = base_config() if key in overridden else runnable_cfg
+    source = base_config() if key in overridden else OmegaConf.structured(runnable_cfg)
     value = _plain(OmegaConf.select(source, key, default="<absent>"))
     assert value == _expand(default), key
     assert type(value) is type(_expand(default)) or isinstance(value, float) and default == value
@@ -553,10 +553,10 @@ def test_numeric_name_becomes_string():
 def test_presets_and_free_form_maps():
     cfg = load_config(["+experiment=example_gsm8k"])
     assert cfg.trainer.strategy == "single" and cfg.generator.backend == "hf"
-    assert cfg.data.prepare.dataset == "gsm8k"
-    assert cfg.data.prepare.output_dir == f"{HOME}/data/gsm8k"
+    assert cfg.data.prepare["dataset"] == "gsm8k"
+    assert cfg.data.prepare["output_dir"] == f"{HOME}/data/gsm8k"
     cfg = load_config(RUNNABLE + ["+environment.skyrl_gym.text2sql.db_path=/tmp/db"])
-    assert cfg.environment.skyrl_gym.text2sql.db_path == "/tmp/db"
+    assert cfg.environment.skyrl_gym["text2sql"]["db_path"] == "/tmp/db"
 
 
 def test_every_preset_loads():
@@ -596,8 +596,8 @@ def test_unknown_key_without_plus_is_ours_not_hydras():
 def test_free_form_keys_are_set_without_plus_as_skyrl_scripts_write_them():
     cfg = load_config(RUNNABLE + ["generator.backend=vllm", "generator.engine_init_kwargs.attention_backend=fa3",
                                   "environment.skyrl_gym.text2sql.db_path=/data/sql"])
-    assert cfg.generator.engine_init_kwargs.attention_backend == "fa3"
-    assert cfg.environment.skyrl_gym.text2sql.db_path == "/data/sql"
+    assert cfg.generator.engine_init_kwargs["attention_backend"] == "fa3"
+    assert cfg.environment.skyrl_gym["text2sql"]["db_path"] == "/data/sql"
     # and the usual checks still apply to what was set
     err = _error(RUNNABLE + ["generator.engine_init_kwargs.attention_backend=fa3"])
     assert "generator.engine_init_kwargs has attention_backend, which the embedded hf engine does not take" in str(err)

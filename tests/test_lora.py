@@ -6,6 +6,7 @@ are merged Hugging Face folders; a real `ridgeline train` run with LoRA."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import json
 import warnings
@@ -118,7 +119,7 @@ def test_bad_lora_settings_are_config_errors_naming_the_key_and_the_fix(override
 
 def test_lora_defaults_and_a_list_of_targets_are_accepted():
     cfg = load_config(["+experiment=tiny", f"{LORA}.rank=4", f"{LORA}.target_modules=[q_proj,v_proj]"])
-    assert dict(cfg.trainer.policy.model.lora) == {"rank": 4, "alpha": 16.0, "dropout": 0.0,
+    assert dataclasses.asdict(cfg.trainer.policy.model.lora) == {"rank": 4, "alpha": 16.0, "dropout": 0.0,
                                                    "target_modules": ["q_proj", "v_proj"], "exclude_modules": None,
                                                    "init_method": "kaiming",
                                                    "lora_sync_path": "/tmp/skyrl_lora_sync"}

@@ -106,7 +106,7 @@ def test_skyrl_custom_algorithm_scripts_pass_with_their_module_named(script, fre
     assert "Fix: register it in your own module with @register_" in problem and "algorithm_modules=[" in problem
     # one added override: the Ridgeline counterpart of SkyRL's main file
     cfg = load_config([*COMMANDS[script], f"trainer.algorithm.algorithm_modules=[{EXAMPLES / module}]"])
-    assert cfg.trainer.algorithm[key] == name
+    assert getattr(cfg.trainer.algorithm, key) == name
 
 
 def test_a_module_that_does_not_import_is_named(fresh_registries, tmp_path):
@@ -243,10 +243,10 @@ def test_a_fresh_process_building_the_policy_imports_the_modules(fresh_registrie
                        "trainer.algorithm.policy_loss_type=reinforce"])
     (tmp_path / "cfg.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     script = textwrap.dedent(f'''
-        from omegaconf import OmegaConf
+        from ridgeline.config import saved_config
         from ridgeline.models.loading import load_tokenizer, policy_spec
         from ridgeline.training.build import build_policy_worker
-        cfg = OmegaConf.load({str(tmp_path / "cfg.yaml")!r})
+        cfg = saved_config({str(tmp_path / "cfg.yaml")!r})
         worker = build_policy_worker(cfg, load_tokenizer(policy_spec(cfg)), training_batches=1)
         print(worker.policy_loss_fn.name, worker.policy_loss_fn.fn.__name__, worker.policy_loss_fn.by_keyword)
     ''')

@@ -5,8 +5,8 @@ Every loss has the same signature,
     fn(log_probs, old_log_probs, advantages, loss_mask, config, rollout_log_probs=None)
         -> (scalar loss, metrics: dict[str, float])
 
-All tensors are [B, T]. `config` is the `trainer.algorithm` section of the config (an
-OmegaConf DictConfig, read by attribute). Each loss builds a per-token loss l_t and reduces it
+All tensors are [B, T]. `config` is the `trainer.algorithm` section of the config (a
+read-only OmegaConf map, `ridgeline.config.loss_view`, read by attribute). Each loss builds a per-token loss l_t and reduces it
 with `reduce_loss(l, loss_mask, config.loss_reduction)`, which picks up the mini-batch
 normalisers the worker sets with `loss_normalizers(...)`.
 
@@ -27,13 +27,16 @@ Keys ending in `_max` aggregate across micro-batches as a max, all others as tok
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import functools
 import logging
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
+if TYPE_CHECKING:  # a policy loss's `config` (ridgeline.config sits above this layer)
+    from ridgeline.config.loss_view import LossConfig
 from ridgeline.algorithms.off_policy import truncated_importance_weights
 from ridgeline.algorithms.reductions import masked_mean, reduce_loss
 from ridgeline.algorithms.registry import register_policy_loss
@@ -106,7 +109,7 @@ def _common_metrics(ratio: Tensor, log_ratio: Tensor, loss_mask: Tensor, clipped
     return dict(zip(values, floats))
 
 
-def _reduce(per_token: Tensor, loss_mask: Tensor, config: DictConfig, old_log_probs: Tensor,
+def _reduce(per_token: Tensor, loss_mask: Tensor, config: LossConfig, old_log_probs: Tensor,
             rollout_log_probs: Tensor | None, metrics: Metrics) -> tuple[Tensor, Metrics]:
     """Apply the off-policy correction, then the configured reduction: the one exit of every loss.
 
@@ -114,6 +117,7 @@ def _reduce(per_token: Tensor, loss_mask: Tensor, config: DictConfig, old_log_pr
     (no gradient; Yao et al. 2025). The weight multiplies the whole per-token loss, so it works
     the same for every surrogate, clipped or not.
     """
+    # a loss may be called with only the keys it reads (SkyRL's losses are): use_tis may be absent
     if config.get("use_tis", False) and rollout_log_probs is not None:
         weights = _on_real_tokens(truncated_importance_weights(old_log_probs, rollout_log_probs,
                                                                config.tis_imp_ratio_cap), loss_mask)
@@ -143,7 +147,7 @@ def _covariance(log_probs: Tensor, adv: Tensor, loss_mask: Tensor) -> Tensor:
 
 
 @register_policy_loss("regular")
-def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
                   rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347), with the asymmetric range
     of DAPO's clip-higher (Yu et al. 2025, arXiv 2503.14476) when eps_clip_high > eps_clip_low:
@@ -157,7 +161,7 @@ def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
 
 
 @register_policy_loss("dual_clip")
-def dual_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def dual_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
                    rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL",
     arXiv 1912.09729): the regular l_t, further bounded for negative advantages,
@@ -181,7 +185,7 @@ def dual_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
 
 
 @register_policy_loss("gspo")
-def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
               rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """GSPO-token (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071).
     The importance ratio is the sequence's length-normalised likelihood ratio,
@@ -207,7 +211,7 @@ def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss
 
 
 @register_policy_loss("cispo")
-def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
                rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """CISPO (MiniMax 2025, "MiniMax-M1", arXiv 2506.13585): clip the importance weight, not the
     update, so every token keeps its gradient,
@@ -227,7 +231,7 @@ def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, los
 
 
 @register_policy_loss("clip_cov")
-def clip_cov_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def clip_cov_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
                   rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
     Entropy collapses through tokens with a large covariance between log-prob and advantage,
@@ -260,7 +264,7 @@ def clip_cov_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
 
 
 @register_policy_loss("kl_cov")
-def kl_cov_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def kl_cov_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
                 rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """KL-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
     No clipping; instead the k masked tokens with the largest cov_t (as in clip_cov_loss),
@@ -290,7 +294,7 @@ def kl_cov_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, lo
 
 
 @register_policy_loss("sapo")
-def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
               rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """SAPO (Qwen team 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347): a smooth
     temperature-controlled gate in place of the hard clip,
@@ -315,7 +319,7 @@ def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss
 
 @register_policy_loss("importance_sampling")
 def importance_sampling_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
-                             config: DictConfig, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
+                             config: LossConfig, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """Importance-sampled policy gradient, no clipping (Tinker's `importance_sampling` loss, the
     one of SkyRL's on-policy distillation example):
 

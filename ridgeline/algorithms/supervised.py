@@ -12,11 +12,14 @@ steps) train them exactly as they train RL losses.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import Tensor
 
+if TYPE_CHECKING:  # a policy loss's `config` (ridgeline.config sits above this layer)
+    from ridgeline.config.loss_view import LossConfig
 from ridgeline.algorithms.reductions import reduce_loss
 from ridgeline.algorithms.registry import Registry, register_policy_loss
 
@@ -66,7 +69,7 @@ def preference_metrics(sums: dict[str, float], prefix: str = "") -> dict[str, fl
 
 
 @register_policy_loss("sft")
-def sft_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def sft_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
              rollout_log_probs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """[B, T] -> scalar: the negative log-likelihood of the loss tokens (the assistant turns),
     reduced by `config.loss_reduction` over the optimizer step's mini-batch (token_mean: mean NLL
@@ -75,7 +78,7 @@ def sft_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_
 
 
 @register_policy_loss("dpo")
-def dpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def dpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
              rollout_log_probs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """[2P, T] -> scalar: the mean over the step's pairs of `PREFERENCE_LOSSES[config.dpo.loss_type]`.
     Rows 2i / 2i+1 are pair i's chosen / rejected answers; `old_log_probs` are the reference's

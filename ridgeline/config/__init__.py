@@ -10,6 +10,9 @@ from ridgeline.config.loader import (
     default_backend,
     list_experiments,
     load_config,
+    save_config,
+    saved_config,
+    saved_values,
 )
 from ridgeline.config.schema import RidgelineConfig, base_config
 from ridgeline.config.support import unbuilt_defaults
@@ -25,6 +28,9 @@ __all__ = [
     "default_backend",
     "list_experiments",
     "load_config",
+    "save_config",
+    "saved_config",
+    "saved_values",
     "unbuilt_defaults",
     "validate_config",
 ]

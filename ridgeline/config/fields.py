@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -29,10 +30,44 @@ def setting(default: Any, *, choices: tuple[Any, ...] = (), built: tuple[Any, ..
 
 
 class Section:
-    """A config section: its rules between keys. ``at`` is the section's dotted key."""
+    """A config section: its rules between keys. ``at`` is the section's dotted key.
+
+    A value set after the section is built is typed as the loader types it (OmegaConf's rules: a
+    number is a fine string, "many" is no integer), and a name that is not a key is refused, so a
+    misspelt key or a wrong type set by code fails where it is set, not where it is read."""
 
     def check(self, at: str, report: "Report") -> None:
         """Add a problem to ``report`` for every rule this section's values break."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:  # not while the dataclass's __init__ sets the fields
+            value = _typed_value(type(self), name, value)
+        elif dataclasses.is_dataclass(self) and name not in {f.name for f in dataclasses.fields(self)}:
+            raise AttributeError(f"{type(self).__name__} has no key {name!r}")
+        object.__setattr__(self, name, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _section_node(cls: type) -> Any:
+    """An OmegaConf tree of ``cls`` whose nodes type a value the way the loader does."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(cls)
+
+
+def _typed_value(cls: type, name: str, value: Any) -> Any:
+    """``value`` as field ``name`` of ``cls`` holds it; OmegaConf's ValidationError when it cannot."""
+    if isinstance(value, Section) or section_type(field_type(cls, name)) is not None:
+        if not isinstance(value, section_type(field_type(cls, name)) or ()):
+            from omegaconf import ValidationError
+            raise ValidationError(f"{cls.__name__}.{name} is a section: {type(value).__name__} cannot replace it")
+        return value
+    from omegaconf import OmegaConf
+
+    node = _section_node(cls).copy()  # the cached tree stays as it is (no other thread sees this one)
+    node[name] = value
+    held = node._get_node(name)
+    return OmegaConf.to_container(held, resolve=False) if OmegaConf.is_config(held) else held._value()
 
 
 @dataclass

@@ -11,24 +11,27 @@ import difflib
 import logging
 import re
 import tempfile
+import typing
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ridgeline.config.fields import show
-from ridgeline.config.schema import all_keys, base_config, free_form_keys
+from ridgeline.config.schema import RidgelineConfig, all_keys, base_config, free_form_keys
 from ridgeline.config.support import DEPRECATED_KEYS, rename_origin, renamed_key
 from ridgeline.config.validate import (
     ConfigError,
-    check_config,
+    check_tree,
     config_problems,
     configures_unbuilt,
     suggest_key,
+    typed_keys,
     under_free_form,
 )
 
-__all__ = ["CONFIG_DIR", "CONFIG_NAME", "load_config", "default_backend", "list_experiments", "preset_summaries"]
+__all__ = ["CONFIG_DIR", "CONFIG_NAME", "load_config", "config_yaml", "saved_config", "save_config", "saved_values", "default_backend", "list_experiments", "preset_summaries"]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ def _register_base_config() -> None:
     """Hydra's primary config: the schema's defaults, untyped (the validator types them, reporting
     every problem at once where Hydra would stop at the first), and Hydra's own settings: no output
     folders, no change of working directory, Python logging left to Ridgeline."""
-    node = OmegaConf.to_container(base_config(), resolve=False)
+    node = typing.cast(dict[str, Any], OmegaConf.to_container(base_config(), resolve=False))
     node["defaults"] = ["_self_", {"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
     node["hydra"] = {"run": {"dir": "."}, "output_subdir": None, "job": {"chdir": False}}
     ConfigStore.instance().store(name=CONFIG_NAME, node=node)
@@ -87,20 +90,38 @@ def preset_summaries() -> dict[str, str]:
     return out
 
 
-def load_config(overrides: list[str] | None = None, run_config: Path | None = None) -> DictConfig:
+def load_config(overrides: list[str] | None = None, run_config: Path | None = None) -> RidgelineConfig:
     """Compose the base config with Hydra ``overrides``, validate it and return it.
 
     ``run_config``: a run's saved ``config.yaml`` (``ridgeline eval --checkpoint``), applied over
     the base config and any preset, under the overrides' keys.
 
     Raises :class:`ConfigError` naming every problem found (bad override syntax, unknown keys,
-    wrong types, clashing batch sizes, features not built yet, ...). The result is typed: a value
-    of the wrong type set later is refused by OmegaConf.
+    wrong types, clashing batch sizes, features not built yet, ...). The result is the schema's
+    ``RidgelineConfig`` (interpolations resolved); a value of the wrong type set later is refused.
     """
+    return _load(overrides, run_config)[1]
+
+
+def config_yaml(overrides: list[str], *, resolve: bool = False, package: str | None = None) -> str:
+    """The config ``overrides`` make (or its node ``package``) as YAML, as ``--cfg job`` prints it:
+    interpolations as written unless ``resolve``."""
+    tree = _load(overrides, None)[0]
+    node = tree if package is None else OmegaConf.select(tree, package, default=None)
+    if node is None:
+        raise ConfigError([f"--package {package}: the config has no such node. Fix: a dotted path of the "
+                           "config, e.g. --package trainer.algorithm"])
+    if not OmegaConf.is_config(node):
+        return f"{package}: {node}\n"
+    return OmegaConf.to_yaml(node, resolve=resolve)
+
+
+def _load(overrides: list[str] | None, run_config: Path | None) -> tuple[DictConfig, RidgelineConfig]:
+    """``load_config``'s work: (the typed OmegaConf tree, the ``RidgelineConfig``)."""
     overrides = list(overrides or [])
     if run_config is not None:
         with tempfile.TemporaryDirectory(prefix="ridgeline-run-config-") as folder:
-            return load_config([*overrides, *_run_config_overrides(Path(run_config), Path(folder))])
+            return _load([*overrides, *_run_config_overrides(Path(run_config), Path(folder))], None)
     problems: list[str] = []
     usable = _check_overrides(overrides, problems)
     try:
@@ -121,10 +142,37 @@ def load_config(overrides: list[str] | None = None, run_config: Path | None = No
             problems.extend(p for p in config_problems(cfg) if re.split(r"[=: ]", p, maxsplit=1)[0] in own)
         raise ConfigError(problems) from None
     _strip_hydra(cfg)
-    typed, found = check_config(cfg)
+    tree, typed, found = check_tree(cfg)
     problems.extend(found)
     if problems:
         raise ConfigError(problems)
+    return tree, typed
+
+
+def save_config(cfg: RidgelineConfig, path: Path) -> None:
+    """Write ``cfg`` as a run's ``config.yaml`` (every key, values resolved): what ``saved_config``,
+    ``ridgeline eval --checkpoint`` and a resume read back."""
+    OmegaConf.save(OmegaConf.structured(cfg), path, resolve=True)
+
+
+def saved_values(path: Path) -> dict[str, Any]:
+    """A run's saved ``config.yaml`` as written, a plain nested map (to compare with another run's)."""
+    values = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} holds no map of config sections. Fix: a run's config.yaml, as the run wrote it.")
+    return {str(k): v for k, v in values.items()}
+
+
+def saved_config(path: Path) -> RidgelineConfig:
+    """A run's saved ``config.yaml`` (a checkpoint's, a run folder's) as the schema's config: a key
+    the run's version did not have yet takes its default; a key this version no longer reads is
+    left out, with one warning naming it."""
+    saved = OmegaConf.load(path)
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(f"{path} holds no map of config sections. Fix: a run's config.yaml, as the run wrote it.")
+    typed, problems = typed_keys(saved)
+    for problem in problems:
+        log.warning("%s: %s", path, problem)
     return typed
 
 

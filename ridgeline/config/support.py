@@ -6,10 +6,10 @@ Which values a key may hold, and which are not built, is said by the key's field
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ridgeline.config.fields import show
-from ridgeline.config.schema import base_config
+from ridgeline.config.schema import RidgelineConfig, base_config
 
 __all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "EXAMPLE_KEYS", "renamed_key", "rename_origin", "UNREAD_KEYS",
            "DEFAULTS_NOT_ACTED_ON",
@@ -100,7 +100,7 @@ DEFAULTS_NOT_ACTED_ON: dict[str, str] = {
 }
 
 
-def unbuilt_defaults(cfg: DictConfig) -> list[str]:
+def unbuilt_defaults(cfg: RidgelineConfig) -> list[str]:
     """Lines naming the keys that ``cfg`` leaves at a default the run will not act on.
 
     The trainer logs these once at start so that no setting is silently ignored, e.g.
@@ -108,7 +108,7 @@ def unbuilt_defaults(cfg: DictConfig) -> list[str]:
     """
     lines: list[str] = []
     for key, why in DEFAULTS_NOT_ACTED_ON.items():
-        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        value = OmegaConf.select(OmegaConf.structured(cfg), key, throw_on_missing=False)
         if value is None or value != OmegaConf.select(base_config(), key):
             continue
         if key == "generator.inference_engine_tensor_parallel_size" and (

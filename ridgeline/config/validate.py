@@ -15,15 +15,15 @@ import re
 import typing
 from typing import Any, Iterable
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ridgeline.config.fields import Report, field_type, one_of, section_fields, section_type, show
+from ridgeline.config.fields import Report, Section, field_type, one_of, section_fields, section_type, show
 from ridgeline.config.schema import RidgelineConfig, all_keys, default_of, free_form_keys, leaf_fields
 from ridgeline.config.support import UNREAD_KEYS
 from ridgeline.errors import UserError
 
-__all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "suggest_key", "under_free_form",
+__all__ = ["ConfigError", "validate_config", "config_problems", "check_config", "check_tree", "typed_keys", "suggest_key", "under_free_form",
            "configures_unbuilt"]
 
 # sections of SkyRL's training backends that are not built here: one sentence for the whole section
@@ -50,6 +50,8 @@ def configures_unbuilt(key: str) -> bool:
 
 log = logging.getLogger(__name__)
 
+S = typing.TypeVar("S", bound=Section)
+
 _MISSING = object()  # a value that could not be resolved (already reported)
 
 
@@ -75,34 +77,54 @@ def format_problems(problems: list[str]) -> str:
 # --------------------------------------------------------------------------- API
 
 
-def validate_config(cfg: DictConfig) -> DictConfig:
-    """The typed config (``RidgelineConfig``'s keys and types, interpolations kept) of ``cfg``; raises
-    one :class:`ConfigError` listing every problem."""
+def validate_config(cfg: DictConfig | RidgelineConfig) -> RidgelineConfig:
+    """The typed config of ``cfg`` (a ``RidgelineConfig``: missing keys at their defaults,
+    interpolations resolved); raises one :class:`ConfigError` listing every problem."""
     typed, problems = check_config(cfg)
     if problems:
         raise ConfigError(problems)
     return typed
 
 
-def config_problems(cfg: DictConfig) -> list[str]:
+def config_problems(cfg: DictConfig | RidgelineConfig) -> list[str]:
     """Every problem of ``cfg``, one paragraph each (empty when it is fine)."""
     return check_config(cfg)[1]
 
 
-def check_config(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
-    """(the typed config, every problem of ``cfg``)."""
+def check_config(cfg: DictConfig | RidgelineConfig) -> tuple[RidgelineConfig, list[str]]:
+    """(the typed config, every problem of ``cfg``). Where a key is refused, the config holds a
+    stand-in there (its default, or the zero of its type): it is for the rules, not for a run."""
+    _tree, typed, problems = check_tree(cfg)
+    return typed, problems
+
+
+def check_tree(cfg: DictConfig | RidgelineConfig) -> tuple[DictConfig, RidgelineConfig, list[str]]:
+    """``check_config`` with the typed OmegaConf tree it was built from (interpolations kept: what
+    ``--cfg job`` prints)."""
     report = Report()
-    typed = OmegaConf.structured(RidgelineConfig)
+    tree = OmegaConf.structured(RidgelineConfig)
     unbuilt: dict[str, list[str]] = {}  # backend -> its sections in the config
+    if isinstance(cfg, RidgelineConfig):  # a config already typed, perhaps changed since: checked again
+        cfg = OmegaConf.structured(cfg)
     if not isinstance(cfg, DictConfig):
         report.refuse("", "The config is not a map of sections. Fix: load it with ridgeline.config.load_config().")
-        return typed, report.problems
-    _merge(cfg, typed, RidgelineConfig, "", report, unbuilt)
-    values = _resolve(typed, "", report)
+        return tree, RidgelineConfig(), report.problems
+    _merge(cfg, tree, RidgelineConfig, "", report, unbuilt)
+    values = _resolve(tree, "", report)
     _unbuilt_sections(values, unbuilt, report)
     _field_rules(values, report)
-    _instance(RidgelineConfig, values, "", report).check("", report)
-    return typed, report.problems
+    typed = _instance(RidgelineConfig, values, "", report)
+    typed.check("", report)
+    return tree, typed, report.problems
+
+
+def typed_keys(cfg: DictConfig) -> tuple[RidgelineConfig, list[str]]:
+    """(``cfg``'s keys and types as a ``RidgelineConfig``, the keys refused): only the keys and their
+    types are checked, not the rules between them (a run's saved config, read back for its models)."""
+    report = Report()
+    tree = OmegaConf.structured(RidgelineConfig)
+    _merge(cfg, tree, RidgelineConfig, "", report, {})
+    return _instance(RidgelineConfig, _resolve(tree, "", report), "", report), report.problems
 
 
 # --------------------------------------------------------------------------- 1. keys and types
@@ -113,8 +135,8 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
     """Copy ``raw`` into the typed tree one key at a time; every unknown key and wrong type is reported."""
     names = {f.name for f in section_fields(cls)}
     for k in raw.keys():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        node = raw._get_node(k)
+        key = f"{prefix}.{str(k)}" if prefix else str(k)
+        node = typing.cast(Node, raw._get_node(k))
         value = node._value() if node._is_interpolation() or not OmegaConf.is_config(node) else \
             OmegaConf.to_container(node, resolve=False)
         if k not in names:
@@ -264,7 +286,7 @@ _PURE_REF = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
 def _resolve(node: Any, prefix: str, report: Report) -> Any:
     """A plain copy of ``node`` with interpolations resolved; failures become problems."""
     if isinstance(node, DictConfig):
-        return {str(k): _resolve_child(node, k, f"{prefix}.{k}" if prefix else str(k), report) for k in node.keys()}
+        return {str(k): _resolve_child(node, k, f"{prefix}.{str(k)}" if prefix else str(k), report) for k in node.keys()}
     if isinstance(node, ListConfig):
         items = [_resolve_child(node, i, f"{prefix}[{i}]", report) for i in range(len(node))]
         return _MISSING if any(v is _MISSING for v in items) else items
@@ -353,11 +375,11 @@ def _field_rules(values: dict, report: Report) -> None:
 # --------------------------------------------------------------------------- 4. rules between keys
 
 
-def _instance(cls: type, values: Any, prefix: str, report: Report) -> Any:
+def _instance(cls: type[S], values: Any, prefix: str, report: Report) -> S:
     """``cls`` built from resolved ``values``; a key refused above holds a stand-in (its default, or
     the zero of its type) so that the rules can run, and their problems naming it are left out."""
     values = values if isinstance(values, dict) else {}
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for f in section_fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = field_type(cls, f.name)

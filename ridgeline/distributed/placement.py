@@ -26,9 +26,13 @@ four roles fit on one device, as in SkyRL.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ridgeline.errors import UserError
 from ridgeline.inference.parallelism import EngineParallelism
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema.trainer import PlacementConfig
 
 COLOCATED_SHARE = 0.2
 ROLES = ("policy", "ref", "critic")
@@ -87,7 +91,7 @@ class PlacementPlan:
         return "; ".join(parts)
 
 
-def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, use_ref: bool, use_critic: bool,
+def plan_placement(placement: PlacementConfig, *, num_engines: int, engine: EngineParallelism, use_ref: bool, use_critic: bool,
                    device: str, remote_engines: bool = False) -> PlacementPlan:
     """The pools of a run. `placement` is the `trainer.placement` section; `num_engines` and
     `engine` the `generator.num_inference_engines` engines and how each spreads over devices;
@@ -96,8 +100,10 @@ def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, us
     the keys when colocation asks for counts that do not match."""
     p = placement
     wanted = {"policy": True, "ref": use_ref, "critic": use_critic}
-    nodes = {r: int(p[f"{r}_num_nodes"]) for r in ROLES if wanted[r]}
-    per_node = {r: int(p[f"{r}_num_gpus_per_node"]) for r in ROLES if wanted[r]}
+    sizes = {"policy": (p.policy_num_nodes, p.policy_num_gpus_per_node), "ref": (p.ref_num_nodes, p.ref_num_gpus_per_node),
+             "critic": (p.critic_num_nodes, p.critic_num_gpus_per_node)}
+    nodes = {r: int(sizes[r][0]) for r in ROLES if wanted[r]}
+    per_node = {r: int(sizes[r][1]) for r in ROLES if wanted[r]}
     for role in nodes:
         if nodes[role] < 1 or per_node[role] < 1:
             raise PlacementConfigError(
@@ -106,7 +112,7 @@ def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, us
                 f"trainer.placement.{role}_num_gpus_per_node=2")
     ranks = {r: nodes[r] * per_node[r] for r in nodes}
     if remote_engines:
-        if p["colocate_all"]:
+        if p.colocate_all:
             raise PlacementConfigError(
                 "trainer.placement.colocate_all=true shares the policy's devices with the engines, but "
                 "generator.run_engines_locally=false makes them remote servers. Fix: "
@@ -116,7 +122,7 @@ def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, us
         raise PlacementConfigError(f"generator.num_inference_engines={num_engines} must be at least 1")
     engine_devices = num_engines * engine.devices
     pools: list[Pool] = []
-    if p["colocate_all"] and device == "GPU" and engine.replica_devices > 1:
+    if p.colocate_all and device == "GPU" and engine.replica_devices > 1:
         # Colocated engines get their weights from the policy rank on their GPU by CUDA IPC (a handle
         # opens only on its own GPU), and Ray shows an actor sharing a bundle that bundle's GPU alone:
         # an engine of several GPUs would need one handoff per shard from several ranks. Not built.
@@ -127,7 +133,7 @@ def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, us
             f"generator.inference_engine_tensor_parallel_size=1 generator.inference_engine_pipeline_parallel_size=1 "
             f"with num_inference_engines x inference_engine_data_parallel_size = {ranks['policy']} (the policy's "
             "GPUs), or trainer.placement.colocate_all=false (engines of any size on GPUs of their own)")
-    if p["colocate_all"]:
+    if p.colocate_all:
         for role in ranks:
             if ranks[role] != ranks["policy"]:
                 raise PlacementConfigError(
@@ -146,7 +152,7 @@ def plan_placement(placement, *, num_engines: int, engine: EngineParallelism, us
                 "trainer.placement.colocate_all=false")
         pools.append(Pool("colocated", tuple(ranks) + ("engine",), ranks["policy"], nodes["policy"]))
     else:
-        if p["colocate_policy_ref"] and "ref" in ranks:
+        if p.colocate_policy_ref and "ref" in ranks:
             if ranks["ref"] != ranks["policy"]:
                 raise PlacementConfigError(
                     f"trainer.placement.colocate_policy_ref=true puts the reference on the policy's devices, "

@@ -18,6 +18,7 @@ to engines colocated on the policy's GPUs, as IPC handles (`weight_sync_kind` pi
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import logging
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
 from ridgeline.distributed.fsdp import FSDPGroup, GatheredState, rank_device
 from ridgeline.distributed.launch import free_port
@@ -52,6 +52,9 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
 from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
 from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker, TrainedWorker
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -82,8 +85,8 @@ class TrainingRank:
     worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
     called on every rank of the group at once."""
 
-    def __init__(self, cfg: dict, role: str, rank: int, world_size: int, training_batches: int):
-        self.cfg: DictConfig = OmegaConf.create(cfg)
+    def __init__(self, cfg: RidgelineConfig, role: str, rank: int, world_size: int, training_batches: int):
+        self.cfg = cfg
         self.role, self.rank, self.world_size = role, rank, world_size
         self.training_batches = training_batches  # the run's trainer steps: the schedule's length
         self.worker: PolicyWorker | RefWorker | CriticWorker | None = None
@@ -288,10 +291,9 @@ class EngineRank:
     """One inference engine (hf, vllm or sglang: `generator.backend`) in its own process, run as a
     Ray actor; it receives weights over the weight-sync group and loads them with `update_weights`."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: RidgelineConfig):
         from ridgeline.inference.build import build_engine
 
-        cfg = OmegaConf.create(cfg)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.tokenizer = load_tokenizer(policy_spec(cfg))
         self.engine = build_engine(cfg, self.tokenizer)
@@ -639,7 +641,7 @@ def cluster_device(trainer_device: str, cluster_gpus: float) -> Literal["GPU", "
     return "GPU" if kind == "cuda" or (kind == "auto" and cluster_gpus > 0) else "CPU"
 
 
-def placement_plan(cfg: DictConfig, device: Literal["GPU", "CPU"]) -> PlacementPlan:
+def placement_plan(cfg: RidgelineConfig, device: Literal["GPU", "CPU"]) -> PlacementPlan:
     """The run's pools with bundles of one `device` each (`cluster_device`)."""
     g = cfg.generator
     # an engine takes tensor x pipeline x data parallel devices of the plan (SkyRL's count), one engine
@@ -651,7 +653,7 @@ def placement_plan(cfg: DictConfig, device: Literal["GPU", "CPU"]) -> PlacementP
                           remote_engines=not g.run_engines_locally)
 
 
-def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayWorkers:
+def build_ray_workers(cfg: RidgelineConfig, tokenizer, training_batches: int) -> RayWorkers:
     """Start or join Ray, reserve the plan's pools, start every actor, build the sharded models and
     connect the weight-sync group; `training_batches` (the run's trainer steps) sizes the
     learning-rate schedules. The trainer pushes the first weights (`weight_sync.sync(0)`, or
@@ -666,9 +668,9 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
     # GPU or CPU workers: what the cluster has, never what this (driver) process sees
     plan = placement_plan(cfg, cluster_device(t.device, float(ray.cluster_resources().get("GPU", 0.0))))
     groups = reserve_pools(plan, float(t.placement.timeout_s))
-    plain = OmegaConf.to_container(cfg, resolve=True)
     # the actors compute where the plan puts them: `auto` settled here, a rank's GPU is its own
-    plain["trainer"]["device"] = "cuda" if plan.device == "GPU" else "cpu"
+    actor_cfg = copy.deepcopy(cfg)
+    actor_cfg.trainer.device = "cuda" if plan.device == "GPU" else "cpu"
 
     def actor(cls, role: str, index: int, *args: Any):
         pool = plan.pool_of(role)
@@ -678,11 +680,11 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
         return ray.remote(cls).options(**options).remote(*args)
 
     def start_ranks() -> tuple[list[Any], list[Any], list[Any], list[dict[str, float]]]:
-        policy_actors = [actor(TrainingRank, "policy", r, plain, "policy", r, plan.ranks["policy"], training_batches)
+        policy_actors = [actor(TrainingRank, "policy", r, actor_cfg, "policy", r, plan.ranks["policy"], training_batches)
                          for r in range(plan.ranks["policy"])]
-        ref_actors = ([actor(TrainingRank, "ref", r, plain, "ref", r, plan.ranks["ref"], training_batches)
+        ref_actors = ([actor(TrainingRank, "ref", r, actor_cfg, "ref", r, plan.ranks["ref"], training_batches)
                        for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
-        critic_actors = ([actor(TrainingRank, "critic", r, plain, "critic", r, plan.ranks["critic"],
+        critic_actors = ([actor(TrainingRank, "critic", r, actor_cfg, "critic", r, plan.ranks["critic"],
                                 training_batches) for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
         infos = []
         for actors in (policy_actors, ref_actors, critic_actors):
@@ -692,7 +694,7 @@ def build_ray_workers(cfg: DictConfig, tokenizer, training_batches: int) -> RayW
         return policy_actors, ref_actors, critic_actors, infos
 
     n = cfg.generator.n_samples_per_prompt
-    engine_actors = [actor(EngineRank, "engine", i, plain) for i in range(plan.num_engines)]  # none if remote
+    engine_actors = [actor(EngineRank, "engine", i, actor_cfg) for i in range(plan.num_engines)]  # none if remote
     shares_gpus = plan.device == "GPU" and bool(t.placement.colocate_all)
     policy_actors, ref_actors, critic_actors, infos = start_engines_first(ray, engine_actors, shares_gpus, start_ranks)
     mini = t.policy_mini_batch_size * n
@@ -731,7 +733,7 @@ def start_engines_first(ray, engines: list[Any], shares_gpus: bool, start_ranks:
     return start_ranks()
 
 
-def _with_remote_engines(cfg: DictConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
+def _with_remote_engines(cfg: RidgelineConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
                          ref: RayRefGroup | RayBaseModelRefGroup | None, critic: RayCriticGroup | None, parameters: int) -> RayWorkers:
     """`generator.run_engines_locally=false`: the driver's client generates; policy rank 0 pushes the
     gathered weights to the servers over its own weight-update group; the probe compares the

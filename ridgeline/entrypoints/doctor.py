@@ -26,16 +26,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ridgeline.entrypoints.doctor_facts import FAIL, NOT_CHECKED, OK, WARN, Check, Gpu, MachineFacts, Package
 from ridgeline.inference.gpu_support import (
     attention_backend_problem,
     fitting_attention_backend,
     format_capability,
 )
 
-if TYPE_CHECKING:
-    from ridgeline.entrypoints.doctor_sglang import SGLangInstall
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
-OK, WARN, FAIL, NOT_CHECKED = "ok", "warn", "FAIL", "not checked"
 MIN_PYTHON = (3, 11)
 MIN_FREE_GB = 10.0
 RAY_PROBE_TIMEOUT_S = 15.0
@@ -52,43 +52,6 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, ...]] = {
     "tensorboard": ("tensorboard",),
 }
 RAY_STRATEGIES = ("fsdp2", "fsdp")
-
-
-@dataclass
-class Gpu:
-    name: str
-    memory_gb: float
-    capability: tuple[int, int]
-
-
-@dataclass
-class Package:
-    version: str | None  # None: importable but installed without metadata
-    distribution: str | None
-
-
-@dataclass
-class MachineFacts:
-    python: tuple[int, int, int]
-    torch: str | None  # None: torch does not import
-    cuda_build: str | None  # torch.version.cuda; None on the CPU wheel
-    cuda_available: bool = False
-    cpu_fast_bf16: bool = False
-    gpus: list[Gpu] = field(default_factory=list)
-    packages: dict[str, Package | None] = field(default_factory=dict)  # None: not installed
-    disk: dict[str, tuple[str, float]] = field(default_factory=dict)  # label -> (folder, free GB)
-    ray_address: str | None = None
-    ray_cluster: dict[str, Any] | None = None  # {"nodes", "cpus", "gpus"} or {"error"}
-    remote: dict[str, str | None] = field(default_factory=dict)  # server URL -> None (answers) or the error
-    sandbox: str | None = None  # the code sandbox: "" when bubblewrap works, else why not; None: not probed
-    sglang: SGLangInstall | None = None  # SGLang's engine imported in a child process (generator.backend=sglang)
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | warn | FAIL | not checked
-    detail: str
 
 
 # --------------------------------------------------------------------------- gathering facts
@@ -151,14 +114,11 @@ def nearest_existing(path: str) -> Path:
     return p
 
 
-def disk_paths(cfg: Any) -> dict[str, str]:
+def disk_paths(cfg: RidgelineConfig | None) -> dict[str, str]:
     """Label -> path whose free space matters: this folder and the run's output folders."""
     paths = {".": "."}
     if cfg is not None:
-        from omegaconf import OmegaConf
-
-        for key in ("trainer.run_dir", "trainer.ckpt_path"):
-            value = OmegaConf.select(cfg, key, default=None)
+        for key, value in (("trainer.run_dir", cfg.trainer.run_dir), ("trainer.ckpt_path", cfg.trainer.ckpt_path)):
             if value and "://" not in str(value):  # object stores have no local free space
                 paths[f"{key}={value}"] = str(value)
     return paths
@@ -267,7 +227,7 @@ def ray_check(facts: MachineFacts) -> Check:
                  f"{cluster['cpus']:g} CPUs, {cluster['gpus']:g} GPUs")
 
 
-def probe_remote_engines(cfg: Any, timeout_s: float = 5.0) -> dict[str, str | None]:
+def probe_remote_engines(cfg: RidgelineConfig, timeout_s: float = 5.0) -> dict[str, str | None]:
     """Ask every server of `generator.remote_inference_engine_urls` for /health (once, no retries,
     `timeout_s` each): URL -> None when it answers, else what went wrong."""
     import requests
@@ -284,10 +244,8 @@ def probe_remote_engines(cfg: Any, timeout_s: float = 5.0) -> dict[str, str | No
     return out
 
 
-def config_checks(cfg: Any, facts: MachineFacts) -> list[Check]:
+def config_checks(cfg: RidgelineConfig, facts: MachineFacts) -> list[Check]:
     """Can the engine and strategy that ``cfg`` asks for work on this machine?"""
-    from omegaconf import OmegaConf
-
     gen, strategy = cfg.generator, cfg.trainer.strategy
     backend = gen.backend
     checks = [Check("config", OK, f"valid (generator.backend={backend}, trainer.strategy={strategy})")]
@@ -301,7 +259,7 @@ def config_checks(cfg: Any, facts: MachineFacts) -> list[Check]:
                           Check("remote engine", FAIL, f"{url} does not answer: {error}. Fix: start the server "
                                 "or correct generator.remote_inference_engine_urls"))
     else:
-        attention = OmegaConf.select(cfg, "generator.engine_init_kwargs.attention_backend", default=None)
+        attention = gen.engine_init_kwargs.get("attention_backend")  # the user's map of engine kwargs
         checks += engine_checks(backend, attention, facts)
     if backend == "sglang":
         from ridgeline.entrypoints.doctor_sglang import sglang_known_issues
@@ -344,7 +302,7 @@ def engine_checks(backend: str, attention: str | None, facts: MachineFacts) -> l
     return [Check(name, WARN, f"generator.backend={backend}: the doctor has no rule for this engine")]
 
 
-def all_checks(facts: MachineFacts, cfg: Any = None) -> list[Check]:
+def all_checks(facts: MachineFacts, cfg: RidgelineConfig | None = None) -> list[Check]:
     """The machine's checks, then (when a config is given) whether that config can run here."""
     return machine_checks(facts) + (config_checks(cfg, facts) if cfg is not None else [])
 
@@ -358,7 +316,7 @@ def verdict(checks: list[Check], summary: str) -> str:
     return f"ready ({summary})" + (f", {warns} warning(s) above" if warns else "")
 
 
-def summary(cfg: Any, facts: MachineFacts) -> str:
+def summary(cfg: RidgelineConfig | None, facts: MachineFacts) -> str:
     where = f"{len(facts.gpus)}x {facts.gpus[0].name}" if facts.gpus else "CPU"
     if cfg is None:
         return f"machine only, on {where}; pass the `ridgeline train` overrides to check a run"

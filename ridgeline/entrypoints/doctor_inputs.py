@@ -16,22 +16,25 @@ get past loading what it names.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-from ridgeline.entrypoints.doctor import FAIL, NOT_CHECKED, OK, WARN, Check
+from ridgeline.entrypoints.doctor_facts import FAIL, NOT_CHECKED, OK, WARN, Check
 from ridgeline.errors import UserError
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 DATA_KEYS = ("data.train_data", "data.val_data")
 
 
-def input_checks(cfg: Any) -> list[Check]:
+def input_checks(cfg: RidgelineConfig) -> list[Check]:
     """The models, then the data entries, then the rows' environments of `cfg`."""
     checks = [model_check(spec) for spec in model_specs(cfg)]
     data_checks, datasets = data_input_checks(cfg)
     return checks + data_checks + [environment_check(cfg, datasets)]
 
 
-def model_specs(cfg: Any) -> list:
+def model_specs(cfg: RidgelineConfig) -> list:
     """The models the run loads: the policy, the reference when a KL term needs it, the critic when set."""
     from ridgeline.models.loading import critic_spec, policy_spec, ref_spec
     from ridgeline.training.build import needs_ref
@@ -68,20 +71,20 @@ def model_check(spec) -> Check:
         return Check(name, FAIL, str(exc))
 
 
-def data_input_checks(cfg: Any) -> tuple[list[Check], dict[str, Any]]:
+def data_input_checks(cfg: RidgelineConfig) -> tuple[list[Check], dict[str, Any]]:
     """One check per entry of `data.train_data` and `data.val_data`; and the datasets read
     (config key (entry) -> PromptDataset) for the environment check."""
     from ridgeline.data import DatasetError, PromptDataset
     from ridgeline.data.sources import is_data_file, is_hub_dataset, locate_hub_dataset
 
-    prepare = cfg.data.get("prepare")
+    prepare = cfg.data.prepare
     checks, datasets = [], {}
-    for key in DATA_KEYS:
-        for entry in map(str, cfg.data[key.split(".", 1)[1]]):
+    for key, entries in zip(DATA_KEYS, (cfg.data.train_data, cfg.data.val_data)):
+        for entry in map(str, entries):
             try:
                 if is_data_file(entry) and not Path(entry).exists() and prepare is not None:
                     checks.append(Check(key, OK, f"{entry}: written at start by data.prepare "
-                                                 f"(dataset {prepare.dataset})"))
+                                                 f"(dataset {prepare['dataset']})"))
                     continue
                 if is_hub_dataset(entry):
                     locate_hub_dataset(entry, key)
@@ -96,7 +99,7 @@ def data_input_checks(cfg: Any) -> tuple[list[Check], dict[str, Any]]:
     return checks, datasets
 
 
-def environment_check(cfg: Any, datasets: dict[str, Any]) -> Check:
+def environment_check(cfg: RidgelineConfig, datasets: dict[str, Any]) -> Check:
     """The environments of the rows read, each built, started and closed as before training."""
     from ridgeline.trainer.builders import check_environments, load_environments, unused_env_class_note
 

@@ -24,26 +24,19 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, TYPE_CHECKING
 
-from ridgeline.entrypoints.doctor import FAIL, NOT_CHECKED, OK, WARN, Check, MachineFacts
+from ridgeline.entrypoints.doctor_facts import FAIL, NOT_CHECKED, OK, WARN, Check, MachineFacts, SGLangInstall
 from ridgeline.inference.gpu_support import attention_backend_problem, fitting_attention_backend, format_capability
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 IMPORT_TIMEOUT_S = 180.0
 # An SGLang scheduler joins the update group, and enters each broadcast, only between its batches:
 # under a long batch (or a slow first start) a 60 s bound (SkyRL's default) runs out
 SGLANG_MIN_WEIGHT_SYNC_TIMEOUT_S = 180.0
 _PROBE = "import sglang, sglang.srt.entrypoints.engine; print(sglang.__version__)"
-
-
-@dataclass
-class SGLangInstall:
-    """What importing SGLang's engine in a child process showed."""
-
-    version: str | None   # sglang.__version__; None when the import failed
-    error: str | None     # the import's last error line; None when it imports
-    cpu_backend: bool     # imported with SGLANG_USE_CPU_ENGINE=1 (no CUDA here)
-    seconds: float
 
 
 def probe_sglang_install(cuda: bool, python: str = sys.executable, timeout_s: float = IMPORT_TIMEOUT_S) -> SGLangInstall:
@@ -113,7 +106,7 @@ def attention_check(attention: str | None, facts: MachineFacts) -> Check:
                  f"+generator.engine_init_kwargs.attention_backend={fits}")
 
 
-def sglang_known_issues(cfg: Any, environ: Mapping[str, str]) -> list[Check]:
+def sglang_known_issues(cfg: RidgelineConfig, environ: Mapping[str, str]) -> list[Check]:
     """The known SGLang problems a config and environment run into (module docstring)."""
     checks = []
     hook = environ.get("RAY_RUNTIME_ENV_HOOK")

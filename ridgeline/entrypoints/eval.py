@@ -41,7 +41,7 @@ from ridgeline.errors import UserError
 # torch, transformers and the rest load inside the functions: `ridgeline --help` and
 # `ridgeline prepare` build this parser too and should not pay for them.
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from ridgeline.config.schema import RidgelineConfig
 
     from ridgeline.data import PromptDataset, PromptRow
 
@@ -124,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ridgeline.entrypoints.eval [--checkpoint DIR] [--output DIR] [overrides...]`."""
-    from ridgeline import cli
-    return cli.main(["eval", *(sys.argv[1:] if argv is None else argv)])
+    from ridgeline.entrypoints.command import run_command
+    return run_command("eval", add_parser, run, argv)
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -141,12 +141,13 @@ class EvalReport:
     seconds: float
 
 
-def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path | None = None) -> EvalReport:
+def evaluate_model(cfg: RidgelineConfig, checkpoint: Path | None = None, output: Path | None = None) -> EvalReport:
     """Build tokenizer, model, engine and generator from `cfg`, score every row of
     `data.val_data` with `generator.eval_n_samples_per_prompt` samples, and write the results.
     With `generator.enable_http_endpoint` the engine also answers HTTP requests while it evaluates."""
-    from omegaconf import OmegaConf
+    import copy
 
+    from ridgeline.config import save_config
     from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_address
     from ridgeline.inference.hf_engine import HFEngine
     from ridgeline.tracking.dumps import eval_dump_folder
@@ -161,7 +162,7 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
         check_address(g.http_endpoint_host, g.http_endpoint_port)
     seed_everything(t.seed)
     output = Path(output) if output is not None else eval_dump_folder(t.export_path, None)
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a copy; the caller's stays as it is
+    cfg = copy.deepcopy(cfg)  # a copy; the caller's stays as it is
     if g.run_engines_locally and g.backend == "hf":
         tokenizer, model = load_policy(cfg, checkpoint)
         engine = HFEngine(model, tokenizer, dtype=next(model.parameters()).dtype, max_num_seqs=g.max_num_seqs,
@@ -192,11 +193,11 @@ def evaluate_model(cfg: DictConfig, checkpoint: Path | None = None, output: Path
         engine.close()
     seconds = metrics["timing/eval"]
     acc.dump(output, extra_metrics={"timing/eval": seconds})
-    OmegaConf.save(cfg, output / "config.yaml")
+    save_config(cfg, output / "config.yaml")
     return EvalReport(acc.metrics(), output, len(acc.records), seconds)
 
 
-def engine_tokenizer(cfg: DictConfig, checkpoint: Path | None):
+def engine_tokenizer(cfg: RidgelineConfig, checkpoint: Path | None):
     """The tokenizer for an engine that loads its own weights; `checkpoint` (a Hugging Face folder
     or a training checkpoint) becomes `trainer.policy.model.path` for vLLM / SGLang."""
     from ridgeline.models.loading import load_tokenizer, policy_spec
@@ -228,13 +229,13 @@ def checkpoint_run_config(checkpoint: Path) -> Path | None:
 
 def _is_run_config(path: Path) -> bool:
     """A config a Ridgeline run saved (not some other program's config.yaml)."""
-    from omegaconf import OmegaConf
+    from ridgeline.config import ConfigError, saved_values
 
     try:
-        saved = OmegaConf.load(path)
-    except Exception:  # unreadable YAML: not a run's
+        trainer = saved_values(path).get("trainer")
+    except (ConfigError, ValueError, OSError):  # unreadable YAML, or no map: not a run's
         return False
-    return OmegaConf.select(saved, "trainer.run_dir", default=None) is not None
+    return isinstance(trainer, dict) and trainer.get("run_dir") is not None
 
 
 def _checkpoint_folder(checkpoint: Path) -> Path:
@@ -245,33 +246,30 @@ def _checkpoint_folder(checkpoint: Path) -> Path:
     return _training_checkpoint_policy(checkpoint)
 
 
-def _use_hf_checkpoint(cfg: DictConfig, folder: Path):
+def _use_hf_checkpoint(cfg: RidgelineConfig, folder: Path):
     """When `folder` holds a Hugging Face model (config.json + weights): name it as the policy in
     `cfg`, so the saved config.yaml says which model was scored, and return its tokenizer (the base
     model's when it saved none). Otherwise None."""
-    from omegaconf import open_dict
-
     from ridgeline.models.loading import load_tokenizer, policy_spec
 
     if not ((folder / "config.json").exists() and any((folder / f).exists() for f in HF_WEIGHT_FILES)):
         return None
     has_tokenizer = any((folder / f).exists() for f in TOKENIZER_FILES)
     tokenizer = load_tokenizer(_folder_spec(cfg, folder) if has_tokenizer else policy_spec(cfg))
-    with open_dict(cfg):
-        cfg.trainer.policy.model.path, cfg.trainer.policy.model.gguf_file = str(folder), None
+    cfg.trainer.policy.model.path, cfg.trainer.policy.model.gguf_file = str(folder), None
     return tokenizer
 
 
-def _folder_spec(cfg: DictConfig, folder: Path):
+def _folder_spec(cfg: RidgelineConfig, folder: Path):
     """A Hugging Face folder (an export, a checkpoint's policy) as it was saved: its config.json
     already holds the run's model config overrides."""
     from ridgeline.models.loading import ModelSpec
 
     return ModelSpec(path=str(folder), seed=cfg.trainer.seed,
-                     use_fast_tokenizer=not cfg.trainer.get("disable_fast_tokenizer", False))
+                     use_fast_tokenizer=not cfg.trainer.disable_fast_tokenizer)
 
 
-def load_policy(cfg: DictConfig, checkpoint: Path | None) -> tuple:
+def load_policy(cfg: RidgelineConfig, checkpoint: Path | None) -> tuple:
     """(tokenizer, model) in the engine's dtype: from `trainer.policy.model`, or from
     `checkpoint` when given.
 
@@ -331,7 +329,7 @@ def _training_checkpoint_policy(folder: Path) -> Path:
     return folder
 
 
-def val_datasets(cfg: DictConfig, tokenizer) -> dict[str, PromptDataset]:
+def val_datasets(cfg: RidgelineConfig, tokenizer) -> dict[str, PromptDataset]:
     """Each entry of `data.val_data` (file or dataset name) -> its usable rows."""
     from ridgeline.data import DatasetError, PromptDataset
 

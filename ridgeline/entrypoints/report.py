@@ -26,8 +26,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ridgeline import cli
-    return cli.main(["report", *(sys.argv[1:] if argv is None else argv)])
+    from ridgeline.entrypoints.command import run_command
+    return run_command("report", add_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import os
 import sys
 
-from omegaconf import DictConfig
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 
 log = logging.getLogger("ridgeline")
 
@@ -23,7 +27,7 @@ def setup_logging() -> None:
     silence_library_noise()
 
 
-def run_training(cfg: DictConfig) -> dict:
+def run_training(cfg: RidgelineConfig) -> dict:
     from ridgeline.trainer.run_lock import RunLock, run_folders
 
     # the run's folders first, before torch and the rest load: a second command on them stops at once
@@ -34,13 +38,13 @@ def run_training(cfg: DictConfig) -> dict:
         run_lock.release()
 
 
-def _train(cfg: DictConfig) -> dict:
+def _train(cfg: RidgelineConfig) -> dict:
     from ridgeline.config import unbuilt_defaults
-    from ridgeline.trainer.trainer import Trainer
+    from ridgeline.trainer.async_trainer import build_trainer
 
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer.from_config(cfg)
+    trainer = build_trainer(cfg)
     # once the run is built: an error in what the user named (models, data, envs) stands alone
     for note in unbuilt_defaults(cfg):
         log.warning("not acted on yet: %s", note)

@@ -6,10 +6,15 @@ the config sets one, else the model's name: `default_served_name`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import logging
 import os
 import sys
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 API_KEY_ENV = "RIDGELINE_ENGINE_API_KEY"
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import os
 
-from omegaconf import DictConfig
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 
 COMMANDS = {
     "sft": ("supervised fine-tuning on chats: loss on the assistant turns only",
@@ -27,7 +31,7 @@ def add_parsers(sub, add_arguments) -> None:
         add_arguments(parser, overrides_nargs=argparse.REMAINDER)
 
 
-def run(command: str, cfg: DictConfig) -> dict:
+def run(command: str, cfg: RidgelineConfig) -> dict:
     from ridgeline.entrypoints.run import held_out_line, setup_logging
     from ridgeline.trainer.supervised import DPO, SFT, run_supervised
 

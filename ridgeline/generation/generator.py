@@ -52,7 +52,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from transformers import PreTrainedTokenizerBase
 
@@ -472,7 +472,7 @@ def environment_metrics(per_class: dict[str, ClassMetrics]) -> dict[str, float]:
     return metrics
 
 
-def build_env(env_class: str, extras: dict[str, Any], env_settings: dict[str, dict[str, Any]],
+def build_env(env_class: str, extras: dict[str, Any], env_settings: Mapping[str, dict[str, Any]],
               max_turns: int) -> envs.Env:
     """The env of one row, as the generator builds it: settings from `environment.skyrl_gym.<name>`
     (`<id>` for `skyrl_gym:<id>`), `max_turns` defaulting to `generator.max_turns`."""

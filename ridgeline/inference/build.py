@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 
 from ridgeline.inference.types import InferenceEngine
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 log = logging.getLogger(__name__)
 

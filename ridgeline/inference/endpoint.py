@@ -20,7 +20,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -29,6 +29,9 @@ from ridgeline.errors import UserError
 from ridgeline.inference.server import EngineService, make_http_server
 from ridgeline.inference.types import (WAKE_TAGS, EngineError, EngineOutput, EngineRequest, InferenceEngine,
                                        MemoryTag, wake_order)
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ class EndpointSettings:
     tokenizer_path: str | None = None  # what /v1/models gives as `root` (None: model_path)
 
     @classmethod
-    def from_config(cls, cfg) -> "EndpointSettings":
+    def from_config(cls, cfg: RidgelineConfig) -> "EndpointSettings":
         """The context is the run's own, what vLLM and SGLang engines are built with: max(prompt
         lengths) + max(generation lengths), or the engine's length kwarg when
         generator.engine_init_kwargs sets it; remote servers judge themselves."""

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from ridgeline.inference.types import WAKE_TAGS, EngineError, MemoryTag, wake_order
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 # Weights cross from this process to vLLM's engine core and workers in batches of at most this many bytes
 # (each batch is one collective_rpc message, held in memory twice while in flight).
@@ -54,7 +56,7 @@ def engine_torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def max_model_len(cfg: DictConfig) -> int:
+def max_model_len(cfg: RidgelineConfig) -> int:
     """Longest sequence one engine call can hold (see the module docstring)."""
     g = cfg.generator
     longest_input = max(int(cfg.trainer.max_prompt_length), int(g.max_input_length))
@@ -62,26 +64,25 @@ def max_model_len(cfg: DictConfig) -> int:
     return longest_input + longest_output
 
 
-def engine_init_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    """`generator.engine_init_kwargs` as a plain dict (interpolations resolved)."""
-    kwargs = cfg.generator.get("engine_init_kwargs") or {}
-    return dict(OmegaConf.to_container(kwargs, resolve=True)) if isinstance(kwargs, DictConfig) else dict(kwargs)
+def engine_init_kwargs(cfg: RidgelineConfig) -> dict[str, Any]:
+    """A copy of `generator.engine_init_kwargs` (the user's map of engine kwargs)."""
+    return dict(cfg.generator.engine_init_kwargs)
 
 
-def uses_stop_strings(cfg: DictConfig) -> bool:
+def uses_stop_strings(cfg: RidgelineConfig) -> bool:
     """Whether training or eval sampling has stop strings (`generator.*sampling_params.stop`): vLLM
     and SGLang match them on detokenized text, so the engine must then load the tokenizer."""
     g = cfg.generator
     return any(bool(block.stop) for block in (g.sampling_params, g.eval_sampling_params))
 
 
-def policy_model_folder(cfg: DictConfig) -> str:
+def policy_model_folder(cfg: RidgelineConfig) -> str:
     from ridgeline.models.loading import engine_model_folder, engine_spec
 
     return engine_model_folder(engine_spec(cfg))
 
 
-def engine_config_overrides(cfg: DictConfig) -> dict[str, Any]:
+def engine_config_overrides(cfg: RidgelineConfig) -> dict[str, Any]:
     """The config attributes the engine's overrides change (module docstring); {} without any."""
     from transformers import AutoConfig
 
@@ -94,7 +95,7 @@ def engine_config_overrides(cfg: DictConfig) -> dict[str, Any]:
     return changed_attributes(AutoConfig.from_pretrained(policy_model_folder(cfg)), spec.config_overrides)
 
 
-def with_config_overrides(kwargs: dict[str, Any], cfg: DictConfig, kwarg: str,
+def with_config_overrides(kwargs: dict[str, Any], cfg: RidgelineConfig, kwarg: str,
                           encode: Callable[[dict[str, Any]], Any] = lambda d: d) -> dict[str, Any]:
     """`kwargs` plus the engine's config overrides under `kwarg` (hf_overrides, json_model_override_args);
     refused when generator.engine_init_kwargs sets that kwarg too, as one would silently replace the other."""
@@ -153,7 +154,7 @@ def context_length_of(config: dict[str, Any]) -> int | None:
     return int(value)
 
 
-def check_context_fits(cfg: DictConfig, length_key: str, folder: str) -> None:
+def check_context_fits(cfg: RidgelineConfig, length_key: str, folder: str) -> None:
     """Refuse a derived context longer than the model's, naming the keys that made it, unless the
     user set the engine's length kwarg themselves (then the engine decides)."""
     if length_key in engine_init_kwargs(cfg):
@@ -208,14 +209,14 @@ class LibraryEngine:
     _can_sleep: bool = False
 
     @staticmethod
-    def engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    def engine_kwargs(cfg: RidgelineConfig) -> dict[str, Any]:
         raise NotImplementedError
 
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Iterable[int] = ()):
         raise NotImplementedError
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, tokenizer=None):
+    def from_config(cls, cfg: RidgelineConfig, tokenizer=None):
         """The engine `cfg` asks for; the tokenizer (if given) adds its eos token to the stop ids."""
         kwargs = cls.engine_kwargs(cfg)
         check_context_fits(cfg, cls.length_key, kwargs[cls.model_key])

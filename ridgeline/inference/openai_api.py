@@ -41,17 +41,33 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
 from ridgeline.inference import request_fields as fields
 from ridgeline.inference.http_app import EventStream, Route
-from ridgeline.inference.request_fields import RequestError
+from ridgeline.inference.request_fields import ModelLimits, RequestError
 from ridgeline.inference.types import EngineOutput, EngineRequest, SamplingParams, TopLogprobs
 
-if TYPE_CHECKING:
-    from ridgeline.inference.server import EngineService
+
+
+class EngineService(Protocol):
+    """What the OpenAI routes use of `ridgeline.inference.server.EngineService` (which serves these
+    routes beside its own, so it sits above this module)."""
+
+    tokenizer: Any
+    served_model_name: str
+    chat_max_tokens: int
+    model_limits: ModelLimits
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+    def sample(self, requests: list[EngineRequest], seeds: list[Any]) -> list[EngineOutput]: ...
+
+    def prompt_logprobs(self, ids: list[int], first: int) -> list[list[Any]]: ...
+
+    def response_text(self, out: EngineOutput, skip_special_tokens: bool, keep_stop: bool) -> str: ...
 
 _SAMPLING = {"n", "seed", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop",
              "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",

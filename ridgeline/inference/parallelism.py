@@ -19,9 +19,13 @@ sharded over the tensor-parallel ranks (vLLM's `enable_expert_parallel`, SGLang'
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import GeneratorConfig
+
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class EngineParallelism:
     expert: int = 1
 
     @classmethod
-    def from_config(cls, generator: DictConfig) -> "EngineParallelism":
+    def from_config(cls, generator: GeneratorConfig) -> "EngineParallelism":
         """From the `generator` section."""
         g = generator
         return cls(tensor=int(g.inference_engine_tensor_parallel_size),

@@ -31,7 +31,7 @@ import os
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TYPE_CHECKING
 
 import requests
 import torch
@@ -57,6 +57,9 @@ from ridgeline.inference.types import (
 )
 from ridgeline.seeding import request_seeds
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 log = logging.getLogger(__name__)
 
 API_KEY_ENV = "RIDGELINE_ENGINE_API_KEY"
@@ -80,7 +83,7 @@ class RemoteSettings:
     trainer_host: str = "127.0.0.1"   # the address the servers reach the trainer at for weight sync
 
     @classmethod
-    def from_config(cls, cfg, gpus: bool | None = None) -> "RemoteSettings":
+    def from_config(cls, cfg: RidgelineConfig, gpus: bool | None = None) -> "RemoteSettings":
         """`gpus`: whether the process that pushes the weights computes on GPUs (FSDP2's rank 0, which
         the Ray driver knows from its plan); None: this process's CUDA (`usable_backend`)."""
         from ridgeline.models.loading import DTYPES

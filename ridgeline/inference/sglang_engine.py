@@ -78,10 +78,9 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 
 from ridgeline.inference.types import (
     EngineError,
@@ -107,6 +106,9 @@ from ridgeline.inference.library_engine import (
     with_config_overrides,
 )
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 log = logging.getLogger(__name__)
 
 # engine_init_kwargs that name an attention kernel, checked against the GPU before building
@@ -128,7 +130,7 @@ IDLE_TIMEOUT_S = 60.0
 # ---------------------------------------------------------------- mapping (pure)
 
 
-def sglang_engine_kwargs(cfg: DictConfig, cuda: bool | None = None) -> dict[str, Any]:
+def sglang_engine_kwargs(cfg: RidgelineConfig, cuda: bool | None = None) -> dict[str, Any]:
     """`sglang.Engine(**kwargs)` for this run (mapping table in the module docstring); `cuda`:
     whether the engine runs on a GPU (default: whether this process sees one)."""
     g = cfg.generator

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generator, Iterable, Literal, Protocol, TypeVar
+from typing import Generator, Iterable, Literal, Protocol, TYPE_CHECKING, TypeVar
 
 import torch
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema.generator import SamplingConfig
 
 StopReason = Literal["stop", "length"]
 MemoryTag = Literal["weights", "kv_cache"]
@@ -71,7 +74,7 @@ class SamplingParams:
         return self.logprobs or 0
 
     @classmethod
-    def from_config(cls, cfg) -> "SamplingParams":
+    def from_config(cls, cfg: SamplingConfig) -> "SamplingParams":
         return cls(
             max_generate_length=int(cfg.max_generate_length),
             temperature=float(cfg.temperature),

@@ -56,10 +56,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 
 from ridgeline.inference.library_engine import (
     UPDATE_BATCH_BYTES,
@@ -85,6 +84,9 @@ from ridgeline.inference.types import (
     TopLogprobs,
 )
 from ridgeline.seeding import request_seeds
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ def vllm_logprobs_mode(params: SamplingParams) -> tuple[str, str | None]:
         "top_k/top_p/min_p/repetition_penalty")
 
 
-def vllm_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
+def vllm_engine_kwargs(cfg: RidgelineConfig) -> dict[str, Any]:
     """`vllm.LLM(**kwargs)` for this run (mapping table in the module docstring)."""
     g = cfg.generator
     mode, warning = vllm_logprobs_mode(SamplingParams.from_config(g.sampling_params))
@@ -156,7 +158,7 @@ def vllm_engine_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return {**with_config_overrides(kwargs, cfg, "hf_overrides"), **engine_init_kwargs(cfg)}
 
 
-def vllm_engine_env(cfg: DictConfig) -> dict[str, str]:
+def vllm_engine_env(cfg: RidgelineConfig) -> dict[str, str]:
     """Environment variables the engine's process sets before vLLM starts (module docstring)."""
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if cfg.generator.vllm_v1_disable_multiproc else {}
 
@@ -253,7 +255,7 @@ class VLLMEngine(LibraryEngine):
     model_key, length_key = "model", "max_model_len"
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, tokenizer=None) -> "VLLMEngine":
+    def from_config(cls, cfg: RidgelineConfig, tokenizer=None) -> "VLLMEngine":
         # this is the engine's process (an engine actor, or the one-process trainer): vLLM reads
         # its environment when it starts
         os.environ.update(vllm_engine_env(cfg))

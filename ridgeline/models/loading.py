@@ -26,10 +26,9 @@ import os
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
-from omegaconf import OmegaConf
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
                           PreTrainedTokenizerBase)
 
@@ -37,6 +36,9 @@ from ridgeline.models.architectures import is_random_path, random_config, seeded
 from ridgeline.models.config_overrides import ConfigOverride, apply_overrides, overrides_of
 from ridgeline.models.source import ModelLoadError, gguf_key, loading, locate_model
 from ridgeline.models.tiny import build_char_tokenizer, tiny_config
+
+if TYPE_CHECKING:  # the schema's types only: the config package sits above this layer
+    from ridgeline.config.schema import GeneratorConfig, RidgelineConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,60 +72,50 @@ def _effective(overrides: tuple[ConfigOverride, ...]) -> list[tuple[str, object]
     return [(o.attribute, o.value) for o in overrides]
 
 
-def _select(cfg, key: str, default=None):
-    """`key` of a run config, or `default` for a config written before the key existed (the
-    config.yaml of an older checkpoint)."""
-    value = OmegaConf.select(cfg, key, default=default)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
-def _overrides(cfg, role: str, rope_section: str) -> tuple[ConfigOverride, ...]:
+def _overrides(cfg: RidgelineConfig, role: Literal["policy", "ref", "critic"],
+               rope: TrainerConfig | GeneratorConfig, rope_section: str) -> tuple[ConfigOverride, ...]:
     """`trainer.<role>.model_config_kwargs`, then `<rope_section>.rope_scaling` / `rope_theta`."""
-    kwargs_key = f"trainer.{role}.model_config_kwargs"
-    return overrides_of(_select(cfg, kwargs_key, {}), kwargs_key, _select(cfg, f"{rope_section}.rope_scaling"),
-                        _select(cfg, f"{rope_section}.rope_theta"), rope_section)
+    t = cfg.trainer
+    kwargs = (t.policy if role == "policy" else t.ref if role == "ref" else t.critic).model_config_kwargs
+    return overrides_of(kwargs, f"trainer.{role}.model_config_kwargs", rope.rope_scaling, rope.rope_theta, rope_section)
 
 
-def _use_fast(cfg) -> bool:
-    return not _select(cfg, "trainer.disable_fast_tokenizer", False)
-
-
-def policy_spec(cfg) -> ModelSpec:
+def policy_spec(cfg: RidgelineConfig) -> ModelSpec:
     """The policy model a run config names (`trainer.policy.model.*`, its model_config_kwargs and
     `trainer.rope_*`; `trainer.seed` seeds the weights of tiny:// and random:// models)."""
     t = cfg.trainer
-    return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.get("gguf_file"), seed=t.seed,
-                     config_overrides=_overrides(cfg, "policy", "trainer"), use_fast_tokenizer=_use_fast(cfg),
-                     config_key="trainer.policy.model.path")
+    return ModelSpec(path=t.policy.model.path, gguf_file=t.policy.model.gguf_file, seed=t.seed,
+                     config_overrides=_overrides(cfg, "policy", t, "trainer"),
+                     use_fast_tokenizer=not t.disable_fast_tokenizer, config_key="trainer.policy.model.path")
 
 
-def ref_spec(cfg) -> ModelSpec:
+def ref_spec(cfg: RidgelineConfig) -> ModelSpec:
     """The reference model: `trainer.ref.model.path` (the policy's path by default; the policy's
     gguf_file goes with it only then) with `trainer.ref.model_config_kwargs` and `trainer.rope_*`."""
     t = cfg.trainer
-    path = _select(cfg, "trainer.ref.model.path", t.policy.model.path)
+    path = t.ref.model.path
     same = path == t.policy.model.path
-    gguf = t.policy.model.get("gguf_file") if same else None
-    return ModelSpec(path=path, gguf_file=gguf, seed=t.seed, config_overrides=_overrides(cfg, "ref", "trainer"),
-                     use_fast_tokenizer=_use_fast(cfg),
+    gguf = t.policy.model.gguf_file if same else None
+    return ModelSpec(path=path, gguf_file=gguf, seed=t.seed, config_overrides=_overrides(cfg, "ref", t, "trainer"),
+                     use_fast_tokenizer=not t.disable_fast_tokenizer,
                      config_key="trainer.policy.model.path" if same else "trainer.ref.model.path")
 
 
-def critic_spec(cfg) -> ModelSpec | None:
+def critic_spec(cfg: RidgelineConfig) -> ModelSpec | None:
     """The critic's backbone (`trainer.critic.model.*`, its model_config_kwargs and `trainer.rope_*`),
     or None without a critic."""
     t = cfg.trainer
     if t.critic.model.path is None:
         return None
-    return ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.get("gguf_file"), seed=t.seed,
-                     config_overrides=_overrides(cfg, "critic", "trainer"), use_fast_tokenizer=_use_fast(cfg),
-                     config_key="trainer.critic.model.path")
+    return ModelSpec(path=t.critic.model.path, gguf_file=t.critic.model.gguf_file, seed=t.seed,
+                     config_overrides=_overrides(cfg, "critic", t, "trainer"),
+                     use_fast_tokenizer=not t.disable_fast_tokenizer, config_key="trainer.critic.model.path")
 
 
-def engine_spec(cfg) -> ModelSpec:
+def engine_spec(cfg: RidgelineConfig) -> ModelSpec:
     """The policy as the inference engines run it: its model_config_kwargs, with `generator.rope_*`
     (the trainer's by default) in place of `trainer.rope_*`."""
-    return replace(policy_spec(cfg), config_overrides=_overrides(cfg, "policy", "generator"))
+    return replace(policy_spec(cfg), config_overrides=_overrides(cfg, "policy", cfg.generator, "generator"))
 
 
 def cache_root() -> Path:
@@ -296,7 +288,7 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -> None:
+def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg: GeneratorConfig) -> None:
     """`generator.chat_template` and `generator.chat_template_kwargs` (SkyRL's keys) on the tokenizer
     every prompt of the run is templated with (dataset length checks, the generator's prompts and
     multi-turn observations alike; engines receive token ids). A `file` template, or a `name` of
@@ -304,8 +296,6 @@ def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -
     the template, so every `apply_chat_template` call renders with them without passing them along.
     Checkpoints and exports save the tokenizer with this template: the model was trained on it."""
     import json
-
-    from omegaconf import OmegaConf
 
     from ridgeline.models.chat_templates import named_chat_template
 
@@ -315,7 +305,7 @@ def configure_chat_template(tokenizer: PreTrainedTokenizerBase, generator_cfg) -
         tokenizer.chat_template = Path(path).read_text()
     elif path is not None:
         tokenizer.chat_template = named_chat_template(path)
-    kwargs = OmegaConf.to_container(generator_cfg.chat_template_kwargs, resolve=True)
+    kwargs = generator_cfg.chat_template_kwargs
     if kwargs:
         header = "".join(f"{{%- set {name} = {json.dumps(value)} -%}}" for name, value in kwargs.items())
         tokenizer.chat_template = header + tokenizer.chat_template

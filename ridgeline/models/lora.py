@@ -38,6 +38,9 @@ from safetensors.torch import load_file, save_file
 # start-up here), which runs without LoRA never need (the config check imports this module).
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
+
+    from ridgeline.config.schema import RidgelineConfig, TrainerConfig
+    from ridgeline.config.schema.trainer import LoraConfig as LoraSection
     from peft.tuners.lora import LoraLayer
     from transformers import PreTrainedModel
 
@@ -91,25 +94,25 @@ def _plain(modules: str | tuple[str, ...]) -> str | list[str]:
     return modules if isinstance(modules, str) else list(modules)
 
 
-def lora_settings(cfg: Any, role: Role = "policy") -> LoraSettings | None:
+def lora_settings(cfg: RidgelineConfig, role: Role = "policy") -> LoraSettings | None:
     """The LoRA settings of `role` in a run config; None when its `lora.rank` is 0 (off)."""
-    lora = cfg.trainer[role].model.get("lora")
-    if lora is None or int(lora.rank) == 0:  # a config written before critic LoRA existed has none
+    lora: LoraSection = cfg.trainer.policy.model.lora if role == "policy" else cfg.trainer.critic.model.lora
+    if lora.rank == 0:
         return None
-    targets, exclude = lora.target_modules, lora.get("exclude_modules")
+    targets, exclude = lora.target_modules, lora.exclude_modules
     return LoraSettings(rank=int(lora.rank), alpha=float(lora.alpha), dropout=float(lora.dropout),
                         target_modules=targets if isinstance(targets, str) else tuple(targets),
                         exclude_modules=exclude if exclude is None or isinstance(exclude, str) else tuple(exclude),
-                        init_method=str(lora.get("init_method", "kaiming")),
+                        init_method=lora.init_method,
                         task_type="CAUSAL_LM" if role == "policy" else None, key=f"trainer.{role}.model.lora")
 
 
-def reference_is_base(trainer: Any) -> bool:
+def reference_is_base(trainer: TrainerConfig) -> bool:
     """Whether the reference model is the LoRA policy's own frozen base (its adapters switched off,
     no model of its own): LoRA on the policy, and `trainer.ref.model.path` / `model_config_kwargs`
-    at the policy's. Takes the typed `trainer` section or a run config's `trainer` node."""
-    return (int(trainer.policy.model.lora.rank) > 0 and trainer.ref.model.path == trainer.policy.model.path
-            and dict(trainer.ref.model_config_kwargs) == dict(trainer.policy.model_config_kwargs))
+    at the policy's."""
+    return (trainer.policy.model.lora.rank > 0 and trainer.ref.model.path == trainer.policy.model.path
+            and trainer.ref.model_config_kwargs == trainer.policy.model_config_kwargs)
 
 
 def is_lora(model: torch.nn.Module) -> bool:

@@ -21,9 +21,10 @@ last step's length advantage 0, and the last step's per-token GAE values at the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 
-from omegaconf import DictConfig
 
 from ridgeline.algorithms import ADVANTAGE_ESTIMATORS, count_singleton_groups, whiten_advantages
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
@@ -31,10 +32,13 @@ from ridgeline.trainer.metrics import advantage_metrics
 from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.trajectory_layout import TrajectoryLayout
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import AlgorithmConfig
+
 log = logging.getLogger(__name__)
 
 
-def compute_advantages(batch: TrainingBatch, alg: DictConfig, reward_std: RunningRewardStd | None) -> dict[str, float]:
+def compute_advantages(batch: TrainingBatch, alg: AlgorithmConfig, reward_std: RunningRewardStd | None) -> dict[str, float]:
     """Set `batch.advantages` and `batch.returns` from `batch.rewards` (and `batch.values`) with the
     estimator `alg.advantage_estimator` names, per trajectory. `reward_std` (`normalize_reward`
     with a critic) is updated with the trajectories' returns and divides the rewards first.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, TYPE_CHECKING
 
 from ridgeline.data import PromptRow
 from ridgeline.distributed.weight_sync import WeightSync
@@ -24,6 +24,9 @@ from ridgeline.trainer.rollout_pipeline import PlannedStep, RolloutPipeline
 from ridgeline.trainer.scheduled import ScheduledBatch
 from ridgeline.trainer.trainer import StepTimer, Trainer
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +34,13 @@ class AsyncModeError(UserError, ValueError):
     """An asynchronous mode asked for with a setting it cannot run with."""
 
 
-def staleness_lag(cfg) -> int:
+def build_trainer(cfg: RidgelineConfig) -> Trainer:
+    """The trainer `trainer.async_mode` asks for: `Trainer` (sync) or `AsyncTrainer`; built, locked,
+    resumed (`Trainer.from_config`)."""
+    return (Trainer if cfg.trainer.async_mode == "sync" else AsyncTrainer).from_config(cfg)
+
+
+def staleness_lag(cfg: RidgelineConfig) -> int:
     """Steps a batch is generated ahead of the step that trains it (its exact staleness once the
     pipeline is full)."""
     mode = cfg.trainer.async_mode

@@ -7,9 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
 
 from ridgeline import envs
 from ridgeline.data import PromptDataset, PromptRow
@@ -31,6 +30,9 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      policy_train_config, seed_everything, training_autocast_dtype,
                                      training_precision)
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import EnvironmentConfig, RidgelineConfig
+
 __all__ = ["EnvironmentCheckError", "build_critic", "check_environments", "check_model_paths",
            "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
            "cpu_has_fast_bf16", "engine_dtype", "generator_input", "load_environments", "needs_ref",
@@ -40,15 +42,15 @@ __all__ = ["EnvironmentCheckError", "build_critic", "check_environments", "check
 log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------- builders
-def prepare_data(cfg: DictConfig) -> None:
+def prepare_data(cfg: RidgelineConfig) -> None:
     """`data.prepare` (Ridgeline extension): write the dataset files first when they are missing or
     `data.prepare` changed since they were written (`ridgeline.data.prepare_run`). The rows name
     `data.prepare.env_class` when given, else `environment.env_class` when the config chose one
     (`chosen_env_class`), else the dataset's own env: the config's env is the one the prepared rows
     name, so `environment.env_class=shout` on a preset trains on shout."""
-    if cfg.data.get("prepare") is None:
+    if cfg.data.prepare is None:
         return
-    spec = OmegaConf.to_container(cfg.data.prepare, resolve=True)
+    spec = dict(cfg.data.prepare)
     if chosen_env_class(cfg) is not None:
         spec.setdefault("env_class", chosen_env_class(cfg))
     # files only: a dataset folder or hub name (sources.py) is not something a preparer writes
@@ -56,14 +58,14 @@ def prepare_data(cfg: DictConfig) -> None:
     prepare_dataset(spec, wanted)
 
 
-def chosen_env_class(cfg: DictConfig) -> str | None:
+def chosen_env_class(cfg: RidgelineConfig) -> str | None:
     """`environment.env_class` when the config (a preset, the command line) chose it; None at
     SkyRL's default (gsm8k), which every SkyRL config carries whether it means it or not."""
     value = cfg.environment.env_class
     return None if value == envs.DEFAULT_ENV_CLASS else value
 
 
-def load_environments(env_cfg: DictConfig) -> str | None:
+def load_environments(env_cfg: EnvironmentConfig) -> str | None:
     """Set the code sandbox from `environment.sandbox`, import `environment.env_modules` (their
     envs register themselves) and register `environment.reward_fn` as the env `reward_fn`; returns
     the env name every row must use instead of its own env_class (the reward function's), or None."""
@@ -78,7 +80,7 @@ def load_environments(env_cfg: DictConfig) -> str | None:
     return "reward_fn"
 
 
-def check_model_paths(cfg: DictConfig) -> None:
+def check_model_paths(cfg: RidgelineConfig) -> None:
     """Every model the run loads (the policy, the reference when a KL term needs it, the critic when
     set) located before any of them loads: a ModelLoadError naming the key (`trainer.ref.model.path`,
     ...) for a path that is no model folder and no hub model (ridgeline.models.source)."""
@@ -101,7 +103,7 @@ class EnvironmentCheckError(UserError, ValueError):
     before any model loads)."""
 
 
-def check_environments(cfg: DictConfig, datasets: Mapping[str, PromptDataset], env_override: str | None) -> None:
+def check_environments(cfg: RidgelineConfig, datasets: Mapping[str, PromptDataset], env_override: str | None) -> None:
     """Before any model loads, refuse what would give a run of zero rewards with every trajectory in
     `generate/env_errors`: an `environment.env_class` (the rows' default) or an
     `environment.skyrl_gym.<name>` settings block naming an env that neither Ridgeline nor skyrl-gym
@@ -174,7 +176,7 @@ def _start_and_stop(env_class: str, row: PromptRow, env_settings: Mapping[str, A
     return call
 
 
-def _check_env_names(cfg: DictConfig, env_settings: Mapping[str, Any], env_override: str | None) -> None:
+def _check_env_names(cfg: RidgelineConfig, env_settings: Mapping[str, Any], env_override: str | None) -> None:
     """`environment.env_class` and each `environment.skyrl_gym.<name>` must name a known env."""
     named = {f"environment.skyrl_gym.{name}": name for name in env_settings}
     if env_override is None:  # with environment.reward_fn the rows' env (and its default) is not used
@@ -186,7 +188,7 @@ def _check_env_names(cfg: DictConfig, env_settings: Mapping[str, Any], env_overr
             raise EnvironmentCheckError(f"{key}: {exc}") from exc
 
 
-def unused_env_class_note(cfg: DictConfig, datasets: Mapping[str, PromptDataset]) -> str | None:
+def unused_env_class_note(cfg: RidgelineConfig, datasets: Mapping[str, PromptDataset]) -> str | None:
     """A chosen `environment.env_class` that no row uses changes nothing: a row's own env_class wins,
     as in SkyRL (environment.env_class is the env of rows without one). The sentence that says so,
     with the ways to make it apply (logged at start, a doctor warning), or None."""
@@ -197,7 +199,7 @@ def unused_env_class_note(cfg: DictConfig, datasets: Mapping[str, PromptDataset]
         return None
     named = sorted({row.env_class for data in datasets.values() for row in data})
     files = sorted({file for data in datasets.values() for file in data.files})
-    how = (f"+data.prepare.env_class={chosen} (or delete the prepared files)" if cfg.data.get("prepare")
+    how = (f"+data.prepare.env_class={chosen} (or delete the prepared files)" if cfg.data.prepare
            else f"an env_class column saying {chosen} in the data")
     return (f"environment.env_class={chosen} applies to no row: every row of {', '.join(files)} names its own "
             f"env_class ({', '.join(named)}), and a row's env_class wins, as in SkyRL (environment.env_class is the "
@@ -211,14 +213,12 @@ def _shape(value: Any) -> object:
     return type(value).__name__
 
 
-def per_env_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+def per_env_settings(cfg: RidgelineConfig) -> dict[str, dict[str, Any]]:
     """`environment.skyrl_gym` by env name, without `max_env_workers` (SkyRL keeps it beside them)."""
-    settings = OmegaConf.to_container(cfg.environment.skyrl_gym, resolve=True)
-    settings.pop("max_env_workers", None)
-    return settings
+    return {name: dict(value) for name, value in cfg.environment.skyrl_gym.items() if name != "max_env_workers"}
 
 
-def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Generator:
+def build_generator(cfg: RidgelineConfig, engine: InferenceEngine, tokenizer) -> Generator:
     """The agent loop over `engine`, from `generator.*` and `environment.*`."""
     g, env = cfg.generator, cfg.environment
     return Generator(
@@ -226,7 +226,7 @@ def build_generator(cfg: DictConfig, engine: InferenceEngine, tokenizer) -> Gene
         env_settings=per_env_settings(cfg),
         max_turns=g.max_turns, max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
         append_eos_after_stop_str=g.append_eos_token_after_stop_str_in_multi_turn,
-        runner=EnvRunner(int(env.skyrl_gym.max_env_workers), env.step_timeout_s),
+        runner=EnvRunner(int(env.skyrl_gym["max_env_workers"]), env.step_timeout_s),
         max_observation_chars=g.max_observation_chars, max_env_error_fraction=env.max_env_error_fraction)
 
 
@@ -242,7 +242,7 @@ def generator_input(rows: list[PromptRow], n: int, params: SamplingParams, *, ui
                           sampling_params=params, global_step=global_step, mode=mode)
 
 
-def truncation_policy(cfg: DictConfig) -> TruncationPolicy:
+def truncation_policy(cfg: RidgelineConfig) -> TruncationPolicy:
     """What truncated trajectories cost (`generation.truncation`), from `generator.*` and the DAPO
     keys of `trainer.algorithm`."""
     g, alg = cfg.generator, cfg.trainer.algorithm

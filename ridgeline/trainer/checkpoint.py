@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from ridgeline.config.loader import save_config, saved_config, saved_values
 from ridgeline.errors import UserError, disk_full_error, is_disk_full
 from ridgeline.models import lora
 from ridgeline.models.loading import critic_spec, load_model, policy_spec, read_safetensors, ref_spec, save_hf_model
@@ -61,6 +61,9 @@ from ridgeline.trainer.state import RunState
 from ridgeline.training.build import needs_ref
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import WeightsMismatchError
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 if TYPE_CHECKING:
     from ridgeline.data import PromptDataset
@@ -263,7 +266,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return folder
 
 
-def find_resume_checkpoint(cfg: DictConfig) -> Path | None:
+def find_resume_checkpoint(cfg: RidgelineConfig) -> Path | None:
     """The checkpoint `trainer.resume_mode` asks for: none (or null, as SkyRL writes it) -> None;
     latest -> the one the pointer in `trainer.ckpt_path` names (`latest_checkpoint`; None, logged,
     when there is none); from_path -> `resume_path`, which must be a complete checkpoint."""
@@ -297,14 +300,14 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
-def run_fingerprint(cfg: DictConfig, train_data: "PromptDataset") -> dict[str, Any]:
+def run_fingerprint(cfg: RidgelineConfig, train_data: "PromptDataset") -> dict[str, Any]:
     """What identifies a run: a resume that changes any of it is refused (unless
     `trainer.resume_ignore_config_changes`). Data is compared by content (`PromptDataset.digests`),
     not by path."""
     t = cfg.trainer
     fingerprint = {
         "trainer.policy.model.path": t.policy.model.path,
-        "trainer.policy.model.gguf_file": t.policy.model.get("gguf_file"),
+        "trainer.policy.model.gguf_file": t.policy.model.gguf_file,
         "trainer.critic.model.path": t.critic.model.path,
         "data.train_data": [dataclasses.asdict(d) for d in train_data.digests()],
         "usable training rows": len(train_data),
@@ -349,7 +352,7 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: tree}
 
 
-def check_resume(cfg: DictConfig, folder: Path, fingerprint: dict[str, Any]) -> None:
+def check_resume(cfg: RidgelineConfig, folder: Path, fingerprint: dict[str, Any]) -> None:
     """Refuse a resume whose run differs in identity (model, data, seed, batch size), or warn
     with `trainer.resume_ignore_config_changes=true`; log every other config change."""
     saved = json.loads((folder / "fingerprint.json").read_text())
@@ -363,8 +366,8 @@ def check_resume(cfg: DictConfig, folder: Path, fingerprint: dict[str, Any]) -> 
                 "another trainer.ckpt_path); or set trainer.resume_ignore_config_changes=true to resume anyway.")
         log.warning("resuming from %s although the run differs (trainer.resume_ignore_config_changes=true):\n%s",
                     folder, lines)
-    before = _flat(OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=False))
-    now = _flat(OmegaConf.to_container(cfg, resolve=True))
+    before = _flat(saved_values(folder / "config.yaml"))
+    now = _flat(dataclasses.asdict(cfg))
     other = [f"{k}: {before.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r}"
              for k in sorted(set(before) | set(now)) if before.get(k, "<absent>") != now.get(k, "<absent>")]
     if other:
@@ -614,7 +617,7 @@ class Checkpointer:
     """Writes and reads a run's checkpoints and exports. It owns the file format (the module
     docstring); the trainer owns the state (`RunState`, the workers) and hands it over."""
 
-    def __init__(self, cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, fingerprint: dict[str, Any],
+    def __init__(self, cfg: RidgelineConfig, tokenizer: PreTrainedTokenizerBase, fingerprint: dict[str, Any],
                  run_dir: Path):
         self.cfg, self.tokenizer, self.fingerprint, self.run_dir = cfg, tokenizer, fingerprint, Path(run_dir)
         self.root = Path(cfg.trainer.ckpt_path)
@@ -639,7 +642,7 @@ class Checkpointer:
             ahead = [batch_to_json(b) for b in run.rollouts_ahead]
             (folder / ROLLOUTS_AHEAD).write_text(json.dumps(ahead, default=str) + "\n")
         _write_json(self.fingerprint, folder / "fingerprint.json")
-        OmegaConf.save(self.cfg, folder / "config.yaml", resolve=True)
+        save_config(self.cfg, folder / "config.yaml")
 
     def save(self, run: RunState, workers: Workers, steps_per_epoch: int) -> Path:
         """Write `global_step_<N>` atomically and point `latest_ckpt_global_step.txt` at it
@@ -862,7 +865,7 @@ def _export_adapters(folder: Path, out: Path) -> None:
     (`trainer.policy.model.*` in the checkpoint's config.yaml), its adapters merged in, its tokenizer."""
     from transformers import AutoTokenizer
 
-    spec = policy_spec(OmegaConf.load(folder / "config.yaml"))
+    spec = policy_spec(saved_config(folder / "config.yaml"))
     tokenizer = AutoTokenizer.from_pretrained(folder / "policy")
     save_hf_model(lora.load_merged(load_model(spec, torch.float32, tokenizer), folder / "policy"), tokenizer, out)
 
@@ -872,7 +875,7 @@ def _export_critic_adapters(folder: Path, out: Path) -> None:
     adapters merged in, the trained value head beside it, its tokenizer."""
     from transformers import AutoTokenizer
 
-    cfg = OmegaConf.load(folder / "config.yaml")
+    cfg = saved_config(folder / "config.yaml")
     tokenizer = AutoTokenizer.from_pretrained(folder / "critic")
     critic = load_value_model(critic_spec(cfg), torch.float32, tokenizer,
                               value_head_prefix=cfg.trainer.algorithm.value_head_prefix)

@@ -8,9 +8,8 @@ the RL eval through the generator (`eval/<source>/pass_at_1`, ...), which SFT ru
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, TYPE_CHECKING
 
-from omegaconf import DictConfig
 
 from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.data.supervised import PreferencePair, TokenizedChat
@@ -25,13 +24,16 @@ from ridgeline.trainer.builders import (build_generator, check_environments, gen
 from ridgeline.trainer.evaluation import run_eval
 from ridgeline.training.worker import PolicyWorker
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 
 class EnvPairs:
     """The prompts (`data.train_data` unless `with_train` is False, and `data.val_data`: RL rows
     with their checks), their environments (checked before any model loads), and once `start`ed
     the engine that samples from the policy."""
 
-    def __init__(self, cfg: DictConfig, tokenizer, *, with_train: bool = True):
+    def __init__(self, cfg: RidgelineConfig, tokenizer, *, with_train: bool = True):
         t, default_env = cfg.trainer, cfg.environment.env_class
         self.cfg = cfg
         self.train = (PromptDataset(list(cfg.data.train_data), default_env_class=default_env,

@@ -27,9 +27,8 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TYPE_CHECKING
 
-from omegaconf import DictConfig
 
 from ridgeline.data import PromptRow
 from ridgeline.generation.generator import Generator
@@ -40,6 +39,9 @@ from ridgeline.seeding import derive_seed
 from ridgeline.tracking.dumps import DumpOwner, write_eval_dump
 from ridgeline.trainer.builders import generator_input, truncation_policy
 from ridgeline.trainer.metrics import SOLVED_THRESHOLD, passes, positive_reward
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +197,7 @@ class EvalAccumulator:
 
 
 # ------------------------------------------------------------------------------------ the eval loop
-def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: DictConfig, *,
+def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: RidgelineConfig, *,
              env_override: str | None = None, global_step: int = 0) -> tuple[dict[str, float], EvalAccumulator]:
     """Score `rows` ((label, row) pairs: the label is the data source a row is reported under) in
     batches of `trainer.eval_batch_size`, `generator.eval_n_samples_per_prompt` samples each with

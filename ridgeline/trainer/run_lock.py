@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Mapping
 
 from ridgeline.errors import UserError
 
@@ -72,7 +72,7 @@ class RunLock:
     folders: list[Path] = field(default_factory=list)
 
     @classmethod
-    def acquire(cls, folders: dict[str, str | Path]) -> "RunLock":
+    def acquire(cls, folders: Mapping[str, str | Path]) -> "RunLock":
         """Lock every folder (config key -> folder; created if missing), or none: RunLockedError
         naming the key, the folder and the holder when one is taken by another process."""
         lock = cls()

@@ -4,25 +4,28 @@ this process sees, the start time (a resume of the same run keeps the first one)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import platform
 import subprocess
 from pathlib import Path
 
 import torch
 import transformers
-from omegaconf import DictConfig, OmegaConf
 
 import ridgeline
 from ridgeline.algorithms.kl import resolve_kl_estimator
 from ridgeline.tracking.run_info import (AlgorithmSummary, RunInfo, host_hardware, read_run_info,
                                          write_run_info)
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
-def algorithm_summary(cfg: DictConfig) -> AlgorithmSummary:
+
+def algorithm_summary(cfg: RidgelineConfig) -> AlgorithmSummary:
     """The run's algorithm by the names the workers use (`AlgorithmConfig.loss_name`: a null
     `policy_loss_type` means `ppo_loss_type` names the loss; the KL estimator as the workers resolve it)."""
-    # the typed section (load_config's configs are structured): its own rule names the loss
-    alg = OmegaConf.to_object(cfg.trainer.algorithm)
+    alg = cfg.trainer.algorithm
     estimator = resolve_kl_estimator(alg.kl_estimator_type, alg.use_kl_estimator_k3, alg.use_abs_kl)
     if alg.use_kl_loss:
         kl = f"KL loss ({estimator}, coef {alg.kl_loss_coef:g})"
@@ -54,7 +57,7 @@ def visible_gpus() -> list[str]:
     return names or [f"CUDA device {i} (name unknown)" for i in range(count)]
 
 
-def start_run_info(cfg: DictConfig, run_dir: Path, run_id: str, placement: str, now: float) -> RunInfo:
+def start_run_info(cfg: RidgelineConfig, run_dir: Path, run_id: str, placement: str, now: float) -> RunInfo:
     """Write `run_dir/run.json` for a process that started (or resumed) run `run_id` at unix time
     `now`; returns it. The same run id in the file (a resume in the run's own folder) keeps its
     first start time and adds this start to `sessions`; any other file is another run's and is

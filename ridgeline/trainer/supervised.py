@@ -15,15 +15,17 @@ every held-out pair, before training, every `trainer.eval_interval` steps and at
 
 from __future__ import annotations
 
+import dataclasses
+import copy
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from ridgeline.config.loader import save_config
 from ridgeline.algorithms.supervised import (PREFERENCE_LOSSES, preference_metrics, preference_sums,
                                               sequence_logratios)
 from ridgeline.data.schema import DatasetError
@@ -46,6 +48,9 @@ from ridgeline.training.batch import TrainingBatch, build_training_batch
 from ridgeline.training.build import build_policy_worker, build_ref_worker, policy_spec, seed_everything
 from ridgeline.training.protocols import Workers
 
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -60,7 +65,7 @@ class Objective:
 
     name: str                                                        # "sft" | "dpo": the policy loss
     rows_per_example: int
-    load: Callable[[Sequence[str], Any, DictConfig, str], tuple[list[Any], list[SourceDigest]]]
+    load: Callable[[Sequence[str], Any, RidgelineConfig, str], tuple[list[Any], list[SourceDigest]]]
 
 
 def _load_sft(specs, tokenizer, cfg, key):
@@ -96,26 +101,26 @@ def examples_batch(objective: Objective, examples: Sequence[Any], pad_id: int, t
                                 trajectory_index=[i // per for i in range(len(rows))])
 
 
-def worker_config(cfg: DictConfig, objective: Objective, *, with_reference: bool = False) -> DictConfig:
+def worker_config(cfg: RidgelineConfig, objective: Objective, *, with_reference: bool = False) -> RidgelineConfig:
     """The config the RL builders make this run's workers from: the objective's loss (with the
     `dpo.*` settings where the loss reads its config), logprobs at temperature 1, one sample per
     example, no KL or entropy term, micro-batches counted in examples (`micro_*_batch_size_per_gpu`
     x rows per example: a pair never straddles two micro-batches), the longest row `max_length`.
     `with_reference` switches a KL key on only so `build_ref_worker` builds the frozen reference."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    t, g, alg = c["trainer"], c["generator"], c["trainer"]["algorithm"]
-    max_length = int(c[objective.name]["max_length"])
-    alg.update(policy_loss_type=objective.name, use_kl_loss=with_reference, use_kl_in_reward=False,
-               use_entropy_loss=False, dpo=dict(c["dpo"]))
-    t["micro_train_batch_size_per_gpu"] *= objective.rows_per_example
-    t["micro_forward_batch_size_per_gpu"] *= objective.rows_per_example
-    t.update(update_epochs_per_batch=1, max_prompt_length=max_length)
-    g.update(n_samples_per_prompt=1, max_input_length=max_length)
-    g["sampling_params"].update(temperature=1.0, max_generate_length=0)
-    return OmegaConf.create(c)
+    c = copy.deepcopy(cfg)
+    t, g, alg = c.trainer, c.generator, c.trainer.algorithm
+    max_length = c.sft.max_length if objective.name == "sft" else c.dpo.max_length
+    alg.policy_loss_type, alg.use_kl_loss, alg.use_kl_in_reward, alg.use_entropy_loss = (
+        objective.name, with_reference, False, False)
+    t.micro_train_batch_size_per_gpu *= objective.rows_per_example
+    t.micro_forward_batch_size_per_gpu *= objective.rows_per_example
+    t.update_epochs_per_batch, t.max_prompt_length = 1, max_length
+    g.n_samples_per_prompt, g.max_input_length = 1, max_length
+    g.sampling_params.temperature, g.sampling_params.max_generate_length = 1.0, 0
+    return c
 
 
-def check_supported(cfg: DictConfig, objective: Objective) -> None:
+def check_supported(cfg: RidgelineConfig, objective: Objective) -> None:
     t = cfg.trainer
     problems = []
     if t.strategy != "single":
@@ -135,7 +140,7 @@ def check_supported(cfg: DictConfig, objective: Objective) -> None:
         raise SupervisedConfigError("\n".join(problems))
 
 
-def fingerprint(cfg: DictConfig, objective: Objective, digests: list[SourceDigest], examples: int) -> dict[str, Any]:
+def fingerprint(cfg: RidgelineConfig, objective: Objective, digests: list[SourceDigest], examples: int) -> dict[str, Any]:
     """What a resume must not change (`checkpoint.check_resume` compares it)."""
     t = cfg.trainer
     return {"command": objective.name, "trainer.policy.model.path": t.policy.model.path,
@@ -145,7 +150,7 @@ def fingerprint(cfg: DictConfig, objective: Objective, digests: list[SourceDiges
 
 
 class SupervisedTrainer:
-    def __init__(self, cfg: DictConfig, objective: Objective, tokenizer, workers: Workers, train: list[Any],
+    def __init__(self, cfg: RidgelineConfig, objective: Objective, tokenizer, workers: Workers, train: list[Any],
                  val: list[Any] | None, checkpointer: Checkpointer, run: RunState, trackers, run_dir: Path,
                  envs: EnvPairs | None = None):
         """`train` / `val`: the examples (chats, pairs), or with `envs` (dpo.pairs=env) the
@@ -157,13 +162,13 @@ class SupervisedTrainer:
         self.history: list[dict[str, float]] = []
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, objective: Objective) -> "SupervisedTrainer":
+    def from_config(cls, cfg: RidgelineConfig, objective: Objective) -> "SupervisedTrainer":
         t = cfg.trainer
         check_supported(cfg, objective)
         seed_everything(t.seed)
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        save_config(cfg, run_dir / "config.yaml")
         check_model_paths(cfg)
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
@@ -200,7 +205,7 @@ class SupervisedTrainer:
         checkpoint.prepare_metrics(run_dir, resume_from)
         loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
         trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
-                                  config=OmegaConf.to_container(cfg, resolve=True), run_id=run.run_id,
+                                  config=dataclasses.asdict(cfg), run_id=run.run_id,
                                   resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
         checkpointer = Checkpointer(cfg, tokenizer, identity, run_dir)
         trainer = cls(cfg, objective, tokenizer, workers, train, val, checkpointer, run, trackers, run_dir, envs)
@@ -338,12 +343,12 @@ class SupervisedTrainer:
             tracker.log(metrics, self.run.global_step)
 
 
-def _planned_steps(examples: int, cfg: DictConfig) -> int:
+def _planned_steps(examples: int, cfg: RidgelineConfig) -> int:
     t = cfg.trainer
     return planned_steps(examples // int(t.train_batch_size), int(t.epochs), t.max_steps)
 
 
-def run_supervised(cfg: DictConfig, objective: Objective) -> dict[str, Any]:
+def run_supervised(cfg: RidgelineConfig, objective: Objective) -> dict[str, Any]:
     """`ridgeline sft` / `ridgeline dpo` on a validated config: the run's folders locked, trained,
     released."""
     run_lock = RunLock.acquire(run_folders(cfg.trainer))

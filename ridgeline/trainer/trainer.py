@@ -13,6 +13,7 @@ docs/checkpointing.md) owns the file format; Ctrl-C handling lives here.
 
 from __future__ import annotations
 
+import dataclasses
 import contextlib
 import logging
 import random
@@ -21,12 +22,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TYPE_CHECKING, TypeVar
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from ridgeline.config.loader import save_config
 from ridgeline.allocator import active_allocator
 from ridgeline.algorithms import load_algorithm_modules
 from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
@@ -69,6 +70,9 @@ from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import NonFiniteLossError
+
+if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
+    from ridgeline.config.schema import RidgelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +118,7 @@ def batches_from(position: tuple[int, int], steps_left: int,
 
 # ------------------------------------------------------------------------------------- trainer
 class Trainer:
-    def __init__(self, cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, workers: Workers, engine: InferenceEngine,
+    def __init__(self, cfg: RidgelineConfig, tokenizer: PreTrainedTokenizerBase, workers: Workers, engine: InferenceEngine,
                  generator: Generator, train_data: PromptDataset, val_data: PromptDataset | None,
                  trackers: list[Tracker], run_dir: Path, run: RunState, checkpointer: Checkpointer,
                  weight_sync: WeightSync, device: torch.device, run_info: RunInfo, colocated: bool = False,
@@ -152,15 +156,15 @@ class Trainer:
         self.stop_requested = False                    # Ctrl-C with trainer.ckpt_on_interrupt
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> "Trainer":
+    def from_config(cls, cfg: RidgelineConfig) -> "Trainer":
         """The trainer of `cfg`, resumed when `trainer.resume_mode` finds a checkpoint. The run's
         folders (trainer.run_dir, trainer.ckpt_path) are locked first, before anything is written
         in them (RunLockedError while another command holds one), and stay locked until `close()`."""
         if cfg.generator.enable_http_endpoint:  # a taken port stops the run before anything is written
             check_address(cfg.generator.http_endpoint_host, cfg.generator.http_endpoint_port)
-        if cfg.trainer.async_mode != "sync" and cls is Trainer:
-            from ridgeline.trainer.async_trainer import AsyncTrainer  # it builds on this module
-            return AsyncTrainer.from_config(cfg)
+        if cfg.trainer.async_mode != "sync" and cls is Trainer:  # a caller's slip, not the user's
+            raise ValueError(f"trainer.async_mode={cfg.trainer.async_mode} is AsyncTrainer's: build the run's "
+                             "trainer with ridgeline.trainer.async_trainer.build_trainer(cfg)")
         run_lock = RunLock.acquire(run_folders(cfg.trainer))
         try:
             return cls._build(cfg, run_lock)
@@ -169,7 +173,7 @@ class Trainer:
             raise
 
     @classmethod
-    def _build(cls, cfg: DictConfig, run_lock: RunLock) -> "Trainer":
+    def _build(cls, cfg: RidgelineConfig, run_lock: RunLock) -> "Trainer":
         t, alg = cfg.trainer, cfg.trainer.algorithm
         started = time.time()  # the run's start in run.json: before models and data load
         seed_everything(t.seed)
@@ -180,7 +184,7 @@ class Trainer:
                         "(SkyRL's main_on_policy_distill.py); for that, add +experiment=on_policy_distillation")
         run_dir = Path(t.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        save_config(cfg, run_dir / "config.yaml")
         check_model_paths(cfg)  # every model path (policy, ref, critic) before anything loads
 
         tokenizer = load_tokenizer(policy_spec(cfg))
@@ -257,7 +261,7 @@ class Trainer:
             checkpoint.clean_interrupted_writes(run_dir)  # the run folder is locked: leftovers are a dead run's
             checkpoint.prepare_metrics(run_dir, resume_from)  # before a tracker opens metrics.jsonl
             trackers = build_trackers(loggers, run_dir, project_name=t.project_name, run_name=t.run_name,
-                                      config=OmegaConf.to_container(cfg, resolve=True), run_id=run.run_id,
+                                      config=dataclasses.asdict(cfg), run_id=run.run_id,
                                       resume_step=checkpoint.checkpoint_step(resume_from) if resume_from else None)
             run_info = start_run_info(cfg, run_dir, run.run_id, where, started)  # after prepare_metrics
             checkpointer = Checkpointer(cfg, tokenizer, fingerprint, run_dir)

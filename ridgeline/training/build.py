@@ -10,9 +10,11 @@ from typing import Literal
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
-
 from ridgeline.algorithms import load_algorithm_modules, resolve_kl_estimator
+from ridgeline.config.loss_view import LossConfig
+from ridgeline.config.loss_view import loss_config as algorithm_view
+from ridgeline.config.schema import RidgelineConfig, TrainerConfig
+from ridgeline.config.schema.trainer import OptimizerConfig
 from ridgeline.models.device import resolve_device, use_device
 from ridgeline.models.forward import enable_activation_checkpointing, select_attention
 from ridgeline.models.loading import (ModelSpec, cpu_has_fast_bf16, critic_spec, load_model, load_tokenizer,
@@ -37,15 +39,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds the CUDA generators too
 
 
-def single_process(cfg: DictConfig) -> SingleProcess:
+def single_process(cfg: RidgelineConfig) -> SingleProcess:
     """The world of one the single-process trainer's workers share, on `trainer.device`."""
     return SingleProcess(use_device(cfg.trainer.device))  # and the current CUDA device (`use_device`)
 
 
-def training_precision(trainer_cfg: DictConfig) -> str:
+def training_precision(trainer_cfg: TrainerConfig) -> str:
     """The training precision two keys ask for: `trainer.mixed_precision`, with SkyRL's
     `trainer.bf16=false` turning its `auto` into fp32 (bf16 with bf16=false is refused by validation)."""
-    if trainer_cfg.get("bf16", True) is False:
+    if not trainer_cfg.bf16:
         return "fp32"
     return str(trainer_cfg.mixed_precision)
 
@@ -62,14 +64,14 @@ def training_autocast_dtype(mixed_precision: str, device: torch.device | None = 
     return torch.bfloat16 if fast else None
 
 
-def training_max_tokens(cfg: DictConfig) -> int:
+def training_max_tokens(cfg: RidgelineConfig) -> int:
     """The longest row a training forward can see: the longest prompt (or multi-turn input) plus
     the longest generation."""
     g = cfg.generator
     return max(int(cfg.trainer.max_prompt_length), int(g.max_input_length)) + int(g.sampling_params.max_generate_length)
 
 
-def skyrl_max_seq_len(cfg: DictConfig) -> int:
+def skyrl_max_seq_len(cfg: RidgelineConfig) -> int:
     """SkyRL's `trainer.algorithm.max_seq_len`, the constant seq_mean_token_sum_norm divides every
     row's loss sum by: `generator.max_input_length + generator.sampling_params.max_generate_length`
     (SkyRL derives it in validate_cfg; it is not a key)."""
@@ -77,16 +79,14 @@ def skyrl_max_seq_len(cfg: DictConfig) -> int:
     return int(g.max_input_length) + int(g.sampling_params.max_generate_length)
 
 
-def loss_config(cfg: DictConfig) -> DictConfig:
+def loss_config(cfg: RidgelineConfig) -> LossConfig:
     """What a policy loss gets as `config`: the `trainer.algorithm` section plus SkyRL's derived
     `max_seq_len` (a loss written for SkyRL reads `config.max_seq_len`), resolved and read-only."""
-    section = OmegaConf.create(OmegaConf.to_container(cfg.trainer.algorithm, resolve=True))
-    section.max_seq_len = skyrl_max_seq_len(cfg)
-    OmegaConf.set_readonly(section, True)
-    return section
+    alg = cfg.trainer.algorithm
+    return algorithm_view(alg, skyrl_max_seq_len(cfg), dpo=cfg.dpo if alg.loss_name == "dpo" else None)
 
 
-def load_training_model(cfg: DictConfig, spec: ModelSpec, dtype: torch.dtype, tokenizer, device: torch.device):
+def load_training_model(cfg: RidgelineConfig, spec: ModelSpec, dtype: torch.dtype, tokenizer, device: torch.device):
     """A model for the training-side workers, on the host (its group places it): the attention
     kernel `select_attention` picks for `device` (FlashAttention-2 / SDPA on CUDA, eager for
     short rows on a CPU)."""
@@ -96,13 +96,13 @@ def load_training_model(cfg: DictConfig, spec: ModelSpec, dtype: torch.dtype, to
     return model
 
 
-def forward_options(cfg: DictConfig) -> ForwardOptions:
+def forward_options(cfg: RidgelineConfig) -> ForwardOptions:
     """`trainer.use_sample_packing`: micro-batches whose rows do not share a prompt run packed
     (ridgeline.training.forward_path has the rule and its measurements)."""
     return ForwardOptions(sample_packing=bool(cfg.trainer.use_sample_packing))
 
 
-def policy_train_config(cfg: DictConfig, device: torch.device | None = None) -> PolicyTrainConfig:
+def policy_train_config(cfg: RidgelineConfig, device: torch.device | None = None) -> PolicyTrainConfig:
     """The policy worker's settings (the same on every rank: each holds its share of every
     mini-batch, `training.batch.rank_shares`)."""
     t, g, alg = cfg.trainer, cfg.generator, cfg.trainer.algorithm
@@ -126,7 +126,7 @@ def policy_train_config(cfg: DictConfig, device: torch.device | None = None) -> 
     )
 
 
-def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | None = None, *,
+def build_policy_worker(cfg: RidgelineConfig, tokenizer, parallel: DataParallel | None = None, *,
                         training_batches: int) -> PolicyWorker:
     """The policy model (float32 master weights) with its optimizer and schedule, placed by
     `parallel` (default: one process on `trainer.device`); `training_batches`: the trainer steps of
@@ -153,49 +153,49 @@ def build_policy_worker(cfg: DictConfig, tokenizer, parallel: DataParallel | Non
     return worker
 
 
-def optimizer_steps_per_batch(cfg: DictConfig, role: Literal["policy", "critic"]) -> int:
+def optimizer_steps_per_batch(cfg: RidgelineConfig, role: Literal["policy", "critic"]) -> int:
     """Optimizer steps `role` takes on one training batch: `update_epochs_per_batch` passes over
     train_batch_size / `<role>_mini_batch_size` mini-batches (validation made the division exact)."""
     t = cfg.trainer
-    return int(t.update_epochs_per_batch) * (int(t.train_batch_size) // int(t[f"{role}_mini_batch_size"]))
+    return int(t.update_epochs_per_batch) * (int(t.train_batch_size) // (t.policy_mini_batch_size if role == "policy" else t.critic_mini_batch_size))
 
 
-def lr_schedule(cfg: DictConfig, role: Literal["policy", "critic"], training_batches: int) -> LRSchedule:
+def lr_schedule(cfg: RidgelineConfig, role: Literal["policy", "critic"], training_batches: int) -> LRSchedule:
     """`role`'s `optimizer_config.scheduler` over the run's optimizer steps: `training_batches`
     (prompt batches per epoch x epochs, SkyRL's `total_training_steps`) x the optimizer steps
     of one batch. SkyRL 0.3.1 passed the batch count alone while stepping the schedule per optimizer
     step, so a decaying schedule ended early; SkyRL fixed that after 0.3.1 (NovaSky-AI/SkyRL#873)
     and Ridgeline counts as the fix does."""
-    opt = cfg.trainer[role].optimizer_config
+    opt = (cfg.trainer.policy if role == "policy" else cfg.trainer.critic).optimizer_config
     return LRSchedule(name=str(opt.scheduler), num_warmup_steps=warmup_steps(cfg, opt),
                       num_training_steps=int(training_batches) * optimizer_steps_per_batch(cfg, role))
 
 
-def warmup_steps(cfg: DictConfig, optimizer_config: DictConfig) -> int:
+def warmup_steps(cfg: RidgelineConfig, optimizer_config: OptimizerConfig) -> int:
     """Optimizer steps of warmup for one model: its `optimizer_config.num_warmup_steps` (SkyRL 0.3.1's
     key) when set, else `trainer.num_warmup_steps` (validation refuses two different values)."""
     return int(optimizer_config.num_warmup_steps or cfg.trainer.num_warmup_steps)
 
 
-def offloads_optimizer(cfg: DictConfig, optimizer_config: DictConfig, device: torch.device) -> bool:
+def offloads_optimizer(cfg: RidgelineConfig, optimizer_config: OptimizerConfig, device: torch.device) -> bool:
     """`optimizer_config.offload_after_step` acts where it frees something: on a GPU shared with
     the engines (`trainer.placement.colocate_all`, engines in this job)."""
     return (bool(optimizer_config.offload_after_step) and device.type == "cuda"
             and bool(cfg.trainer.placement.colocate_all) and bool(cfg.generator.run_engines_locally))
 
 
-def needs_ref(cfg: DictConfig) -> bool:
+def needs_ref(cfg: RidgelineConfig) -> bool:
     alg = cfg.trainer.algorithm
     return bool(alg.use_kl_loss or alg.use_kl_in_reward)
 
 
-def ref_is_policy_base(cfg: DictConfig) -> bool:
+def ref_is_policy_base(cfg: RidgelineConfig) -> bool:
     """A reference is needed and it is the LoRA policy's own frozen base (`BaseModelRefWorker`):
     no reference model is loaded, and on Ray no reference ranks start (the policy ranks serve it)."""
     return needs_ref(cfg) and reference_is_base(cfg.trainer)
 
 
-def build_ref_worker(cfg: DictConfig, tokenizer, *, policy: PolicyWorker | None = None,
+def build_ref_worker(cfg: RidgelineConfig, tokenizer, *, policy: PolicyWorker | None = None,
                      parallel: DataParallel | None = None) -> RefWorker | None:
     """The reference model (`trainer.ref.model.path`, the policy's by default) when a KL option
     needs one. It only runs forward passes, so it is loaded in the training compute dtype. With LoRA
@@ -241,7 +241,7 @@ def check_same_tokenizer(spec: ModelSpec, tokenizer, key: str) -> None:
                              f"{key} at its default (the policy's model)")
 
 
-def build_critic(cfg: DictConfig, tokenizer, *, training_batches: int, parallel: DataParallel | None = None,
+def build_critic(cfg: RidgelineConfig, tokenizer, *, training_batches: int, parallel: DataParallel | None = None,
                  options: ForwardOptions | None = None) -> CriticWorker | None:
     """The value model and its worker, when `trainer.critic.model.path` names one. `parallel` and
     `training_batches` as for the policy; `options` defaults to the config's forward options. With

@@ -26,13 +26,14 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 from transformers import PreTrainedModel
 
+if TYPE_CHECKING:  # a policy loss's `config` (ridgeline.config sits above this layer)
+    from ridgeline.config.loss_view import LossConfig
 from ridgeline.algorithms import PolicyLoss, kl_penalty, loss_normalizers, masked_mean, reduce_loss
 from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std
 from ridgeline.models.device import autocast
@@ -301,7 +302,7 @@ class PolicyTrainConfig:
     policy_loss: str = "regular"
     loss_reduction: str = "token_mean"
     # the `trainer.algorithm` section (with SkyRL's derived max_seq_len), the policy loss's `config`
-    algorithm: DictConfig | None = None
+    algorithm: LossConfig | None = None
     max_seq_len: int | None = None  # seq_mean_token_sum_norm's constant (None: the padded width)
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0

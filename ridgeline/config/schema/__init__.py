@@ -95,7 +95,7 @@ class RidgelineConfig(Section):
         # a LoRA policy's reference is its own base on the policy ranks: no reference ranks
         use_ref = t.algorithm.uses_reference and not reference_is_base(t)
         try:
-            plan = plan_placement(dataclasses.asdict(t.placement), num_engines=g.num_inference_engines,
+            plan = plan_placement(t.placement, num_engines=g.num_inference_engines,
                                   engine=EngineParallelism.from_config(g), use_ref=use_ref,
                                   use_critic=t.critic.model.path is not None,
                                   # `auto` is planned once Ray says what the cluster has (the same
