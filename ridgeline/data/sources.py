@@ -174,12 +174,12 @@ def _read_json(path: Path, text: str) -> list[dict[str, Any]]:
     two layouts `datasets.load_dataset("json", ...)` reads for SkyRL, whatever the suffix."""
     if text.lstrip().startswith("["):
         try:
-            rows = json.loads(text)
+            array = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path} (a JSON array): invalid JSON at line {exc.lineno}, column {exc.colno}: "
                                f"{exc.msg}", file=str(path), problems=[(None, f"invalid JSON: {exc.msg}")]) from exc
-        _check_surrogates(path, text, rows if isinstance(rows, list) else [], None)
-        return rows
+        _check_surrogates(path, text, array if isinstance(array, list) else [], None)
+        return array
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     # split on "\n" only: str.splitlines also splits on U+2028 and other characters JSON strings may hold

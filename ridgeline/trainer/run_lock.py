@@ -110,7 +110,7 @@ def _lock(folder: Path, key: str) -> None:
             if handle is not None:
                 break
     except OSError as exc:  # the first write of the run: a read-only filesystem, permissions, ...
-        cause = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno, 'no errno')})"
+        cause = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, 'no errno')})"
         raise RunFolderError(
             f"{key}={folder} cannot be written: {cause} at {exc.filename or folder}. The run writes its config, "
             f"metrics, checkpoints and final model there, so it stops before anything else. Fix: "

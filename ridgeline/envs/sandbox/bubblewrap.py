@@ -234,7 +234,8 @@ class Bubblewrap:
         """The full command line: [root's first bwrap + mount + setpriv] + the sandbox's bwrap +
         ``command``; ``program_fd`` is copied into ``/work/main.py``, ``seccomp_fd`` holds the filter."""
         disk = int(limits.disk_mb) * _MIB
-        as_root = self.setpriv is not None and self.mount is not None
+        setpriv, mount_tool = self.setpriv, self.mount
+        as_root = setpriv is not None and mount_tool is not None
         if not as_root:
             # bwrap 0.8 mounts its tmpfs with size= only (no inode bound: docs/security.md)
             scratch = ["--size", str(disk), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
@@ -250,7 +251,7 @@ class Bubblewrap:
             "--symlink", WORK, "/tmp", "--chdir", WORK, "--remount-ro", "/",
             "--", *command,
         ]
-        if not as_root:
+        if setpriv is None or mount_tool is None:
             return sandbox
         # Root: a mount namespace with the same runtime (plus the tools, a full /proc for the inner
         # bwrap to mount its own, and /tmp it mounts its root on); there, as root, the two tmpfs
@@ -261,18 +262,18 @@ class Bubblewrap:
         # process without capabilities to a uid-65534 child is refused by the kernel's permission
         # check, so it cannot be the link after setpriv.) The shell also passes the CPU time of
         # what it waited for up to the trainer's wait4.
-        tools = tuple(Mount("ro-bind", path, path) for path in (self.bwrap, self.setpriv, self.mount)
+        tools = tuple(Mount("ro-bind", path, path) for path in (self.bwrap, setpriv, mount_tool)
                       if not _covered(path, list(self.mounts)))
         uid = str(SANDBOX_UID)
         options = f"size={disk},nr_inodes={int(limits.disk_mb) * INODES_PER_MIB},mode=0755,uid={uid},gid={uid}"
-        mount = f"{self.mount} -t tmpfs -o {options} tmpfs"
+        mount = f"{mount_tool} -t tmpfs -o {options} tmpfs"
         return [
             self.bwrap, "--die-with-parent", "--unshare-pid", "--as-pid-1", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID",
             "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SYS_ADMIN",
             *_mount_args(self.mounts + tools, from_view=False),
             "--bind", "/proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--dir", _ROOT_WORK, "--dir", _ROOT_SHM,
             "--", "/bin/sh", "-c", f'{mount} {_ROOT_WORK} && {mount} {_ROOT_SHM} && "$@"; exit $?', "sh",
-            self.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--", *sandbox,
+            setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--", *sandbox,
         ]
 
     def prepare(self, source: str, report_fd: int, limits: SandboxLimits) -> Launch:
