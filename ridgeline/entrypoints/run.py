@@ -43,7 +43,7 @@ def _train(cfg: DictConfig) -> dict:
     trainer = Trainer.from_config(cfg)
     # once the run is built: an error in what the user named (models, data, envs) stands alone
     for note in unbuilt_defaults(cfg):
-        log.warning("not acted on yet: %s", note)
+        log.warning("not acted on: %s", note)
     summary = trainer.train()
     for line in summary_lines(summary):
         print(line)
