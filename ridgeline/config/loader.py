@@ -250,6 +250,11 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
             # its keys are the user's, so it replaces the map ('++': Hydra then takes keys it has not seen)
             usable.append("++" + text.lstrip("+"))
             continue
+        if ov.is_add() and under_free_form(key):
+            # '+' inside a free-form map may meet a key SkyRL's defaults already hold there
+            # (environment.skyrl_gym.text2sql.db_path): add or override, as without the '+'
+            usable.append("+" + text)
+            continue
         if ov.is_add() or ov.is_force_add() or key in known:
             usable.append(text)
             continue

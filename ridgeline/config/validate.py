@@ -260,11 +260,11 @@ def suggest_key(key: str) -> str | None:
         return difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)[0]
     # a misspelt name in its own section: the names themselves must be close (compared whole, the
     # shared section prefix made `lora.init_method` look like `lora.rank` and `sampling_params.stop`
-    # like `top_p`, which mean something else), and neither may extend the other
+    # like `top_p`, which mean something else), and neither may extend the other by a word
     # (`zero_variance_filter_tol` is a setting of its own, not `zero_variance_filter`)
     siblings = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
     close = [c for c in difflib.get_close_matches(leaf, list(siblings), n=3, cutoff=0.8)
-             if not (c.startswith(leaf) or leaf.startswith(c))]
+             if not (c.startswith(leaf + "_") or leaf.startswith(c + "_"))]
     return siblings[close[0]] if close else None
 
 
