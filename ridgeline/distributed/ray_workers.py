@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------- actors
+# SkyRL 0.4's dtype names (trainer.<role>.fsdp_config.mixed_precision.*)
+FSDP_TORCH_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 class TrainingRank:
     """One data-parallel rank of the policy, reference or critic, run as a Ray actor: the same
     worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
@@ -94,8 +98,13 @@ class TrainingRank:
         self.tokenizer = load_tokenizer(policy_spec(self.cfg))
         fsdp = t[self.role].fsdp_config
         compute = training_autocast_dtype(training_precision(t), device)
+        # SkyRL 0.4's fsdp_config.mixed_precision on GPU ranks; a run in fp32 (trainer.mixed_precision=fp32,
+        # or bf16=false) gathers fp32 whatever param_dtype says, as SkyRL's bf16=false does
+        mp = fsdp.mixed_precision
+        param = FSDP_TORCH_DTYPES[mp.param_dtype] if compute is not None else None
         group = FSDPGroup(device, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
-                          cpu_offload=fsdp.cpu_offload, param_dtype=compute if device.type == "cuda" else None)
+                          cpu_offload=fsdp.cpu_offload, param_dtype=param if device.type == "cuda" else None,
+                          reduce_dtype=FSDP_TORCH_DTYPES[mp.reduce_dtype])
         if self.role == "policy":
             self.worker = build_policy_worker(self.cfg, self.tokenizer, group, training_batches=self.training_batches)
             if ref_is_policy_base(self.cfg):
