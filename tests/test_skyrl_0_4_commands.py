@@ -199,3 +199,49 @@ def test_skyrl_0_4_settings_without_effect_are_said_in_one_line(caplog):
     for key in ("trainer.use_expandable_segments=false", "generator.use_cache_salt=false",
                 "generator.inference_engine.distributed_executor_backend=mp", "trainer.policy.language_model_only=true"):
         assert key in lines[0]
+
+
+GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+# what this machine lacks, and the sizes of a test: appended after the script's own overrides
+ON_THIS_MACHINE = [
+    "trainer.strategy=single", "generator.inference_engine.backend=hf",   # no GPUs, no vLLM
+    "generator.inference_engine.tensor_parallel_size=1",
+    "trainer.policy.model.path=tiny://llama", "trainer.mixed_precision=fp32",
+    "generator.inference_engine.model_dtype=float32",
+    "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2",
+    "trainer.micro_forward_batch_size_per_gpu=10", "trainer.micro_train_batch_size_per_gpu=10",
+    "trainer.eval_batch_size=4", "trainer.max_prompt_length=1024", "generator.sampling_params.max_generate_length=8",
+    "trainer.logger=jsonl", "trainer.eval_before_train=false",
+]
+
+
+@pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason="../shared/data/gsm8k is not beside the checkout")
+def test_skyrl_0_4_gsm8k_command_line_trains_with_its_log_path_and_profiler(tmp_path, caplog):
+    """skyrl 0.4's run_gsm8k.sh, its overrides unchanged but for the model, data, devices and sizes, runs
+    through `python -m ridgeline.entrypoints.main_base`'s path (`ridgeline train`): trainer.log_path gets
+    the infra log, trainer.max_training_steps caps the run (20 epochs of 2 batches -> 2 steps), and
+    torch_profiler_config writes a Chrome trace of the second policy step."""
+    from ridgeline import cli
+    from ridgeline.data import prepare_gsm8k
+    from ridgeline.tracking.trackers import read_metrics
+
+    files = prepare_gsm8k(tmp_path / "data", input_dir=GSM8K_DIR, max_train=4, max_val=4)
+    logs, traces = tmp_path / "infra-logs", tmp_path / "traces"
+    overrides = COMMANDS["gsm8k/run_gsm8k.sh"] + ON_THIS_MACHINE + [
+        f"data.train_data=['{files['train']}']", f"data.val_data=['{files['validation']}']",
+        f"trainer.ckpt_path={tmp_path / 'ckpts'}", f"trainer.export_path={tmp_path / 'exports'}",
+        f"trainer.log_path={logs}", "trainer.max_training_steps=2",
+        "trainer.policy.torch_profiler_config.enable=true", f"trainer.policy.torch_profiler_config.save_path={traces}",
+        "trainer.policy.torch_profiler_config.skip_first=0",   # step 1 warms up, step 2 is recorded
+        "trainer.policy.torch_profiler_config.activities=[cpu]"]
+    assert "trainer.log_path=/tmp/skyrl-logs" in COMMANDS["gsm8k/run_gsm8k.sh"]   # the script's own, replaced here
+    caplog.set_level(logging.INFO)   # the command's own level (pytest's root logger stops at WARNING)
+    assert cli.main(["train", *overrides]) == 0
+    rows = read_metrics(tmp_path / "exports" / "gsm8k_test" / "metrics.jsonl")
+    assert max(row.get("trainer/global_step", 0) for row in rows) == 2
+    (infra,) = logs.glob("infra-*.log")
+    text = infra.read_text()
+    assert text and all(line.split(" ")[3].startswith(("ridgeline.inference", "ridgeline.models", "ridgeline.training",
+                                                       "ridgeline.distributed")) for line in text.splitlines()
+                        if line[:2].isdigit()), text
+    assert [p.name.endswith(".pt.trace.json") for p in traces.iterdir()] == [True]
