@@ -154,7 +154,8 @@ LATER_KEYS: dict[str, LaterKey] = {
                    "generator.sampling_params.additional_kwargs": None,
                    "generator.eval_sampling_params.additional_kwargs": None}),
     **_refused("LoRA adapters served by the engines, which are not built (engines get merged weights)",
-               _roles(_ENGINE_LORA, roles=("policy", "critic"))),
+               {**_roles(_ENGINE_LORA, roles=("policy", "critic")),
+                "trainer.critic.model.lora.lora_sync_path": "/tmp/skyrl_lora_sync"}),
     **_refused("LoRA on the reference, which is not planned (the reference is frozen; with a LoRA policy it is the "
                "policy's base)", _roles({"lora.rank": 0, "lora.alpha": 16, "lora.dropout": 0.0,
                                          "lora.target_modules": "all-linear", "lora.exclude_modules": None,
@@ -180,6 +181,8 @@ LATER_KEYS: dict[str, LaterKey] = {
                  "dump_eval_results) hold every sample", {
                      "trainer.print_example_interval": 1, "trainer.log_example_interval": -1,
                      "trainer.num_logger_eval_samples": -1, "trainer.num_logger_train_samples": -1}),
+    **_no_effect("prompts are read into memory by the trainer's process and batched there, without DataLoader "
+                 "workers", {"data.dataloader.num_workers": None, "data.dataloader.persistent_workers": False}),
     **_no_effect("Weights & Biases runs are named by trainer.project_name / run_name, without tags",
                  {"trainer.tags": None}),
     **_no_effect("old log-probs come from the same mini-batches and micro-batches as the training step either way",
@@ -253,6 +256,10 @@ DEFAULTS_NOT_ACTED_ON: dict[str, str] = {
     "adapter files",
     "generator.async_engine": "Ridgeline's vllm engine takes each turn's requests in one LLM.generate call (vLLM "
     "schedules them together); its AsyncLLMEngine is not used",
+    "generator.batched": "the generator has one agent loop, which sends each turn's requests of the whole batch "
+    "to the engine together, whatever batched says",
+    "trainer.fully_async.num_parallel_generation_workers": "one step's batch (train_batch_size prompt groups) is "
+    "generated at a time, so more groups in flight add no concurrency (docs/async.md)",
 }
 
 
@@ -262,7 +269,7 @@ def unbuilt_defaults(cfg: DictConfig) -> list[str]:
     The trainer logs these once at start so that no setting is silently ignored, e.g.
     ``generator.inference_engine_tensor_parallel_size=4: the hf engine runs on one device ...``.
     """
-    g, lora = cfg.generator, cfg.trainer.policy.model.lora
+    g, t, lora = cfg.generator, cfg.trainer, cfg.trainer.policy.model.lora
     acted_on_as_is = {
         # vllm / sglang / remote engines do act on it
         "generator.inference_engine_tensor_parallel_size": (g.backend != "hf" or not g.run_engines_locally
@@ -271,6 +278,11 @@ def unbuilt_defaults(cfg: DictConfig) -> list[str]:
         "trainer.policy.model.lora.lora_sync_path": not lora.rank,
         # false, or an engine that is not vLLM, asks for nothing more
         "generator.async_engine": not g.async_engine or g.backend != "vllm" or not g.run_engines_locally,
+        # true (the default) is what happens
+        "generator.batched": g.batched,
+        # read only by the fully asynchronous trainer; up to one batch of groups is what it runs
+        "trainer.fully_async.num_parallel_generation_workers": t.async_mode != "fully_async"
+        or t.fully_async.num_parallel_generation_workers <= t.train_batch_size,
     }
     return [f"{key}={show(functools.reduce(getattr, key.split('.'), cfg))}: {why}"
             for key, why in DEFAULTS_NOT_ACTED_ON.items() if not acted_on_as_is[key]]

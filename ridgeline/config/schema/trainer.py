@@ -199,7 +199,8 @@ class TorchProfilerConfig(Section):
     with_stack: bool = setting(True)
     with_flops: bool = setting(False)
     with_modules: bool = setting(False)
-    export_type: str = setting("chrome_trace", choices=("chrome_trace",))
+    export_type: str = setting("chrome_trace", built=("chrome_trace",),
+                               not_built="other trace formats are not built: traces are written as Chrome traces")
     use_gzip: bool = setting(False)   # chrome traces written as .json.gz
 
     def check(self, at: str, report: Report) -> None:
@@ -331,7 +332,7 @@ class TrainerConfig(Section):
                             not_built="Megatron and DeepSpeed are not planned: the backends here are single (one "
                             "process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on CPU workers, NCCL on GPUs)")
     # SkyRL 0.3.1 (its only backend); sequence parallelism itself is not built (*.sequence_parallel_size)
-    sequence_parallel_backend: str = setting("ulysses", choices=("ulysses",))
+    sequence_parallel_backend: str = setting("ulysses", built=("ulysses",), not_built=SP_NOTE)
     epochs: int = setting(1)
     # Ridgeline extension (SkyRL 0.3.1 has no step cap): null = epochs x the batches of an epoch;
     # N = exactly N steps, the learning-rate schedule spanning N, taking as many passes over the
