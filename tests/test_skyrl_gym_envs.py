@@ -224,3 +224,53 @@ def test_rows_whose_env_cannot_be_built_stop_the_run_before_any_model_loads(tmp_
     assert {"unknown": "unknown env 'no_such_env'", "failing_constructor": "cannot reach the task server",
             "missing_field": "ground_truth is required in reward_spec field"}[case] in message
     assert loaded == []  # no model was built, so no step ran
+
+
+def _dapo_rows(path, n=32):
+    """Rows as SkyRL's DAPO-Math / AIME files hold them (examples/train/algorithms/dapo/prepare_dapo_data.sh:
+    BytedTsinghua-SIA's DAPO-Math-17k, cleaned): reward_model, ability, no reward_spec, no env_class."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "math_dapo", "ability": "MATH",
+             "prompt": [{"role": "user", "content": f"Solve: {i} + {i}. Answer: $Answer"}],
+             "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
+             "extra_info": {"index": str(i)}} for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_dapo_math_rows_train_with_skyrl_gyms_aime_env(tmp_path):
+    """SkyRL passes every column of a row to its env: skyrl-gym's aime env reads extras['reward_model'];
+    rows without reward_spec load, and the run trains 2 steps on the tiny model."""
+    from ridgeline.entrypoints.run import run_training
+
+    data = _dapo_rows(tmp_path / "dapo-math-17k-cleaned.parquet")
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                       f"data.train_data=[{data}]", "data.val_data=[]", "environment.env_class=aime",
+                       "trainer.eval_before_train=false"])
+    summary = run_training(cfg)
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    assert all(step["generate/env_errors"] == 0 for step in steps)
+
+
+def test_skyrl_search_rows_build_with_skyrls_default_search_settings(tmp_path):
+    """search/run_search.sh sets no environment.skyrl_gym.search.* keys: SkyRL's defaults (search_url,
+    topk 3, timeout 30, log_requests) are Ridgeline's, so skyrl-gym's search env builds from the
+    Search-R1 rows of SkyRL's dataset script (examples/train/search/searchr1_dataset.py)."""
+    from ridgeline.trainer.builders import per_env_settings
+    from ridgeline.generation.generator import build_env
+
+    cfg = load_config(["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console"])
+    settings = per_env_settings(cfg)
+    assert settings["search"] == {"log_requests": False, "search_url": "http://127.0.0.1:8000/retrieve", "topk": 3,
+                                  "timeout": 30}
+    assert settings["llm_as_a_judge"] == {"model": "gpt-4o-mini", "base_url": None}
+    extras = {"data_source": "searchR1_nq", "ability": "fact-reasoning", "reward_spec": {
+        "method": "rule", "ground_truth": {"target": ["Paris"]}}, "extra_info": {"index": 0, "split": "train"}}
+    env = build_env("search", extras, settings, max_turns=2)
+    try:
+        env.init([{"role": "user", "content": "Where is the Eiffel tower?"}])
+    finally:
+        env.close()
