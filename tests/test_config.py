@@ -359,6 +359,9 @@ def runnable_cfg():
     ("trainer.epoch", "trainer.epochs"),
     # SkyRL keys with no counterpart here: a suggestion would name a key that means something else
     ("trainer.bf16", None), ("trainer.policy.model.lora.init_method", None), ("trainer.gpu_type", None),
+    # the same name of a sibling model is another setting, and so is a name one word longer
+    ("trainer.ref.model.lora.alpha", None), ("trainer.algorithm.zero_variance_filter_tol", None),
+    ("generator.eval_sampling_params.additional_kwargs", None),
 ])
 def test_suggestions_for_unknown_keys_only_name_keys_that_mean_the_same(key, meant):
     from ridgeline.config.validate import suggest_key
