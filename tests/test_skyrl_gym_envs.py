@@ -274,3 +274,52 @@ def test_skyrl_search_rows_build_with_skyrls_default_search_settings(tmp_path):
         env.init([{"role": "user", "content": "Where is the Eiffel tower?"}])
     finally:
         env.close()
+
+
+def test_search_r1_rows_train_against_a_local_retriever(tmp_path):
+    """Rows as SkyRL's Search-R1 dataset script writes them train 2 steps through skyrl-gym's search env,
+    with SkyRL's default search settings (topk, timeout, log_requests) and a retriever on 127.0.0.1
+    answering SkyRL's /retrieve protocol."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ridgeline.entrypoints.run import run_training
+
+    class Retriever(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            docs = [{"document": {"contents": f'"Doc {i}"\nabout {body["query"]}'}, "score": 1.0}
+                    for i in range(body["topk"])]
+            payload = json.dumps({"result": [docs]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Retriever)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    data = tmp_path / "train.jsonl"
+    with data.open("w") as f:
+        for i in range(32):
+            f.write(json.dumps({
+                "data_source": "searchR1_nq", "ability": "fact-reasoning", "env_class": "search",
+                "prompt": [{"role": "user", "content": f"Answer with <search>query</search> or <answer>x</answer>: "
+                                                       f"capital number {i}?"}],
+                "reward_spec": {"method": "rule", "ground_truth": {"target": [f"city{i}"]}},
+                "extra_info": {"index": i, "split": "train", "need_tools_kwargs": True}}) + "\n")
+    try:
+        cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                           f"data.train_data=[{data}]", "data.val_data=[]", "trainer.eval_before_train=false",
+                           "generator.max_turns=2", "generator.use_conversation_multi_turn=true",
+                           f"environment.skyrl_gym.search.search_url=http://127.0.0.1:{server.server_port}/retrieve"])
+        assert cfg.environment.skyrl_gym.search.topk == 3 and cfg.environment.skyrl_gym.search.timeout == 30
+        summary = run_training(cfg)
+    finally:
+        server.shutdown()
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    assert all(step["generate/env_errors"] == 0 for step in steps)
