@@ -323,3 +323,25 @@ def test_search_r1_rows_train_against_a_local_retriever(tmp_path):
     steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
     assert summary["steps"] == 2 and len(steps) == 2
     assert all(step["generate/env_errors"] == 0 for step in steps)
+
+
+def test_livecodebench_rows_train_with_skyrl_gyms_lcb_env(tmp_path):
+    """Rows as SkyRL's lcb_dataset.py writes them (tests as a JSON string in reward_spec.ground_truth, no
+    env_class: run_lcb.sh sets environment.env_class=lcb) train 2 steps through skyrl-gym's lcb env."""
+    from ridgeline.entrypoints.run import run_training
+
+    data = tmp_path / "deepcoder_train.jsonl"
+    tests = json.dumps([{"input": "3\n", "output": "6\n", "testtype": "stdin"}])
+    with data.open("w") as f:
+        for i in range(32):
+            f.write(json.dumps({"data_source": "livecodebench", "ability": "code",
+                                "prompt": [{"role": "user", "content": f"Read n, print 2n. ({i})"}],
+                                "reward_spec": {"method": "rule", "ground_truth": tests},
+                                "extra_info": {"split": "train", "index": i, "reference": None}}) + "\n")
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                       f"data.train_data=[{data}]", "data.val_data=[]", "environment.env_class=lcb",
+                       "trainer.eval_before_train=false"])
+    summary = run_training(cfg)
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    assert all(step["generate/env_errors"] == 0 for step in steps)
