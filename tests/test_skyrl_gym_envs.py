@@ -345,3 +345,67 @@ def test_livecodebench_rows_train_with_skyrl_gyms_lcb_env(tmp_path):
     steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
     assert summary["steps"] == 2 and len(steps) == 2
     assert all(step["generate/env_errors"] == 0 for step in steps)
+
+
+JUDGE_ENV = '''
+import os
+import re
+
+import skyrl_gym
+from openai import OpenAI
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+
+class JudgeEnv(BaseTextEnv):
+    """An LLM-as-a-judge env in the shape of SkyRL's example (examples/train/llm_as_a_judge): the judge
+    model and its OpenAI-compatible base_url from env_config, the gold answer from reward_spec."""
+
+    def __init__(self, env_config, extras={}):
+        super().__init__()
+        self.ground_truth = extras["reward_spec"]["ground_truth"]
+        self.client = OpenAI(base_url=env_config["base_url"], api_key=os.environ["OPENAI_API_KEY"])
+        self.model = env_config["model"]
+        self.calls = 0
+
+    def step(self, action):
+        reply = self.client.chat.completions.create(
+            model=self.model, max_tokens=8, temperature=0.0,
+            messages=[{"role": "user", "content": f"gold: {self.ground_truth}\\npredicted: {action}\\nScore 0 or 1:"}])
+        text = reply.choices[0].message.content or ""
+        score = 1.0 if re.search(r"Final Score: *1", text) else 0.0
+        return BaseTextEnvStepOutput(observations=[], reward=score, done=True, metadata={"judge_chars": len(text)})
+
+
+skyrl_gym.register(id="llm_as_a_judge", entry_point=JudgeEnv)
+'''
+
+
+def test_llm_as_a_judge_rows_train_with_the_judge_on_a_local_ridgeline_serve(tmp_path, monkeypatch):
+    """SkyRL's llm_as_a_judge example: its env is the example's own (registered here in an
+    environment.env_modules file, as a user does), the judge model name is SkyRL's default
+    (gpt-4o-mini, served under that name by `ridgeline serve`), only base_url points at the local server."""
+    from conftest import serving
+
+    from ridgeline.entrypoints.run import run_training
+
+    module = tmp_path / "judge_env.py"
+    module.write_text(JUDGE_ENV)
+    data = tmp_path / "train.jsonl"
+    with data.open("w") as f:
+        for i in range(32):
+            f.write(json.dumps({"data_source": "gsm8k", "env_class": "llm_as_a_judge",
+                                "prompt": [{"role": "user", "content": f"{i} + {i} = ?"}],
+                                "reward_spec": {"method": "rule", "ground_truth": f"#### {2 * i}"},
+                                "extra_info": {"index": i}}) + "\n")
+    monkeypatch.setenv("OPENAI_API_KEY", "local")
+    with serving("--served-model-name", "gpt-4o-mini") as url:
+        cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                           f"data.train_data=[{data}]", "data.val_data=[]", "trainer.eval_before_train=false",
+                           f"environment.env_modules=[{module}]",
+                           f"environment.skyrl_gym.llm_as_a_judge.base_url={url}/v1"])
+        assert cfg.environment.skyrl_gym.llm_as_a_judge.model == "gpt-4o-mini"   # SkyRL's default
+        summary = run_training(cfg)
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    # a judge call that failed (no server, a refused request) would be an env error of its episode
+    assert all(step["generate/env_errors"] == 0 for step in steps)

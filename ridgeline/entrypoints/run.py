@@ -42,7 +42,7 @@ def _train(cfg: DictConfig) -> dict:
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with infra_log(cfg.trainer.log_path) as infra:   # SkyRL 0.4's trainer.log_path
-        log.info("infrastructure log: %s", infra)
+        log.debug("infrastructure log: %s", infra)
         trainer = Trainer.from_config(cfg)
         # once the run is built: an error in what the user named (models, data, envs) stands alone
         for note in unbuilt_defaults(cfg):
