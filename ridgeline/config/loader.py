@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ridgeline.config.fields import show
 from ridgeline.config.schema import all_keys, base_config, free_form_keys
 from ridgeline.config.support import (
-    DEPRECATED_KEYS, LATER_VALUES, VALUE_RENAMES, later_key, later_key_notice, later_key_refusal, rename_origin, renamed_key,
+    DEPRECATED_KEYS, LATER_VALUES, VALUE_RENAMES, later_key, later_key_notice, later_key_refusal, rename_origin,
+    renamed_key,
 )
 from ridgeline.config.validate import (
     ConfigError,

@@ -15,7 +15,8 @@ from omegaconf import DictConfig
 from ridgeline.config.fields import show
 
 __all__ = ["RENAMED_KEYS", "DEPRECATED_KEYS", "EXAMPLE_KEYS", "renamed_key", "rename_origin", "UNREAD_KEYS",
-           "VALUE_RENAMES", "LaterKey", "LATER_KEYS", "LATER_VALUES", "later_key", "later_key_refusal", "later_key_notice",
+           "VALUE_RENAMES", "LaterKey", "LATER_KEYS", "LATER_VALUES", "later_key", "later_key_refusal",
+           "later_key_notice",
            "DEFAULTS_NOT_ACTED_ON", "unbuilt_defaults"]
 
 # Later SkyRL-Train releases' names (their typed config, `generator.inference_engine.*`, ...) -> the
@@ -169,10 +170,12 @@ LATER_KEYS: dict[str, LaterKey] = {
     **_no_effect("a CUDA allocator setting: Ridgeline's processes keep PyTorch's allocator configuration", {
         "trainer.use_expandable_segments": True, _IE + "use_expandable_segments": False}),
     **_no_effect("Ray's GPU monitor and vLLM's Prometheus stats are not started here (memory/peak_gpu_gib is "
-                 "logged every step)", {"trainer.enable_ray_gpu_monitor": True, _IE + "enable_ray_prometheus_stats": True}),
+                 "logged every step)", {"trainer.enable_ray_gpu_monitor": True,
+                                        _IE + "enable_ray_prometheus_stats": True}),
     **_no_effect("the prefix cache of every engine is reset at each weight sync, so no cache block outlives its "
-                 "policy version", {"generator.use_cache_salt": True, "trainer.fully_async.clear_kv_cache_on_weight_sync":
-                                    False, _IE + "offload_kv_for_weight_sync": False}),
+                 "policy version", {"generator.use_cache_salt": True,
+                                    "trainer.fully_async.clear_kv_cache_on_weight_sync": False,
+                                    _IE + "offload_kv_for_weight_sync": False}),
     **_no_effect("Ridgeline starts vLLM's workers itself (an engine per Ray actor, or in the trainer's process)", {
         _IE + "distributed_executor_backend": "ray"}),
     **_no_effect("the engines answer under the policy's model path (ridgeline serve takes --served-model-name)", {

@@ -125,7 +125,8 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
         if k not in names:
             example = next((p for p in UNBUILT_EXAMPLE_KEYS if key.startswith(p)), None)
             if example is not None:  # keys of one harness are named together, whatever their prefix
-                example = next(p for p in UNBUILT_EXAMPLE_KEYS if UNBUILT_EXAMPLE_KEYS[p] == UNBUILT_EXAMPLE_KEYS[example])
+                example = next(p for p in UNBUILT_EXAMPLE_KEYS
+                               if UNBUILT_EXAMPLE_KEYS[p] == UNBUILT_EXAMPLE_KEYS[example])
             if key in UNREAD_KEYS:
                 log.warning("%s=%s is ignored: %s", key, show(value), UNREAD_KEYS[key])
             elif k in UNBUILT_STRATEGY_SECTIONS:
@@ -339,8 +340,8 @@ def _unbuilt_sections(values: dict, unbuilt: dict[str, list[str]], report: Repor
                                        "an environment for the run (environment.env_class).",
                           first=True)
         elif str(strategy).lower() != name:  # else trainer.strategy's own "not planned" sentence covers them
-            report.refuse(sections[0], f"{', '.join(sections)} configure {name}, which is not planned (trainer.strategy="
-                                       f"{show(strategy)}). Fix: remove them.", first=True)
+            report.refuse(sections[0], f"{', '.join(sections)} configure {name}, which is not planned "
+                                       f"(trainer.strategy={show(strategy)}). Fix: remove them.", first=True)
 
 
 def _field_rules(values: dict, report: Report) -> None:

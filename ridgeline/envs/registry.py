@@ -24,8 +24,8 @@ from ridgeline.user_modules import load_user_module
 from .base import Env
 from .skyrl_gym_env import INSTALL_HINT, SkyRLGymEnv, skyrl_gym_source
 
-__all__ = ["DEFAULT_ENV_CLASS", "SKYRL_GYM_DEFAULTS", "register", "make", "check_env_name", "registered_envs", "load_env_module",
-           "EnvFactory", "UnknownEnvError"]
+__all__ = ["DEFAULT_ENV_CLASS", "SKYRL_GYM_DEFAULTS", "register", "make", "check_env_name", "registered_envs",
+           "load_env_module", "EnvFactory", "UnknownEnvError"]
 
 # SkyRL 0.3.1's environment.env_class default: the env of rows that name none
 DEFAULT_ENV_CLASS = "gsm8k"
