@@ -182,8 +182,44 @@ REFERENCE_DEFAULTS: list[tuple[str, object]] = [
     ("generator.apply_overlong_filtering", False),
     # environment
     ("environment.env_class", "gsm8k"),
-    ("environment.skyrl_gym", {"max_env_workers": 32}),   # SkyRL 0.3.1's skyrl_gym default key
+    # SkyRL 0.3.1's skyrl_gym_config/default.yaml (0.4's SkyRLGymConfig has the same values)
+    ("environment.skyrl_gym", {"max_env_workers": 32, "text2sql": {"db_path": "/home/ray/default/sql_data"},
+                               "llm_as_a_judge": {"model": "gpt-4o-mini", "base_url": None},
+                               "search": {"log_requests": False, "search_url": "http://127.0.0.1:8000/retrieve",
+                                          "topk": 3, "timeout": 30}}),
 ]
+
+# SkyRL 0.4 keys with a field here (the rest of 0.4's keys: tests/test_skyrl_config_keys.py), with 0.4's defaults
+LATER_DEFAULTS: list[tuple[str, object]] = [
+    ("trainer.max_training_steps", None),
+    ("trainer.log_path", "/tmp/skyrl-logs"),
+    ("trainer.critic.fsdp_config.mixed_precision.buffer_dtype", "fp32"),
+    ("trainer.critic.fsdp_config.mixed_precision.param_dtype", "bf16"),
+    ("trainer.critic.fsdp_config.mixed_precision.reduce_dtype", "fp32"),
+    ("trainer.policy.fsdp_config.mixed_precision.buffer_dtype", "fp32"),
+    ("trainer.policy.fsdp_config.mixed_precision.param_dtype", "bf16"),
+    ("trainer.policy.fsdp_config.mixed_precision.reduce_dtype", "fp32"),
+    ("trainer.policy.torch_profiler_config.active", 1),
+    ("trainer.policy.torch_profiler_config.activities", ["cpu", "cuda"]),
+    ("trainer.policy.torch_profiler_config.enable", False),
+    ("trainer.policy.torch_profiler_config.export_type", "chrome_trace"),
+    ("trainer.policy.torch_profiler_config.profile_memory", False),
+    ("trainer.policy.torch_profiler_config.ranks", [0]),
+    ("trainer.policy.torch_profiler_config.record_shapes", True),
+    ("trainer.policy.torch_profiler_config.repeat", 1),
+    ("trainer.policy.torch_profiler_config.save_path", None),
+    ("trainer.policy.torch_profiler_config.skip_first", 10),
+    ("trainer.policy.torch_profiler_config.use_gzip", False),
+    ("trainer.policy.torch_profiler_config.wait", 0),
+    ("trainer.policy.torch_profiler_config.warmup", 1),
+    ("trainer.policy.torch_profiler_config.with_flops", False),
+    ("trainer.policy.torch_profiler_config.with_modules", False),
+    ("trainer.policy.torch_profiler_config.with_stack", True),
+    ("trainer.ref.fsdp_config.mixed_precision.buffer_dtype", "fp32"),
+    ("trainer.ref.fsdp_config.mixed_precision.param_dtype", "bf16"),
+    ("trainer.ref.fsdp_config.mixed_precision.reduce_dtype", "fp32"),
+]
+
 
 # Ridgeline extensions and their defaults
 EXTENSION_DEFAULTS: list[tuple[str, object]] = [
@@ -325,6 +361,9 @@ def runnable_cfg():
     ("trainer.epoch", "trainer.epochs"),
     # SkyRL keys with no counterpart here: a suggestion would name a key that means something else
     ("trainer.bf16", None), ("trainer.policy.model.lora.init_method", None), ("trainer.gpu_type", None),
+    # the same name of a sibling model is another setting, and so is a name one word longer
+    ("trainer.ref.model.lora.alpha", None), ("trainer.algorithm.zero_variance_filter_tol", None),
+    ("generator.eval_sampling_params.additional_kwargs", None),
 ])
 def test_suggestions_for_unknown_keys_only_name_keys_that_mean_the_same(key, meant):
     from ridgeline.config.validate import suggest_key
@@ -336,11 +375,13 @@ def test_megatron_and_deepspeed_settings_are_named_once_with_their_backend():
                              "trainer.ref.megatron_config.context_parallel_size=1",
                              "deepspeed_config.train.zero_optimization.sub_group_size=1"])
     assert len(err.problems) == 2, err.problems
-    assert ("trainer.policy.megatron_config, trainer.ref.megatron_config configure megatron, which is not built "
+    assert ("trainer.policy.megatron_config, trainer.ref.megatron_config configure megatron, which is not planned "
             "(trainer.strategy=single)") in str(err)
-    assert "deepspeed_config configure deepspeed, which is not built" in str(err)
+    assert "deepspeed_config configure deepspeed, which is not planned" in str(err)
     err = _error(RUNNABLE + ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2"])
-    assert len(err.problems) == 1 and err.problems[0].startswith("trainer.strategy=megatron is not supported yet")
+    assert len(err.problems) == 1 and err.problems[0].startswith("trainer.strategy=megatron: Megatron and DeepSpeed "
+                                                                 "are not planned")
+    assert "not built" not in err.problems[0]   # one verdict per refusal
 
 
 def test_warmup_per_model_as_skyrl_0_3_1_sets_it():
@@ -378,9 +419,9 @@ def test_every_schedule_transformers_builds_from_warmup_and_length_is_accepted_t
                             f"trainer.policy.optimizer_config.lr=1e-07. Fix: a larger lr, or {key}=linear (decays to 0)."]
 
 
-def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
+def test_later_skyrl_releases_renamed_keys_are_read_without_a_notice(caplog):
     """SkyRL's typed config moved the engine keys under generator.inference_engine and renamed
-    use_sample_packing: read as the 0.3.1 keys, one log line each."""
+    use_sample_packing: read as the 0.3.1 keys, both releases' names quietly (no line per key per run)."""
     with caplog.at_level("INFO", logger="ridgeline.config.loader"):
         cfg = load_config(RUNNABLE + ["generator.inference_engine.num_engines=2",
                                       "generator.inference_engine.tensor_parallel_size=1",
@@ -388,16 +429,20 @@ def test_later_skyrl_releases_renamed_keys_are_read_with_a_notice(caplog):
                                       "trainer.remove_microbatch_padding=false"])
     assert cfg.generator.num_inference_engines == 2 and cfg.trainer.use_sample_packing is False
     assert cfg.generator.engine_init_kwargs["attn_implementation"] == "eager"
-    assert ("generator.inference_engine.num_engines is a later SkyRL release's name for "
-            "generator.num_inference_engines") in caplog.text
+    assert "inference_engine" not in caplog.text
     cfg = load_config(RUNNABLE + ["generator.backend=vllm", "generator.inference_engine.data_parallel_size=2",
                                   "trainer.strategy=fsdp2", "trainer.placement.colocate_all=false"])
     assert cfg.generator.inference_engine_data_parallel_size == 2
-    # a later key with no counterpart here stays unknown, without a misleading suggestion
+    # a later key of a feature not built is refused naming it, without a misleading suggestion
     err = _error(RUNNABLE + ["generator.inference_engine.enable_return_routed_experts=true"])
-    assert "did you mean" not in str(err)
+    assert err.problems == ["generator.inference_engine.enable_return_routed_experts=true asks for MoE routing replay, "
+                            "which is not built. Fix: remove it (at SkyRL 0.4's default it asks for nothing)."]
+    # both names of one setting: fine when they agree, refused when they do not
+    cfg = load_config(RUNNABLE + ["generator.inference_engine.num_engines=2", "generator.num_inference_engines=2"])
+    assert cfg.generator.num_inference_engines == 2
     err = _error(RUNNABLE + ["generator.inference_engine.num_engines=2", "generator.num_inference_engines=4"])
-    assert "generator.inference_engine.num_engines and generator.num_inference_engines are the same setting" in str(err)
+    assert ("generator.inference_engine.num_engines=2 and generator.num_inference_engines=4 are the same setting"
+            in str(err))
 
 
 def test_skyrl_0_3_1_deprecated_lora_keys_are_read_as_the_policys_with_a_notice(caplog):
@@ -408,11 +453,11 @@ def test_skyrl_0_3_1_deprecated_lora_keys_are_read_as_the_policys_with_a_notice(
         cfg = load_config(RUNNABLE + ["trainer.target_modules=[q_proj,v_proj]", "trainer.exclude_modules=null"])
     assert list(cfg.trainer.policy.model.lora.target_modules) == ["q_proj", "v_proj"]
     assert cfg.trainer.policy.model.lora.exclude_modules is None and "target_modules" not in vars(cfg.trainer)
-    assert f"trainer.target_modules is SkyRL 0.3.1's deprecated spelling for {lora}.target_modules" in caplog.text
-    assert "trainer.exclude_modules=null is SkyRL 0.3.1's deprecated key at its default" in caplog.text
+    assert "target_modules" not in caplog.text   # read quietly
     err = _error(RUNNABLE + ["trainer.exclude_modules=[k_proj]", f"{lora}.exclude_modules=[q_proj]"])
-    assert err.problems == [f"trainer.exclude_modules and {lora}.exclude_modules are the same setting (SkyRL 0.3.1's "
-                            "deprecated spelling and the key that replaced it) and both are set. Fix: keep one of them."]
+    assert err.problems == [f"trainer.exclude_modules=[k_proj] and {lora}.exclude_modules=[q_proj] are the same "
+                            "setting (SkyRL 0.3.1's deprecated spelling and the key that replaced it) and disagree. "
+                            "Fix: keep one of them."]
 
 
 def test_the_dapo_examples_overlong_buffer_keys_are_read_as_ridgelines(caplog):
@@ -423,11 +468,11 @@ def test_the_dapo_examples_overlong_buffer_keys_are_read_as_ridgelines(caplog):
         cfg = load_config(RUNNABLE + ["generator.sampling_params.max_generate_length=64",
                                       f"+{alg}.overlong_buffer.len=16", f"+{alg}.overlong_buffer.penalty_factor=0.5"])
     assert (cfg.trainer.algorithm.overlong_buffer_len, cfg.trainer.algorithm.overlong_buffer_penalty_factor) == (16, 0.5)
-    assert f"{alg}.overlong_buffer.len is the key of SkyRL 0.3.1's DAPO example entry point" in caplog.text
+    assert "overlong_buffer" not in caplog.text   # read quietly
     err = _error(RUNNABLE + [f"+{alg}.overlong_buffer.len=16", f"{alg}.overlong_buffer_len=8"])
-    assert err.problems == [f"{alg}.overlong_buffer.len and {alg}.overlong_buffer_len are the same setting (the key of "
-                            "SkyRL 0.3.1's DAPO example entry point (examples/algorithms/dapo/main_dapo.py) and "
-                            "Ridgeline's) and both are set. Fix: keep one of them."]
+    assert err.problems == [f"{alg}.overlong_buffer.len=16 and {alg}.overlong_buffer_len=8 are the same setting (the "
+                            "key of SkyRL 0.3.1's DAPO example entry point (examples/algorithms/dapo/main_dapo.py) and "
+                            "Ridgeline's) and disagree. Fix: keep one of them."]
 
 
 def test_the_fully_async_knobs_are_read_in_fully_async_mode_and_refused_when_changed_without_it():
@@ -471,7 +516,7 @@ def test_model_keys_take_skyrl_values():
     from ridgeline.config import unbuilt_defaults
     assert not any("lora_sync_path" in line for line in unbuilt_defaults(cfg))  # no LoRA: nothing to say
     lora = load_config(RUNNABLE + ["trainer.policy.model.lora.rank=8"])
-    assert any(line.startswith("trainer.policy.model.lora.lora_sync_path=/tmp/skyrl_lora_sync (default)")
+    assert any(line.startswith("trainer.policy.model.lora.lora_sync_path=/tmp/skyrl_lora_sync: ")
                for line in unbuilt_defaults(lora))
 
 
@@ -480,7 +525,7 @@ def test_features_not_built_are_named_before_other_problems():
     before the unrelated problems, whose messages may follow from them."""
     err = _error(RUNNABLE + ["trainer.epochs=0", "trainer.strategy=megatron", "trainer.policy.sequence_parallel_size=2"])
     assert {p.split("=")[0] for p in err.problems[:2]} == {"trainer.strategy", "trainer.policy.sequence_parallel_size"}
-    assert "sequence parallelism is not built" in str(err) and "megatron are not planned" in str(err)
+    assert "sequence parallelism is not built" in str(err) and "Megatron and DeepSpeed are not planned" in str(err)
     assert any(p.startswith("trainer.epochs=0") for p in err.problems[2:])
 
 
@@ -497,7 +542,7 @@ def test_base_config_loads_with_runnable_overrides(runnable_cfg):
     assert "hydra" not in vars(runnable_cfg) and "defaults" not in vars(runnable_cfg)
 
 
-@pytest.mark.parametrize("key,default", REFERENCE_DEFAULTS + EXTENSION_DEFAULTS)
+@pytest.mark.parametrize("key,default", REFERENCE_DEFAULTS + EXTENSION_DEFAULTS + LATER_DEFAULTS)
 def test_every_reference_key_has_its_default(runnable_cfg, key, default):
     overridden = {o.split("=")[0] for o in RUNNABLE}
     source = base_config() if key in overridden else OmegaConf.structured(runnable_cfg)
@@ -509,7 +554,7 @@ def test_every_reference_key_has_its_default(runnable_cfg, key, default):
 def test_schema_holds_no_key_outside_reference_and_extensions():
     from ridgeline.config.schema import leaf_fields
 
-    promised = {k for k, _ in REFERENCE_DEFAULTS + EXTENSION_DEFAULTS} | {"generator.backend"}
+    promised = {k for k, _ in REFERENCE_DEFAULTS + EXTENSION_DEFAULTS + LATER_DEFAULTS} | {"generator.backend"}
     assert {key for key, _, _ in leaf_fields()} == promised
 
 
@@ -785,14 +830,17 @@ def test_base_defaults_are_checked_as_a_multi_process_run():
 
 
 def test_checkpoint_keys_are_checked():
-    err = _error(RUNNABLE + ["trainer.resume_mode=from_path", "trainer.ckpt_interval=0",
+    err = _error(RUNNABLE + ["trainer.resume_mode=from_path", "trainer.ckpt_interval=-3",
                              "trainer.max_ckpts_to_keep=0", "trainer.hf_save_interval=-5",
                              "trainer.nonfinite_loss=ignore"])
     msg = str(err)
     assert "trainer.resume_mode=from_path loads the checkpoint named by trainer.resume_path" in msg
-    assert "trainer.ckpt_interval=0 must be -1 (off) or a whole number N >= 1" in msg
+    assert "trainer.ckpt_interval=-3 must be -1 or 0 (off) or a whole number N >= 1" in msg
     assert "trainer.max_ckpts_to_keep=0 must be -1 (keep all)" in msg
-    assert "trainer.hf_save_interval=-5 must be -1 (off)" in msg
+    assert "trainer.hf_save_interval=-5 must be -1 or 0 (off)" in msg
+    # 0 is SkyRL's other spelling of off (0.4's scripts write ckpt_interval=0, eval_interval=0)
+    cfg = load_config(RUNNABLE + ["trainer.ckpt_interval=0", "trainer.hf_save_interval=0", "trainer.eval_interval=0"])
+    assert (cfg.trainer.ckpt_interval, cfg.trainer.hf_save_interval, cfg.trainer.eval_interval) == (0, 0, 0)
     assert "trainer.nonfinite_loss=ignore is not a valid choice" in msg
     assert len(err.problems) == 5 and msg.count("Fix:") == 5
     for mode in ("none", "latest"):
@@ -840,8 +888,8 @@ def test_code_time_limits_too_short_to_start_a_program_are_refused():
 def test_changed_not_yet_key_is_refused_and_default_accepted():
     err = _error(RUNNABLE + ["trainer.policy.sequence_parallel_size=2", "trainer.policy.use_torch_compile=true"])
     msg = str(err)
-    assert "trainer.policy.sequence_parallel_size=2 is not supported yet" in msg
-    assert "trainer.policy.use_torch_compile=true is not supported yet" in msg
+    assert "trainer.policy.sequence_parallel_size=2: sequence parallelism is not built" in msg
+    assert "trainer.policy.use_torch_compile=true: torch.compile is not built" in msg
     load_config(RUNNABLE + ["trainer.placement.colocate_all=true",
                             "generator.inference_engine_tensor_parallel_size=1"])
 
@@ -865,8 +913,8 @@ def test_engine_parallelism_is_checked_per_backend():
     assert "generator.vllm_v1_disable_multiproc=false runs a vLLM engine core in a child process, but the engines " \
         "here are on remote servers" in str(_error(remote + ["generator.vllm_v1_disable_multiproc=false"]))
     err = _error(RUNNABLE + ["generator.fully_sharded_loras=true"])
-    assert err.problems[0].startswith("generator.fully_sharded_loras=true is not supported yet: engines get the "
-                                      "policy's merged weights, never LoRA adapters")
+    assert err.problems[0].startswith("generator.fully_sharded_loras=true: adapter-only weight sync is not built: "
+                                      "engines get the policy's merged weights, never LoRA adapters")
     fsdp2 = ["trainer.strategy=fsdp2", "trainer.logger=console", "trainer.placement.colocate_all=false"]
     load_config(fsdp2 + ["generator.backend=vllm", "generator.vllm_v1_disable_multiproc=false"])
     for backend in ("vllm", "sglang"):
@@ -893,7 +941,13 @@ def test_engine_settings_are_checked_per_backend():
                              "generator.inference_engine_tensor_parallel_size=2"])
     msg = str(err)
     assert "generator.engine_init_kwargs has attention_backend, which the embedded hf engine does not take" in msg
-    assert "generator.inference_engine_tensor_parallel_size=2: the embedded hf engine runs on one device" in msg
+    # any tensor-parallel size with the hf engine (SkyRL's default 4, a script's 2) is said once at start
+    assert len(err.problems) == 1
+    for tp in (2, 4):
+        cfg = load_config(RUNNABLE + [f"generator.inference_engine_tensor_parallel_size={tp}"])
+        assert [line for line in unbuilt_defaults(cfg) if "tensor_parallel" in line] == [
+            f"generator.inference_engine_tensor_parallel_size={tp}: the hf engine runs on one device; tensor "
+            "parallelism is for vllm / sglang engines"]
     load_config(RUNNABLE + ["+generator.engine_init_kwargs.attn_implementation=sdpa"])
     for backend in ("vllm", "sglang"):  # their engines take any kwargs and any tensor-parallel size
         load_config(RUNNABLE + [f"generator.backend={backend}", "generator.inference_engine_tensor_parallel_size=2",

@@ -262,7 +262,6 @@ def test_validate_row_bad_prompt_message() -> None:
         (dict(prompt=[{"role": "robot", "content": "hi"}]), "prompt", "role"),
         (dict(prompt=[{"role": "user", "content": 5}]), "prompt", "content"),
         (dict(prompt=["hi"]), "prompt", "message 0"),
-        (dict(reward_spec=None), "reward_spec", "ground_truth"),
         (dict(reward_spec="42"), "reward_spec", "got str"),
         (dict(extra_info=[1, 2]), "extra_info", "expected a dict"),
         (dict(env_class=3), "env_class", "got int"),
@@ -278,8 +277,7 @@ def test_validate_row_errors(overrides, column, fragment) -> None:
 
 
 def test_validate_row_reports_all_problems() -> None:
-    raw = good_row(prompt="oops", env_class=7)
-    del raw["reward_spec"]
+    raw = good_row(prompt="oops", env_class=7, reward_spec=[1])
     with pytest.raises(DatasetError) as info:
         validate_row(raw, file="x.jsonl", index=4)
     message = str(info.value)
@@ -324,11 +322,20 @@ def test_dataset_error_names_file_row_column(tmp_path) -> None:
     with pytest.raises(DatasetError, match=r"train\.jsonl row 3, column 'prompt': expected a non-empty list"):
         PromptDataset([path])
 
-    parquet = tmp_path / "train.parquet"
-    bad = [good_row(), {k: v for k, v in good_row().items() if k != "reward_spec"}]
-    pq.write_table(pa.Table.from_pylist(bad), parquet)  # the missing struct reads back as null
-    with pytest.raises(DatasetError, match=r"train\.parquet row 1, column 'reward_spec'"):
-        PromptDataset([parquet])
+    bad = write_jsonl(tmp_path / "bad_spec.jsonl", [good_row(), good_row(reward_spec="rule")])
+    with pytest.raises(DatasetError, match=r"bad_spec\.jsonl row 1, column 'reward_spec'"):
+        PromptDataset([bad])
+
+
+def test_row_without_reward_spec_keeps_its_columns_as_extras(tmp_path) -> None:
+    """SkyRL passes a row's columns to its env as they are: DAPO-Math / AIME rows carry reward_model
+    (skyrl-gym's aime env reads extras['reward_model']), not reward_spec."""
+    row = {k: v for k, v in good_row().items() if k != "reward_spec"}
+    row["reward_model"] = {"style": "rule", "ground_truth": "34"}
+    path = write_jsonl(tmp_path / "train.jsonl", [row])
+    (loaded,) = PromptDataset([path])
+    assert loaded.reward_spec is None and "reward_spec" not in loaded.extras
+    assert loaded.extras["reward_model"] == {"style": "rule", "ground_truth": "34"}
 
 
 def test_dataset_missing_file_and_bad_jsonl(tmp_path) -> None:

@@ -15,8 +15,9 @@ from skyrl_commands import SKYRL_COMMANDS
 
 COMMANDS = SKYRL_COMMANDS
 
-MEGATRON = ("trainer.strategy=megatron is not supported yet",)
-SP = "trainer.policy.sequence_parallel_size={} is not supported yet: sequence parallelism is not built"
+MEGATRON = ("trainer.strategy=megatron: Megatron and DeepSpeed are not planned",)
+DEEPSPEED = ("trainer.strategy=deepspeed: Megatron and DeepSpeed are not planned",)
+SP = "trainer.policy.sequence_parallel_size={}: sequence parallelism is not built"
 MINISWE = "generator.miniswe_config_path, generator.miniswe_traj_dir are settings of SkyRL's mini-swe-agent example"
 TBENCH = "terminal_bench_config is a setting of SkyRL's Terminal-Bench example generator"
 
@@ -91,15 +92,15 @@ EXPECTED: dict[str, tuple[str, ...] | None] = {
     "text_to_sql/run_skyrl_sql.sh": None,          # stop strings, the text2sql env's db_path
     "text_to_sql/run_skyrl_sql_conversation_format.sh": None,
     "text_to_sql/run_skyrl_sql_megatron_lora.sh": MEGATRON,
-    "text_to_sql/run_sql_deepspeed.sh": ("trainer.strategy=deepspeed is not supported yet",),
+    "text_to_sql/run_sql_deepspeed.sh": DEEPSPEED,
     "text_to_sql/run_sql_fsdp.sh": None,
     "text_to_sql/run_sql_fsdp_2node.sh": (SP.format(2),),
     "tis_correction/run_dapo_tis.sh": None,
-    "training_backends/deepspeed/run_deepspeed.sh": ("trainer.strategy=deepspeed is not supported yet",),
+    "training_backends/deepspeed/run_deepspeed.sh": DEEPSPEED,
     "training_backends/fsdp/run_fsdp.sh": None,
     "training_backends/fsdp/run_fsdp2.sh": None,
     # (SkyRL refuses its micro-batches of 8 over shares of 5 too; here they would run as one of 5)
-    "training_backends/run_no_seq_pack.sh": ("trainer.strategy=deepspeed is not supported yet",),
+    "training_backends/run_no_seq_pack.sh": DEEPSPEED,
     "turn_level_rewards/run_gsm8k_multi_turn.sh": None,
 }
 

@@ -224,3 +224,188 @@ def test_rows_whose_env_cannot_be_built_stop_the_run_before_any_model_loads(tmp_
     assert {"unknown": "unknown env 'no_such_env'", "failing_constructor": "cannot reach the task server",
             "missing_field": "ground_truth is required in reward_spec field"}[case] in message
     assert loaded == []  # no model was built, so no step ran
+
+
+def _dapo_rows(path, n=32):
+    """Rows as SkyRL's DAPO-Math / AIME files hold them (examples/train/algorithms/dapo/prepare_dapo_data.sh:
+    BytedTsinghua-SIA's DAPO-Math-17k, cleaned): reward_model, ability, no reward_spec, no env_class."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "math_dapo", "ability": "MATH",
+             "prompt": [{"role": "user", "content": f"Solve: {i} + {i}. Answer: $Answer"}],
+             "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
+             "extra_info": {"index": str(i)}} for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_dapo_math_rows_train_with_skyrl_gyms_aime_env(tmp_path):
+    """SkyRL passes every column of a row to its env: skyrl-gym's aime env reads extras['reward_model'];
+    rows without reward_spec load, and the run trains 2 steps on the tiny model."""
+    from ridgeline.entrypoints.run import run_training
+
+    data = _dapo_rows(tmp_path / "dapo-math-17k-cleaned.parquet")
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                       f"data.train_data=[{data}]", "data.val_data=[]", "environment.env_class=aime",
+                       "trainer.eval_before_train=false"])
+    summary = run_training(cfg)
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    assert all(step["generate/env_errors"] == 0 for step in steps)
+
+
+def test_skyrl_search_rows_build_with_skyrls_default_search_settings(tmp_path):
+    """search/run_search.sh sets no environment.skyrl_gym.search.* keys: SkyRL's defaults (search_url,
+    topk 3, timeout 30, log_requests) are Ridgeline's, so skyrl-gym's search env builds from the
+    Search-R1 rows of SkyRL's dataset script (examples/train/search/searchr1_dataset.py)."""
+    from ridgeline.trainer.builders import per_env_settings
+    from ridgeline.generation.generator import build_env
+
+    cfg = load_config(["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console"])
+    settings = per_env_settings(cfg)
+    assert settings["search"] == {"log_requests": False, "search_url": "http://127.0.0.1:8000/retrieve", "topk": 3,
+                                  "timeout": 30}
+    assert settings["llm_as_a_judge"] == {"model": "gpt-4o-mini", "base_url": None}
+    extras = {"data_source": "searchR1_nq", "ability": "fact-reasoning", "reward_spec": {
+        "method": "rule", "ground_truth": {"target": ["Paris"]}}, "extra_info": {"index": 0, "split": "train"}}
+    env = build_env("search", extras, settings, max_turns=2)
+    try:
+        env.init([{"role": "user", "content": "Where is the Eiffel tower?"}])
+    finally:
+        env.close()
+
+
+def test_search_r1_rows_train_against_a_local_retriever(tmp_path):
+    """Rows as SkyRL's Search-R1 dataset script writes them train 2 steps through skyrl-gym's search env,
+    with SkyRL's default search settings (topk, timeout, log_requests) and a retriever on 127.0.0.1
+    answering SkyRL's /retrieve protocol."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ridgeline.entrypoints.run import run_training
+
+    class Retriever(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            docs = [{"document": {"contents": f'"Doc {i}"\nabout {body["query"]}'}, "score": 1.0}
+                    for i in range(body["topk"])]
+            payload = json.dumps({"result": [docs]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Retriever)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    data = tmp_path / "train.jsonl"
+    with data.open("w") as f:
+        for i in range(32):
+            f.write(json.dumps({
+                "data_source": "searchR1_nq", "ability": "fact-reasoning", "env_class": "search",
+                "prompt": [{"role": "user", "content": f"Answer with <search>query</search> or <answer>x</answer>: "
+                                                       f"capital number {i}?"}],
+                "reward_spec": {"method": "rule", "ground_truth": {"target": [f"city{i}"]}},
+                "extra_info": {"index": i, "split": "train", "need_tools_kwargs": True}}) + "\n")
+    try:
+        cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                           f"data.train_data=[{data}]", "data.val_data=[]", "trainer.eval_before_train=false",
+                           "generator.max_turns=2", "generator.use_conversation_multi_turn=true",
+                           f"environment.skyrl_gym.search.search_url=http://127.0.0.1:{server.server_port}/retrieve"])
+        assert cfg.environment.skyrl_gym.search.topk == 3 and cfg.environment.skyrl_gym.search.timeout == 30
+        summary = run_training(cfg)
+    finally:
+        server.shutdown()
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    assert all(step["generate/env_errors"] == 0 for step in steps)
+
+
+def test_livecodebench_rows_train_with_skyrl_gyms_lcb_env(tmp_path):
+    """Rows as SkyRL's lcb_dataset.py writes them (tests as a JSON string in reward_spec.ground_truth, no
+    env_class: run_lcb.sh sets environment.env_class=lcb) train 2 steps through skyrl-gym's lcb env."""
+    from ridgeline.entrypoints.run import run_training
+
+    data = tmp_path / "deepcoder_train.jsonl"
+    tests = json.dumps([{"input": "3\n", "output": "6\n", "testtype": "stdin"}])
+    with data.open("w") as f:
+        for i in range(32):
+            f.write(json.dumps({"data_source": "livecodebench", "ability": "code",
+                                "prompt": [{"role": "user", "content": f"Read n, print 2n. ({i})"}],
+                                "reward_spec": {"method": "rule", "ground_truth": tests},
+                                "extra_info": {"split": "train", "index": i, "reference": None}}) + "\n")
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                       f"data.train_data=[{data}]", "data.val_data=[]", "environment.env_class=lcb",
+                       "trainer.eval_before_train=false"])
+    summary = run_training(cfg)
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    assert all(step["generate/env_errors"] == 0 for step in steps)
+
+
+JUDGE_ENV = '''
+import os
+import re
+
+import skyrl_gym
+from openai import OpenAI
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+
+class JudgeEnv(BaseTextEnv):
+    """An LLM-as-a-judge env in the shape of SkyRL's example (examples/train/llm_as_a_judge): the judge
+    model and its OpenAI-compatible base_url from env_config, the gold answer from reward_spec."""
+
+    def __init__(self, env_config, extras={}):
+        super().__init__()
+        self.ground_truth = extras["reward_spec"]["ground_truth"]
+        self.client = OpenAI(base_url=env_config["base_url"], api_key=os.environ["OPENAI_API_KEY"])
+        self.model = env_config["model"]
+        self.calls = 0
+
+    def step(self, action):
+        reply = self.client.chat.completions.create(
+            model=self.model, max_tokens=8, temperature=0.0,
+            messages=[{"role": "user", "content": f"gold: {self.ground_truth}\\npredicted: {action}\\nScore 0 or 1:"}])
+        text = reply.choices[0].message.content or ""
+        score = 1.0 if re.search(r"Final Score: *1", text) else 0.0
+        return BaseTextEnvStepOutput(observations=[], reward=score, done=True, metadata={"judge_chars": len(text)})
+
+
+skyrl_gym.register(id="llm_as_a_judge", entry_point=JudgeEnv)
+'''
+
+
+def test_llm_as_a_judge_rows_train_with_the_judge_on_a_local_ridgeline_serve(tmp_path, monkeypatch):
+    """SkyRL's llm_as_a_judge example: its env is the example's own (registered here in an
+    environment.env_modules file, as a user does), the judge model name is SkyRL's default
+    (gpt-4o-mini, served under that name by `ridgeline serve`), only base_url points at the local server."""
+    from conftest import serving
+
+    from ridgeline.entrypoints.run import run_training
+
+    module = tmp_path / "judge_env.py"
+    module.write_text(JUDGE_ENV)
+    data = tmp_path / "train.jsonl"
+    with data.open("w") as f:
+        for i in range(32):
+            f.write(json.dumps({"data_source": "gsm8k", "env_class": "llm_as_a_judge",
+                                "prompt": [{"role": "user", "content": f"{i} + {i} = ?"}],
+                                "reward_spec": {"method": "rule", "ground_truth": f"#### {2 * i}"},
+                                "extra_info": {"index": i}}) + "\n")
+    monkeypatch.setenv("OPENAI_API_KEY", "local")
+    with serving("--served-model-name", "gpt-4o-mini") as url:
+        cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare=null",
+                           f"data.train_data=[{data}]", "data.val_data=[]", "trainer.eval_before_train=false",
+                           f"environment.env_modules=[{module}]",
+                           f"environment.skyrl_gym.llm_as_a_judge.base_url={url}/v1"])
+        assert cfg.environment.skyrl_gym.llm_as_a_judge.model == "gpt-4o-mini"   # SkyRL's default
+        summary = run_training(cfg)
+    steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
+    assert summary["steps"] == 2 and len(steps) == 2
+    # a judge call that failed (no server, a refused request) would be an env error of its episode
+    assert all(step["generate/env_errors"] == 0 for step in steps)

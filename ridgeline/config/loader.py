@@ -8,6 +8,7 @@ and returns the validated, typed result.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import re
 import tempfile
@@ -20,7 +21,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ridgeline.config.fields import show
 from ridgeline.config.schema import RidgelineConfig, all_keys, base_config, free_form_keys
-from ridgeline.config.support import DEPRECATED_KEYS, rename_origin, renamed_key
+from ridgeline.config.support import (
+    DEPRECATED_KEYS, LATER_VALUES, VALUE_RENAMES, later_key, later_key_notice, later_key_refusal, rename_origin,
+    renamed_key,
+)
 from ridgeline.config.validate import (
     ConfigError,
     check_tree,
@@ -216,41 +220,67 @@ def _compose(overrides: list[str]) -> DictConfig:
 
 
 def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
-    """Report overrides Hydra would refuse (all of them, not just the first); return the rest."""
+    """Report overrides Hydra would refuse (all of them, not just the first); return the rest, with
+    SkyRL's other names (0.3.1's deprecated spellings, 0.4's typed-config keys) read as the keys here."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     known = _known_keys()
     usable: list[str] = []
-    given = {text.lstrip("+").split("=", 1)[0] for text in overrides}
+    parsed: list[tuple[str, object]] = []
     for text in overrides:
         try:
-            ov = parser.parse_override(text)
+            parsed.append((text, parser.parse_override(_json_value(text))))
         except HydraException as exc:
             problems.append(
                 f"The override {text!r} cannot be parsed: {_parse_reason(exc)}. "
                 "Fix: write it as key=value (e.g. trainer.epochs=2); quote values with spaces or "
                 "special characters, e.g. 'trainer.run_name=\"my run\"'.")
-            continue
+    given = {ov.key_or_group: ov.value() for _, ov in parsed if not ov.is_delete()}
+    unbuilt: dict[str, list[str]] = {}   # feature -> its settings, refused in one sentence
+    no_effect: dict[str, str] = {}       # setting -> why it changes nothing here, said in one line
+    for text, ov in parsed:
+        text = _json_value(text)
         key = ov.key_or_group
+        if key in VALUE_RENAMES and not ov.is_delete():
+            target = VALUE_RENAMES[key].get(ov.value())
+            if target is None:
+                continue  # its SkyRL 0.4 default: asks for nothing
+            text, key = f"{target[0]}={target[1]}", target[0]
+            ov = parser.parse_override(text)
         renamed = renamed_key(key)
         if renamed is not None and renamed in given:
+            if not ov.is_delete() and given[renamed] == ov.value():
+                continue  # both names of one setting, agreeing: the config of either release reads the same
             pair = ("SkyRL 0.3.1's deprecated spelling and the key that replaced it" if key in DEPRECATED_KEYS
                     else f"{rename_origin(key)} and Ridgeline's")
-            problems.append(f"{key} and {renamed} are the same setting ({pair}) and both are set. "
-                            "Fix: keep one of them.")
+            problems.append(f"{key}={show(ov.value())} and {renamed}={show(given[renamed])} are the same setting "
+                            f"({pair}) and disagree. Fix: keep one of them.")
             continue
         if renamed is not None and key in DEPRECATED_KEYS and ov.value() is None:
-            log.info("%s=null is SkyRL 0.3.1's deprecated key at its default (unset): %s keeps its value", key, renamed)
-            continue
+            continue  # SkyRL 0.3.1's deprecated key at its default (unset): the key that replaced it keeps its value
         if renamed is not None:
-            log.info("%s is %s for %s: read as %s", key, rename_origin(key), renamed, renamed)
+            # read as the key here, without a line per key on every run (both releases' names are SkyRL's)
+            log.debug("%s is %s for %s", key, rename_origin(key), renamed)
             # '+' (SkyRL's scripts add their example keys) would ask Hydra to add a key that exists here
             bare = text.lstrip("+")
             text = ("~" if bare.startswith("~") else "") + renamed + bare.lstrip("~")[len(key):]
             ov = parser.parse_override(text)
             key = renamed
+        if not ov.is_delete() and isinstance(ov.value(), str) and (key, ov.value()) in LATER_VALUES:
+            unbuilt.setdefault(LATER_VALUES[key, ov.value()], []).append(f"{key}={show(ov.value())}")
+            continue
+        later = later_key(key) if key not in known else None
+        if later is not None and not ov.is_delete():
+            value = ov.value()
+            if value != later.default:
+                setting = f"{key}={show(value) if not isinstance(value, dict) else show(dict(value))}"
+                if later.feature:
+                    unbuilt.setdefault(later.feature, []).append(setting)
+                else:
+                    no_effect[setting] = later.why
+            continue
         if key == EXPERIMENT_GROUP or key.startswith("hydra") or ov.package is not None:
             if key == EXPERIMENT_GROUP and not (ov.is_add() or ov.is_force_add()):
                 problems.append(
@@ -263,6 +293,16 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
             problems.append(
                 f"The override {text!r} deletes {key}: Ridgeline reads every key of the base "
                 f"config. Fix: set it to a value instead, e.g. {key}=VALUE.")
+            continue
+        if key in free_form_keys() and isinstance(ov.value(), dict) and not ov.is_force_add():
+            # a whole free-form map (SkyRL writes chat_template_kwargs={reasoning_effort:low} without '+'):
+            # its keys are the user's, so it replaces the map ('++': Hydra then takes keys it has not seen)
+            usable.append("++" + text.lstrip("+"))
+            continue
+        if ov.is_add() and under_free_form(key):
+            # '+' inside a free-form map may meet a key SkyRL's defaults already hold there
+            # (environment.skyrl_gym.text2sql.db_path): add or override, as without the '+'
+            usable.append("+" + text)
             continue
         if ov.is_add() or ov.is_force_add() or key in known:
             usable.append(text)
@@ -289,7 +329,33 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
                 f"{key}={value} is not a Ridgeline config key. Fix: remove it. Free-form "
                 f"settings go under {', '.join(free_form_keys())} (add them with '+', e.g. "
                 "+generator.engine_init_kwargs.attention_backend=flashinfer).")
+    problems.extend(later_key_refusal(settings, feature) for feature, settings in unbuilt.items())
+    if no_effect:
+        log.warning("%s", later_key_notice(no_effect))
     return usable
+
+
+def _json_value(text: str) -> str:
+    """`text` with a JSON map or list value (SkyRL 0.4 reads `key={"a": 1}` as JSON) written in Hydra's
+    grammar, which does not quote map keys; any other override unchanged."""
+    key, sep, raw = text.partition("=")
+    if not sep or not raw.lstrip().startswith(("{", "[")):
+        return text
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return text  # Hydra's own syntax ({a: 1}, [x, y]) or a mistake Hydra names
+    return f"{key}={_hydra_literal(value)}"
+
+
+def _hydra_literal(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_hydra_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_hydra_literal(v) for v in value) + "]"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return json.dumps(value)  # true / false / null / numbers
 
 
 def _parse_reason(exc: Exception) -> str:
@@ -321,7 +387,9 @@ def _hydra_problem(exc: Exception, overrides: list[str]) -> str:
     full_key = getattr(cause, "full_key", None)
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if full_key and under_free_form(str(full_key)):
-        text = next((o for o in overrides if o.split("=", 1)[0] == str(full_key)), f"{full_key}=VALUE")
+        # the override that set it: the key itself, or the map holding it (key={a: 1})
+        text = next((o for o in overrides if str(full_key) == o.lstrip("+").split("=", 1)[0]
+                     or str(full_key).startswith(o.lstrip("+").split("=", 1)[0] + ".")), f"{full_key}=VALUE")
         return (f"{text}: {str(full_key).rsplit('.', 1)[0]} is a free-form map, so new keys in it need "
                 f"a '+'. Fix: +{text}.")
     if full_key:

@@ -38,6 +38,11 @@ UNBUILT_EXAMPLE_KEYS = {
                           "package's agent in SWE-bench docker sandboxes), which is not built here",
     "terminal_bench_config": "SkyRL's Terminal-Bench example generator (examples/terminal_bench: the harbor "
                              "package's agents in docker sandboxes), which is not built here",
+    # SkyRL 0.4's examples/train/rlm: its own generator spawning child agents
+    "generator.enable_child_agents": "SkyRL's RLM example generator (examples/train/rlm: recursive child agents), "
+                                     "which is not built here",
+    "generator.train_child_trajectories": "SkyRL's RLM example generator (examples/train/rlm: recursive child "
+                                          "agents), which is not built here",
 }
 
 
@@ -141,6 +146,9 @@ def _merge(raw: DictConfig, typed: DictConfig, cls: type, prefix: str, report: R
             OmegaConf.to_container(node, resolve=False)
         if k not in names:
             example = next((p for p in UNBUILT_EXAMPLE_KEYS if key.startswith(p)), None)
+            if example is not None:  # keys of one harness are named together, whatever their prefix
+                example = next(p for p in UNBUILT_EXAMPLE_KEYS
+                               if UNBUILT_EXAMPLE_KEYS[p] == UNBUILT_EXAMPLE_KEYS[example])
             if key in UNREAD_KEYS:
                 log.warning("%s=%s is ignored: %s", key, show(value), UNREAD_KEYS[key])
             elif k in UNBUILT_STRATEGY_SECTIONS:
@@ -253,23 +261,33 @@ def _is_interpolation(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
 
+# sections that hold the same keys for different things: a key missing from one of them is not the
+# same-named key of its sibling (trainer.ref.model.lora.alpha is not the critic's LoRA alpha)
+_SIBLINGS = re.compile(r"(?<=\.)(policy|ref|critic|sampling_params|eval_sampling_params)(?=\.)")
+
+
 def suggest_key(key: str) -> str | None:
-    """The schema key a mistyped or misplaced dotted ``key`` most likely means."""
+    """The schema key a mistyped or misplaced dotted ``key`` most likely means: only one of the same
+    meaning (a misspelt name, or the same name in another place), never another setting."""
     keys = all_keys()
     if key in keys:
         return None
     parent, _, leaf = key.rpartition(".")
-    # same name, other place (e.g. trainer.n_samples_per_prompt -> generator.n_samples_per_prompt)
-    same_leaf = [k for k in keys if k.rpartition(".")[2] == leaf]
+    # same name, other place (e.g. trainer.n_samples_per_prompt -> generator.n_samples_per_prompt),
+    # but not the same name of a sibling model or sampling section
+    same_leaf = [k for k in keys if k.rpartition(".")[2] == leaf
+                 and _SIBLINGS.sub("*", k) != _SIBLINGS.sub("*", key)]
     if len(same_leaf) == 1:
         return same_leaf[0]
     if same_leaf:
         return difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)[0]
     # a misspelt name in its own section: the names themselves must be close (compared whole, the
     # shared section prefix made `lora.init_method` look like `lora.rank` and `sampling_params.stop`
-    # like `top_p`, which mean something else)
+    # like `top_p`, which mean something else), and neither may extend the other by a word
+    # (`zero_variance_filter_tol` is a setting of its own, not `zero_variance_filter`)
     siblings = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
-    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.8)
+    close = [c for c in difflib.get_close_matches(leaf, list(siblings), n=3, cutoff=0.8)
+             if not (c.startswith(leaf + "_") or leaf.startswith(c + "_"))]
     return siblings[close[0]] if close else None
 
 
@@ -343,9 +361,9 @@ def _unbuilt_sections(values: dict, unbuilt: dict[str, list[str]], report: Repor
                                        f"{UNBUILT_EXAMPLE_KEYS[name]}. Fix: remove {'it' if one else 'them'}, and name "
                                        "an environment for the run (environment.env_class).",
                           first=True)
-        elif str(strategy).lower() != name:  # else trainer.strategy's own "not supported" sentence covers them
-            report.refuse(sections[0], f"{', '.join(sections)} configure {name}, which is not built (trainer.strategy="
-                                       f"{show(strategy)}). Fix: remove them.", first=True)
+        elif str(strategy).lower() != name:  # else trainer.strategy's own "not planned" sentence covers them
+            report.refuse(sections[0], f"{', '.join(sections)} configure {name}, which is not planned "
+                                       f"(trainer.strategy={show(strategy)}). Fix: remove them.", first=True)
 
 
 def _field_rules(values: dict, report: Report) -> None:
@@ -362,7 +380,8 @@ def _field_rules(values: dict, report: Report) -> None:
             else:
                 fix = f"leave it at its default ({key}={show(default)})"
             at_default = " (the default)" if value == default else ""
-            report.refuse(key, f"{key}={show(value)}{at_default} is not supported yet: {note}. Fix: {fix}.",
+            # the note is the sentence naming what is not built (or not planned)
+            report.refuse(key, f"{key}={show(value)}{at_default}: {note}. Fix: {fix}.",
                           first=True)
         elif choices and value not in choices:
             strs = [c for c in choices if isinstance(c, str)]

@@ -5,11 +5,13 @@ A row is::
     data_source: str                         # groups metrics, e.g. "openai/gsm8k"
     prompt:      [{"role": ..., "content": ...}, ...]   # roles system/user/assistant
     env_class:   str                         # registered env name, e.g. "gsm8k"
-    reward_spec: {"method": "rule", "ground_truth": ...}
+    reward_spec: {"method": "rule", "ground_truth": ...}   # optional: the env reads what it needs
     extra_info:  {...}                       # anything, passed through
 
 Every column other than ``prompt`` and ``env_class`` reaches the env as
-``extras``. Rows are validated when a dataset is loaded, not when a batch
+``extras``, as in SkyRL (skyrl-gym's ``aime`` reads ``reward_model``, not
+``reward_spec``); an env that needs a column the row lacks is refused when
+the run checks its rows' envs. Rows are validated when a dataset is loaded, not when a batch
 happens to hit a bad one hours into training, and errors name the file,
 row and column so the fix is obvious.
 """
@@ -81,7 +83,7 @@ class PromptRow:
     data_source: str
     prompt: list[dict[str, str]]
     env_class: str
-    reward_spec: dict[str, Any]
+    reward_spec: dict[str, Any] | None   # None: the row has no reward_spec (its env reads other columns)
     extra_info: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -157,7 +159,8 @@ def validate_row(
     Defaults: a missing/None ``env_class`` becomes ``default_env_class``;
     a missing/None ``extra_info`` becomes ``{}``; a missing/None
     ``data_source`` becomes the file's stem (so per-source metrics still
-    have a name). ``reward_spec`` is required.
+    have a name). ``reward_spec``, when present, must be a dict; a row
+    without one is fine for an env that reads other columns.
     """
     where = f"{file} row {index}"
     if not isinstance(row, Mapping):
@@ -190,9 +193,7 @@ def validate_row(
 
     reward_spec: dict[str, Any] | None = None
     expected_spec = "expected a dict like {'method': 'rule', 'ground_truth': ...}"
-    if row.get("reward_spec") is None:
-        problems.append(("reward_spec", f"{expected_spec}, got nothing (column missing or null)"))
-    else:
+    if row.get("reward_spec") is not None:
         reward_spec = _as_dict(row["reward_spec"])
         if reward_spec is None:
             problems.append(("reward_spec", f"{expected_spec}, {_got(row['reward_spec'])}"))
@@ -213,11 +214,12 @@ def validate_row(
             message = f"{where} has {len(lines)} problems:\n  " + "\n  ".join(lines)
         raise DatasetError(message, file=str(file), index=index, problems=problems)
 
-    assert prompt is not None and reward_spec is not None and extra_info is not None
+    assert prompt is not None and extra_info is not None
     assert isinstance(env_class, str) and isinstance(data_source, str)
     extras = {k: v for k, v in row.items() if k not in ("prompt", "env_class")}
     extras["data_source"] = data_source
-    extras["reward_spec"] = reward_spec
+    if reward_spec is not None:
+        extras["reward_spec"] = reward_spec
     extras["extra_info"] = extra_info
     return PromptRow(
         data_source=data_source,

@@ -199,8 +199,9 @@ class FSDPGroup:
 
     - `device`: where the rank computes (`cuda:LOCAL_RANK`, or the CPU).
     - `fsdp_size`, `reshard_after_forward`, `cpu_offload`: `trainer.<role>.fsdp_config.*`.
-    - `param_dtype`: FSDP2's MixedPrecisionPolicy on GPU ranks: parameters are gathered in this
-      dtype for compute (bf16) while the sharded master weights, the gradient reduce-scatter and
+    - `param_dtype`, `reduce_dtype`: FSDP2's MixedPrecisionPolicy on GPU ranks
+      (`fsdp_config.mixed_precision.*`): parameters are gathered in `param_dtype` for compute
+      (bf16) and gradients reduce-scattered in `reduce_dtype`, while the sharded master weights and
       the optimizer stay float32. None: compute in the parameters' own dtype (autocast still applies).
     """
 
@@ -209,6 +210,7 @@ class FSDPGroup:
     reshard_after_forward: bool = True
     cpu_offload: bool = False
     param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype = torch.float32
 
     @property
     def rank(self) -> int:
@@ -227,7 +229,7 @@ class FSDPGroup:
     def place(self, model: nn.Module) -> nn.Module:
         if not self.cpu_offload:
             model = model.to(self.device)  # with CPU offload the shards stay on the host
-        policy = (MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
+        policy = (MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
                   if self.param_dtype is not None else None)
         return shard_model(model, fsdp_size=self.fsdp_size, reshard_after_forward=self.reshard_after_forward,
                            cpu_offload=self.cpu_offload, mixed_precision=policy)

@@ -67,6 +67,10 @@ R = TypeVar("R")
 
 
 # ------------------------------------------------------------------------------------- actors
+# SkyRL 0.4's dtype names (trainer.<role>.fsdp_config.mixed_precision.*)
+FSDP_TORCH_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def _model_on_device(method: Callable[..., R]) -> Callable[..., R]:
     """A `TrainingRank` call that computes with its model: the parameters come to the device first
     and the GPU goes back to a colocated engine afterwards (`TrainingRank._hand_back`)."""
@@ -116,8 +120,13 @@ class TrainingRank:
         self.tokenizer = load_tokenizer(policy_spec(self.cfg))
         fsdp = t[self.role].fsdp_config
         compute = training_autocast_dtype(training_precision(t), device)
+        # SkyRL 0.4's fsdp_config.mixed_precision on GPU ranks; a run in fp32 (trainer.mixed_precision=fp32,
+        # or bf16=false) gathers fp32 whatever param_dtype says, as SkyRL's bf16=false does
+        mp = fsdp.mixed_precision
+        param = FSDP_TORCH_DTYPES[mp.param_dtype] if compute is not None else None
         group = FSDPGroup(device, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
-                          cpu_offload=fsdp.cpu_offload, param_dtype=compute if device.type == "cuda" else None)
+                          cpu_offload=fsdp.cpu_offload, param_dtype=param if device.type == "cuda" else None,
+                          reduce_dtype=FSDP_TORCH_DTYPES[mp.reduce_dtype])
         if self.role == "policy":
             self.worker = build_policy_worker(self.cfg, self.tokenizer, group, training_batches=self.training_batches)
             if ref_is_policy_base(self.cfg):

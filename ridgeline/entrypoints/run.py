@@ -40,15 +40,18 @@ def run_training(cfg: RidgelineConfig) -> dict:
 
 def _train(cfg: RidgelineConfig) -> dict:
     from ridgeline.config import unbuilt_defaults
+    from ridgeline.tracking.infra_log import infra_log
     from ridgeline.trainer.async_trainer import build_trainer
 
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = build_trainer(cfg)
-    # once the run is built: an error in what the user named (models, data, envs) stands alone
-    for note in unbuilt_defaults(cfg):
-        log.warning("not acted on yet: %s", note)
-    summary = trainer.train()
+    with infra_log(cfg.trainer.log_path) as infra:   # SkyRL 0.4's trainer.log_path
+        log.debug("infrastructure log: %s", infra)
+        trainer = build_trainer(cfg)
+        # once the run is built: an error in what the user named (models, data, envs) stands alone
+        for note in unbuilt_defaults(cfg):
+            log.warning("not acted on: %s", note)
+        summary = trainer.train()
     for line in summary_lines(summary):
         print(line)
     return summary

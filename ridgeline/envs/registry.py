@@ -24,11 +24,20 @@ from ridgeline.user_modules import load_user_module
 from .base import Env
 from .skyrl_gym_env import INSTALL_HINT, SkyRLGymEnv, skyrl_gym_source
 
-__all__ = ["DEFAULT_ENV_CLASS", "register", "make", "check_env_name", "registered_envs", "load_env_module",
-           "EnvFactory", "UnknownEnvError"]
+__all__ = ["DEFAULT_ENV_CLASS", "SKYRL_GYM_DEFAULTS", "register", "make", "check_env_name", "registered_envs",
+           "load_env_module", "EnvFactory", "UnknownEnvError"]
 
 # SkyRL 0.3.1's environment.env_class default: the env of rows that name none
 DEFAULT_ENV_CLASS = "gsm8k"
+
+# SkyRL's defaults for skyrl-gym's envs (0.3.1's skyrl_gym_config/default.yaml, 0.4's SkyRLGymConfig):
+# the settings its search, text2sql and LLM-as-a-judge envs read when a script leaves them out
+SKYRL_GYM_DEFAULTS: dict[str, object] = {
+    "max_env_workers": 32,
+    "text2sql": {"db_path": "/home/ray/default/sql_data"},
+    "llm_as_a_judge": {"model": "gpt-4o-mini", "base_url": None},   # base_url: e.g. http://localhost:8000/v1
+    "search": {"log_requests": False, "search_url": "http://127.0.0.1:8000/retrieve", "topk": 3, "timeout": 30},
+}
 
 
 class UnknownEnvError(KeyError):

@@ -15,6 +15,7 @@ from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.data.prepare_run import prepare_dataset
 from ridgeline.data.sources import is_data_file
 from ridgeline.envs import sandbox
+from ridgeline.envs.registry import SKYRL_GYM_DEFAULTS
 from ridgeline.envs.reward_fn import load_reward_fn, reward_fn_env
 from ridgeline.errors import UserError
 from ridgeline.generation.env_steps import EnvCallFailure, EnvRunner
@@ -177,8 +178,10 @@ def _start_and_stop(env_class: str, row: PromptRow, env_settings: Mapping[str, A
 
 
 def _check_env_names(cfg: RidgelineConfig, env_settings: Mapping[str, Any], env_override: str | None) -> None:
-    """`environment.env_class` and each `environment.skyrl_gym.<name>` must name a known env."""
-    named = {f"environment.skyrl_gym.{name}": name for name in env_settings}
+    """`environment.env_class` and each `environment.skyrl_gym.<name>` must name a known env; SkyRL's
+    default blocks (search, text2sql, llm_as_a_judge) are there whether or not their env is installed
+    or registered (llm_as_a_judge is an example's own env)."""
+    named = {f"environment.skyrl_gym.{name}": name for name in env_settings if name not in SKYRL_GYM_DEFAULTS}
     if env_override is None:  # with environment.reward_fn the rows' env (and its default) is not used
         named = {"environment.env_class": cfg.environment.env_class, **named}
     for key, name in named.items():

@@ -345,7 +345,7 @@ class SupervisedTrainer:
 
 def _planned_steps(examples: int, cfg: RidgelineConfig) -> int:
     t = cfg.trainer
-    return planned_steps(examples // int(t.train_batch_size), int(t.epochs), t.max_steps)
+    return planned_steps(examples // int(t.train_batch_size), int(t.epochs), t.max_steps, t.max_training_steps)
 
 
 def run_supervised(cfg: RidgelineConfig, objective: Objective) -> dict[str, Any]:

@@ -91,9 +91,14 @@ class StepTimer:
 T = TypeVar("T")
 
 
-def planned_steps(steps_per_epoch: int, epochs: int, max_steps: int | None) -> int:
-    """The steps a run trains: `trainer.max_steps` when set, else `epochs` x `steps_per_epoch`."""
-    return max_steps if max_steps is not None else steps_per_epoch * epochs
+def planned_steps(steps_per_epoch: int, epochs: int, max_steps: int | None,
+                  max_training_steps: int | None = None) -> int:
+    """The steps a run trains: `trainer.max_steps` when set, else `epochs` x `steps_per_epoch`, capped
+    at SkyRL 0.4's `trainer.max_training_steps` when that is set."""
+    if max_steps is not None:
+        return max_steps
+    planned = steps_per_epoch * epochs
+    return planned if max_training_steps is None else min(planned, max_training_steps)
 
 
 def batches_from(position: tuple[int, int], steps_left: int,
@@ -212,7 +217,8 @@ class Trainer:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
 
         # the learning-rate schedules run over the whole run's optimizer steps (build.lr_schedule)
-        training_batches = planned_steps(train_data.num_batches(t.train_batch_size), t.epochs, t.max_steps)
+        training_batches = planned_steps(train_data.num_batches(t.train_batch_size), t.epochs, t.max_steps,
+                                         t.max_training_steps)
         if t.strategy == "single":
             device = use_device(t.device)  # this process's current GPU too: pinned buffers land on it
             policy = build_policy_worker(cfg, tokenizer, training_batches=training_batches)
@@ -290,7 +296,7 @@ class Trainer:
     def total_steps(self) -> int:
         """The run's steps: `trainer.max_steps`, else epochs x batches per epoch."""
         t = self.cfg.trainer
-        return planned_steps(self.steps_per_epoch, t.epochs, t.max_steps)
+        return planned_steps(self.steps_per_epoch, t.epochs, t.max_steps, t.max_training_steps)
 
     @property
     def num_epochs(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -27,6 +28,7 @@ from ridgeline.training.critic_worker import CriticTrainConfig, CriticWorker
 from ridgeline.training.forward_path import ForwardOptions
 from ridgeline.training.optim import LRSchedule, build_optimizer, build_scheduler
 from ridgeline.training.parallel import DataParallel, SingleProcess
+from ridgeline.training.profiler import ProfilerSettings, StepProfiler
 from ridgeline.training.worker import BaseModelRefWorker, PolicyTrainConfig, PolicyWorker, RefWorker
 
 log = logging.getLogger(__name__)
@@ -150,7 +152,22 @@ def build_policy_worker(cfg: RidgelineConfig, tokenizer, parallel: DataParallel 
     worker = PolicyWorker(model, policy_train_config(cfg, parallel.device), optimizer,
                           build_scheduler(optimizer, lr_schedule(cfg, "policy", training_batches)), parallel)
     worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
+    worker.profiler = step_profiler(cfg, parallel.rank)
     return worker
+
+
+def step_profiler(cfg: RidgelineConfig, rank: int) -> StepProfiler | None:
+    """This rank's torch.profiler (`trainer.policy.torch_profiler_config`), or None: off, or a rank
+    not in `ranks`. save_path null: `<trainer.run_dir>/profiler`."""
+    p = cfg.trainer.policy.torch_profiler_config
+    if not p.enable or rank not in list(p.ranks):
+        return None
+    folder = Path(p.save_path) if p.save_path is not None else Path(cfg.trainer.run_dir) / "profiler"
+    return StepProfiler(ProfilerSettings(
+        save_path=folder.expanduser(), activities=tuple(p.activities), skip_first=p.skip_first, wait=p.wait,
+        warmup=p.warmup, active=p.active, repeat=p.repeat, record_shapes=p.record_shapes,
+        profile_memory=p.profile_memory, with_stack=p.with_stack, with_flops=p.with_flops,
+        with_modules=p.with_modules, use_gzip=p.use_gzip), rank)
 
 
 def optimizer_steps_per_batch(cfg: RidgelineConfig, role: Literal["policy", "critic"]) -> int:

@@ -44,6 +44,7 @@ from ridgeline.training.batch import TrainingBatch
 from ridgeline.training.forward_path import PLAIN, ForwardOptions, agreed_forward_options, micro_logprobs
 from ridgeline.training.optim import restore_optimizer
 from ridgeline.training.parallel import DataParallel, SingleProcess, reduce_rank_metrics
+from ridgeline.training.profiler import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -375,6 +376,7 @@ class PolicyWorker(TrainedWorker):
         super().__init__(model, optimizer, scheduler, parallel or SingleProcess())
         self.config = config
         self.policy_loss_fn = PolicyLoss.bind(config.policy_loss)  # Ridgeline's or SkyRL's convention
+        self.profiler: StepProfiler | None = None   # trainer.policy.torch_profiler_config (build_policy_worker)
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
         c = self.config
@@ -405,6 +407,8 @@ class PolicyWorker(TrainedWorker):
         raw_grad_norm (before clipping), policy_lr, policy_update_steps, and from the engine's
         logprobs rollout_train_prob_diff_mean / _std (of exp(log p_rollout - log p_old) on the loss
         tokens)."""
+        if self.profiler is not None:
+            self.profiler.begin()
         c = self.config
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
@@ -449,6 +453,8 @@ class PolicyWorker(TrainedWorker):
             mean, std = ratio_mean_std(ratio_sum, ratio_sq, ratio_tokens)
             metrics["policy/rollout_train_prob_diff_mean"] = mean
             metrics["policy/rollout_train_prob_diff_std"] = std
+        if self.profiler is not None:
+            self.profiler.step()
         return metrics
 
     def _optimizer_step(self, mini: TrainingBatch, sums: dict[str, float], loss_sums: dict[str, float],

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
 from ridgeline.config.fields import Report, Section, one_of, setting, show
-from ridgeline.envs.registry import DEFAULT_ENV_CLASS
+from ridgeline.envs.registry import DEFAULT_ENV_CLASS, SKYRL_GYM_DEFAULTS
 
 
 @dataclass
@@ -36,8 +36,9 @@ class EnvironmentConfig(Section):
     env_class: str = setting(DEFAULT_ENV_CLASS)
     # Per-environment settings by env name (free-form, e.g. skyrl_gym.text2sql.db_path=...) and,
     # as in SkyRL 0.3.1, max_env_workers: environment calls (step, init) running at once; 0 runs
-    # them one by one in the generator's thread, without a time limit.
-    skyrl_gym: Dict[str, Any] = setting({"max_env_workers": 32})
+    # them one by one in the generator's thread, without a time limit. SkyRL's defaults for its
+    # search, text2sql and llm_as_a_judge envs are the defaults here (SKYRL_GYM_DEFAULTS).
+    skyrl_gym: Dict[str, Any] = setting(SKYRL_GYM_DEFAULTS)
     # Ridgeline extension: seconds one environment call may take before its trajectory scores 0.
     step_timeout_s: float = setting(60.0)
     # Ridgeline extension: modules (dotted names or .py files) imported at start, so that the

@@ -95,7 +95,11 @@ class GeneratorConfig(Section):
     # Ridgeline: the default is "vllm" on a machine with a CUDA GPU and "hf" otherwise
     # (resolver registered by ridgeline.config).
     backend: str = setting("${ridgeline.default_backend:}", choices=("hf", "vllm", "sglang"))
-    weight_sync_backend: str = setting("nccl", choices=("nccl", "gloo"))
+    # delta: SkyRL 0.4's checkpoint-delta sync (generator.inference_engine.delta_weight_sync.*)
+    weight_sync_backend: str = setting("nccl", choices=("nccl", "gloo", "delta"), built=("nccl", "gloo"),
+                                       not_built="SkyRL 0.4's delta weight sync (checkpoint deltas through a shared "
+                                       "folder or an object store) is not built: weights go to the engines over "
+                                       "nccl or gloo")
     weight_sync_timeout: int = setting(60)
     # Engines colocated with the policy on GPUs (trainer.strategy=fsdp2 with
     # trainer.placement.colocate_all=true) take the weights as CUDA IPC handles of flat buffers of at
@@ -122,9 +126,9 @@ class GeneratorConfig(Section):
     # (VLLM_ENABLE_V1_MULTIPROCESSING=0, set there), not in a child process; vllm engines only
     vllm_v1_disable_multiproc: bool = setting(True)
     # SkyRL 0.3.1: vLLM LoRA layers sharded over tensor-parallel ranks
-    fully_sharded_loras: bool = setting(False, not_built="engines get the policy's merged weights, never LoRA "
-                                        "adapters (adapter-only weight sync is not built, docs/lora.md), so there "
-                                        "are no LoRA layers for vLLM to shard")
+    fully_sharded_loras: bool = setting(False, not_built="adapter-only weight sync is not built: engines get the "
+                                        "policy's merged weights, never LoRA adapters (docs/lora.md), so there are no "
+                                        "LoRA layers for vLLM to shard")
     gpu_memory_utilization: float = setting(0.8)  # vllm/sglang KV-cache budget
     max_num_seqs: int = setting(1024)             # vllm/sglang scheduler option
     remote_inference_engine_urls: List[str] = setting(["127.0.0.1:8001"])
@@ -269,11 +273,8 @@ class GeneratorConfig(Section):
         for key, size in changed.items():
             report.add(f"{key}={size}: the embedded hf engine runs on one device. Fix: {key}=1, or a vllm / sglang "
                        f"engine ({at}.backend=vllm or sglang).")
-        tp, default_tp = self.inference_engine_tensor_parallel_size, GeneratorConfig().inference_engine_tensor_parallel_size
-        if tp not in (1, default_tp):
-            report.add(f"{at}.inference_engine_tensor_parallel_size={tp}: the embedded hf engine runs on one device. "
-                       f"Fix: {at}.inference_engine_tensor_parallel_size=1, or a tensor-parallel engine "
-                       f"({at}.backend=vllm or sglang).")
+        # inference_engine_tensor_parallel_size is not refused here whatever its value (SkyRL's default 4
+        # included): the run says once at start that the hf engine runs on one device (support.unacted_settings)
         unknown = sorted(set(self.engine_init_kwargs) - set(self.HF_ENGINE_KWARGS))
         if unknown:
             report.add(f"{at}.engine_init_kwargs has {', '.join(unknown)}, which the embedded hf engine does not take "

@@ -80,9 +80,9 @@ class PolicyLoraConfig(LoraConfig):
     """`trainer.policy.model.lora`: the policy's reference model is then the frozen base (no second
     copy) and engines get the merged weights."""
     # SkyRL's folder for adapter files vLLM loads
-    lora_sync_path: str = setting("/tmp/skyrl_lora_sync", not_built="engines here receive the merged weights "
-                                  "(W + scaling * B @ A) at every weight sync, never adapter files, so there is no "
-                                  "adapter folder to place")
+    lora_sync_path: str = setting("/tmp/skyrl_lora_sync", not_built="syncing adapter files is not built: engines "
+                                  "here receive the merged weights (W + scaling * B @ A) at every weight sync, so "
+                                  "there is no adapter folder to place")
 
 
 @dataclass
@@ -155,11 +155,66 @@ class CriticOptimizerConfig(OptimizerConfig):
     lr: float = setting(5.0e-6)
 
 
+# SkyRL 0.4's dtype names for fsdp_config.mixed_precision -> torch dtype names
+FSDP_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
+
+
+@dataclass
+class MixedPrecisionConfig(Section):
+    """SkyRL 0.4 keys: FSDP2's MixedPrecisionPolicy of one role's ranks (trainer.strategy=fsdp2 / fsdp):
+    param_dtype is the dtype the sharded parameters are gathered in for forward/backward,
+    reduce_dtype the dtype gradients are reduce-scattered in. Master weights stay fp32."""
+    param_dtype: str = setting("bf16", choices=FSDP_DTYPES)
+    reduce_dtype: str = setting("fp32", choices=FSDP_DTYPES)
+    # FSDP1's buffer dtype; FSDP2 (SkyRL's fsdp2 too) keeps buffers in their own dtype
+    buffer_dtype: str = setting("fp32", choices=("fp32",), not_built="a buffer dtype is not built: FSDP2 (SkyRL's "
+                                "fsdp2 too) keeps buffers in the model's own dtype; only FSDP1 had one")
+
+
 @dataclass
 class FSDPConfig(Section):
     cpu_offload: bool = setting(False)
     reshard_after_forward: bool = setting(True)
     fsdp_size: int = setting(-1)   # -1: shard over all ranks; N: shard groups of N ranks, replicated
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass
+class TorchProfilerConfig(Section):
+    """SkyRL 0.4 keys: torch.profiler traces of the policy's training steps (one trace per rank
+    listed in `ranks`; in one process, rank 0). torch.profiler.schedule(skip_first, wait, warmup,
+    active, repeat) counts policy training steps; traces go to save_path (default
+    ${trainer.run_dir}/profiler) as Chrome traces (`export_type`: chrome_trace)."""
+    enable: bool = setting(False)
+    ranks: List[int] = setting([0])
+    save_path: Optional[str] = setting(None)
+    activities: List[str] = setting(["cpu", "cuda"])   # cuda is recorded only where CUDA is present
+    skip_first: int = setting(10)
+    wait: int = setting(0)
+    warmup: int = setting(1)
+    active: int = setting(1)
+    repeat: int = setting(1)
+    record_shapes: bool = setting(True)
+    profile_memory: bool = setting(False)
+    with_stack: bool = setting(True)
+    with_flops: bool = setting(False)
+    with_modules: bool = setting(False)
+    export_type: str = setting("chrome_trace", built=("chrome_trace",),
+                               not_built="other trace formats are not built: traces are written as Chrome traces")
+    use_gzip: bool = setting(False)   # chrome traces written as .json.gz
+
+    def check(self, at: str, report: Report) -> None:
+        for name in ("skip_first", "wait", "warmup", "repeat"):
+            if getattr(self, name) < 0:
+                report.add(f"{at}.{name}={show(getattr(self, name))} must be >= 0 (policy training steps). "
+                           f"Fix: e.g. {at}.{name}={show(getattr(TorchProfilerConfig(), name))}.")
+        if self.active < 1:
+            report.add(f"{at}.active={show(self.active)} must be >= 1: the steps each trace records. "
+                       f"Fix: {at}.active=1.")
+        bad = [a for a in self.activities if a not in ("cpu", "cuda")]
+        if bad or not self.activities:
+            report.add(f"{at}.activities={show(self.activities)} must list cpu and/or cuda (torch.profiler's "
+                       f"ProfilerActivity). Fix: {at}.activities=[cpu,cuda].")
 
 
 @dataclass
@@ -180,10 +235,12 @@ class PolicyConfig(Section):
                                       "minutes of compilation per shape; docs/benchmarks.md)")
     record_memory: bool = setting(False, not_built="CUDA memory snapshots are not built (memory/peak_gpu_gib is "
                                   "logged every step)")
+    torch_profiler_config: TorchProfilerConfig = field(default_factory=TorchProfilerConfig)   # SkyRL 0.4
 
     def check(self, at: str, report: Report) -> None:
         self.model.check(f"{at}.model", report)
         self.optimizer_config.check(f"{at}.optimizer_config", report)
+        self.torch_profiler_config.check(f"{at}.torch_profiler_config", report)
 
 
 @dataclass
@@ -272,15 +329,18 @@ class FullyAsyncConfig(Section):
 class TrainerConfig(Section):
     strategy: str = setting("fsdp2", choices=("fsdp2", "fsdp", "single", "deepspeed", "megatron"),
                             built=("single", "fsdp2", "fsdp"),
-                            not_built="single (one process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on "
-                            "CPU workers, NCCL on GPUs) are built; deepspeed and megatron are not planned")
+                            not_built="Megatron and DeepSpeed are not planned: the backends here are single (one "
+                            "process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on CPU workers, NCCL on GPUs)")
     # SkyRL 0.3.1 (its only backend); sequence parallelism itself is not built (*.sequence_parallel_size)
-    sequence_parallel_backend: str = setting("ulysses", choices=("ulysses",))
+    sequence_parallel_backend: str = setting("ulysses", built=("ulysses",), not_built=SP_NOTE)
     epochs: int = setting(1)
     # Ridgeline extension (SkyRL 0.3.1 has no step cap): null = epochs x the batches of an epoch;
     # N = exactly N steps, the learning-rate schedule spanning N, taking as many passes over the
     # data as N needs (transformers' TrainingArguments.max_steps: it takes the place of epochs).
     max_steps: Optional[int] = setting(None)
+    # SkyRL 0.4 key: stop after N steps when epochs x the batches of an epoch is more (the run and its
+    # learning-rate schedule span min(epochs x batches, N)); null = no cap. max_steps, when set, wins.
+    max_training_steps: Optional[int] = setting(None)
     update_epochs_per_batch: int = setting(1)
     train_batch_size: int = setting(1024)
     policy_mini_batch_size: int = setting(256)
@@ -314,6 +374,10 @@ class TrainerConfig(Section):
     hf_save_interval: int = setting(-1)
     # SkyRL's folder for exports and dumps (dumped_evals/, dumped_data/): docs/checkpointing.md
     export_path: str = setting("${oc.env:HOME}/exports/")
+    # SkyRL 0.4 key: folder of the infrastructure log, {log_path}/infra-YYMMDD_HHMMSS.log: engine
+    # start-up, model loading and worker set-up (Ridgeline's ridgeline.inference / .models /
+    # .distributed / .training loggers, at INFO and above); the console keeps its own output
+    log_path: str = setting("/tmp/skyrl-logs")
     project_name: str = setting("skyrl")
     run_name: str = setting("test_run")
     logger: Any = setting("wandb")   # a tracker name or a list of them
@@ -370,6 +434,9 @@ class TrainerConfig(Section):
             if value < 1:
                 report.add(f"{at}.{name}={show(value)} must be a positive whole number (at least 1). "
                            f"Fix: e.g. {at}.{name}={show(getattr(TrainerConfig(), name))}.")
+        if self.max_training_steps is not None and self.max_training_steps < 1:
+            report.add(f"{at}.max_training_steps={show(self.max_training_steps)} must be null (no cap) or a whole "
+                       f"number of steps >= 1. Fix: e.g. {at}.max_training_steps=20.")
         if self.max_steps is not None and self.max_steps < 1:
             report.add(f"{at}.max_steps={show(self.max_steps)} must be null (train {at}.epochs passes over the data) "
                        f"or a whole number of steps >= 1. Fix: e.g. {at}.max_steps=20, or {at}.max_steps=null.")
@@ -383,9 +450,9 @@ class TrainerConfig(Section):
                            f"{show(shared)} both set the {role}'s warmup. Fix: set one of them (the other 0).")
         for role in ("policy", "critic"):
             self._schedule(at, role, report)
-        if self.eval_interval != -1 and self.eval_interval < 1:
-            report.add(f"{at}.eval_interval={show(self.eval_interval)} must be a positive number of steps, or -1 to "
-                       f"turn periodic evaluation off. Fix: {at}.eval_interval=-1 or e.g. 5.")
+        if self.eval_interval < -1:
+            report.add(f"{at}.eval_interval={show(self.eval_interval)} must be a positive number of steps, or -1 / 0 "
+                       f"to turn periodic evaluation off (SkyRL reads both). Fix: {at}.eval_interval=-1 or e.g. 5.")
         self._checkpoints(at, report)
         self._logger(at, report)
         self._device(at, report)
@@ -435,8 +502,11 @@ class TrainerConfig(Section):
                    "max_ckpts_to_keep": ("keep all", "keep the N newest checkpoints", 3)}
         for name, (minus_one, n, example) in meaning.items():
             value = getattr(self, name)
-            if value != -1 and value < 1:
-                report.add(f"{at}.{name}={show(value)} must be -1 ({minus_one}) or a whole number N >= 1 ({n}). "
+            # 0 is SkyRL's other spelling of off (its loop acts only on values > 0); 0.4's scripts write it
+            off = (-1, 0) if name != "max_ckpts_to_keep" else (-1,)
+            if value not in off and value < 1:
+                report.add(f"{at}.{name}={show(value)} must be {' or '.join(map(str, off))} ({minus_one}) or a whole "
+                           f"number N >= 1 ({n}). "
                            f"Fix: {at}.{name}=-1 or e.g. {at}.{name}={example}.")
         if self.resume_mode == "from_path" and (self.resume_path is None or not self.resume_path.strip()):
             report.add(f"{at}.resume_mode=from_path loads the checkpoint named by {at}.resume_path, but "
