@@ -223,12 +223,13 @@ def _check_overrides(overrides: list[str], problems: list[str]) -> list[str]:
     """Report overrides Hydra would refuse (all of them, not just the first); return the rest, with
     SkyRL's other names (0.3.1's deprecated spellings, 0.4's typed-config keys) read as the keys here."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Override
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     known = _known_keys()
     usable: list[str] = []
-    parsed: list[tuple[str, object]] = []
+    parsed: list[tuple[str, Override]] = []
     for text in overrides:
         try:
             parsed.append((text, parser.parse_override(_json_value(text))))
