@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from ridgeline.algorithms import PolicyLoss, kl_penalty, loss_normalizers, masked_mean, reduce_loss
 from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std
+from ridgeline.errors import UserError
 from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors, save_hf_weights
 from ridgeline.models.lora import adapter_layout, adapters_disabled, is_adapter_folder, plain
@@ -415,11 +416,11 @@ class PolicyWorker(TrainedWorker):
             "policy/policy_update_steps": float(len(grad_norms)),
             "policy/skipped_steps": float(self.skipped_steps),
         }
-        # The loss's own metrics: token-weighted means across micro-batches, `*_max` as maxima,
+        # The loss's own metrics: token-weighted means across micro-batches, `*_max` / `*_min` as maxima / minima,
         # `*_sum` as sums (a loss whose metrics are per sequence or pair reports sums and counts)
         for key, value in loss_sums.items():
             name = f"policy/{_LOSS_METRIC_NAMES.get(key, key)}"
-            metrics[name] = value if key.endswith(("_max", "_sum")) else value / max(1.0, local_tokens)
+            metrics[name] = value if key.endswith(("_max", "_min", "_sum")) else value / max(1.0, local_tokens)
         if c.use_kl_loss:
             metrics["policy/policy_kl"] = sums["kl_loss"] / steps
         summed = _SUMMED | {key for key in metrics if key.endswith("_sum")}
@@ -447,12 +448,26 @@ class PolicyWorker(TrainedWorker):
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
         tokens, sequences, micro_batches = self.step_normalizers(mini, len(micros))
-        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches):
-            for micro, options in zip(micros, paths):
+        divisors = self._prompt_divisors(mini, micros) if c.loss_reduction == "prompt_mean" else None
+        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches) as norms:
+            for index, (micro, options) in enumerate(zip(micros, paths)):
+                norms.prompt_divisors = divisors[index] if divisors is not None else None
                 if not self._micro_step(micro, options, sums, loss_sums, first_epoch):
                     finite = False
                     break
         return self.apply_gradients("policy", c.max_grad_norm, None if finite else "non-finite loss")
+
+    def _prompt_divisors(self, mini: TrainingBatch, micros: list[TrainingBatch]) -> list[torch.Tensor]:
+        """prompt_mean's P * N_p(i) for the rows of each micro-batch: P the mini-batch's prompts (its
+        distinct uids), N_p the loss tokens of prompt p's rows in it."""
+        if self.parallel.world_size > 1:
+            # a prompt's rows may sit on several ranks, and the ranks share sums, not uids
+            raise UserError("trainer.algorithm.loss_reduction=prompt_mean is built for one training process; "
+                              "with several ranks use token_mean or sequence_mean")
+        counts: dict[str, float] = defaultdict(float)
+        for uid, row_tokens in zip(mini.uids, mini.loss_mask.sum(-1).tolist()):
+            counts[uid] += row_tokens
+        return [torch.tensor([len(counts) * counts[uid] for uid in micro.uids]) for micro in micros]
 
     def _micro_step(self, micro: TrainingBatch, options: ForwardOptions, sums: dict[str, float],
                     loss_sums: dict[str, float], first_epoch: bool) -> bool:
@@ -507,6 +522,8 @@ class PolicyWorker(TrainedWorker):
         for key, value in pg_metrics.items():
             if key.endswith("_max"):
                 loss_sums[key] = max(loss_sums.get(key, float("-inf")), float(value))
+            elif key.endswith("_min"):
+                loss_sums[key] = min(loss_sums.get(key, float("inf")), float(value))
             elif key.endswith("_sum"):
                 loss_sums[key] = loss_sums.get(key, 0.0) + float(value)
             else:
