@@ -220,6 +220,18 @@ class TrainedWorker(ModelWorker):
                                                            float(micro_batches)])
         return tokens, sequences, int(micros)
 
+    def prompt_divisors(self, mini: TrainingBatch, micros: list[TrainingBatch]) -> list[torch.Tensor]:
+        """prompt_mean's P * N_p(i) for the rows of each micro-batch: P the mini-batch's prompts (its
+        distinct uids), N_p the loss tokens of prompt p's rows in it."""
+        if self.parallel.world_size > 1:
+            # a prompt's rows may sit on several ranks, and the ranks share sums, not uids
+            raise UserError("trainer.algorithm.loss_reduction=prompt_mean is built for one training process; "
+                            "with several ranks use token_mean or sequence_mean")
+        counts: dict[str, float] = defaultdict(float)
+        for uid, row_tokens in zip(mini.uids, mini.loss_mask.sum(-1).tolist()):
+            counts[uid] += row_tokens
+        return [torch.tensor([len(counts) * counts[uid] for uid in micro.uids]) for micro in micros]
+
     def all_finite(self, loss_value: float) -> bool:  # collective
         """Whether the loss is finite on EVERY rank, agreed before backward: a rank that skipped its
         backward while the others ran theirs would leave them waiting in the gradient
@@ -448,7 +460,7 @@ class PolicyWorker(TrainedWorker):
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
         tokens, sequences, micro_batches = self.step_normalizers(mini, len(micros))
-        divisors = self._prompt_divisors(mini, micros) if c.loss_reduction == "prompt_mean" else None
+        divisors = self.prompt_divisors(mini, micros) if c.loss_reduction == "prompt_mean" else None
         with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches) as norms:
             for index, (micro, options) in enumerate(zip(micros, paths)):
                 norms.prompt_divisors = divisors[index] if divisors is not None else None
@@ -456,18 +468,6 @@ class PolicyWorker(TrainedWorker):
                     finite = False
                     break
         return self.apply_gradients("policy", c.max_grad_norm, None if finite else "non-finite loss")
-
-    def _prompt_divisors(self, mini: TrainingBatch, micros: list[TrainingBatch]) -> list[torch.Tensor]:
-        """prompt_mean's P * N_p(i) for the rows of each micro-batch: P the mini-batch's prompts (its
-        distinct uids), N_p the loss tokens of prompt p's rows in it."""
-        if self.parallel.world_size > 1:
-            # a prompt's rows may sit on several ranks, and the ranks share sums, not uids
-            raise UserError("trainer.algorithm.loss_reduction=prompt_mean is built for one training process; "
-                              "with several ranks use token_mean or sequence_mean")
-        counts: dict[str, float] = defaultdict(float)
-        for uid, row_tokens in zip(mini.uids, mini.loss_mask.sum(-1).tolist()):
-            counts[uid] += row_tokens
-        return [torch.tensor([len(counts) * counts[uid] for uid in micro.uids]) for micro in micros]
 
     def _micro_step(self, micro: TrainingBatch, options: ForwardOptions, sums: dict[str, float],
                     loss_sums: dict[str, float], first_epoch: bool) -> bool:
