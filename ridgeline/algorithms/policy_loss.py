@@ -11,8 +11,8 @@ with `reduce_loss(l, loss_mask, config.loss_reduction)`, which picks up the mini
 normalisers the worker sets with `loss_normalizers(...)`.
 
 Notation: r_t = pi(y_t) / pi_old(y_t) is the importance ratio, A_t the advantage and sg[.] a
-stop-gradient. With `config.use_tis` and rollout log-probs given, every loss multiplies l_t by
-the truncated importance weight of the engine's sampling distribution (see off_policy.py).
+stop-gradient. With rollout log-probs given and `config.off_policy_correction` (or use_tis) on,
+every loss multiplies l_t by the correction's weights and masks before reducing (off_policy.py).
 
 Metrics shared by all losses (masked means over the loss_mask tokens unless noted):
     clip_frac       share of tokens clipped by the loss (no gradient through the ratio term),
