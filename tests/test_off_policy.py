@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from ridgeline.algorithms.off_policy import logprob_mismatch
+from ridgeline.algorithms.off_policy import logprob_mismatch, rollout_kl_sum
 from ridgeline.config import ConfigError, load_config
 
 
@@ -17,6 +17,13 @@ def test_logprob_mismatch_sums_are_exact_over_the_mask():
     total, worst, count = logprob_mismatch(trainer, rollout, mask)
     # |0.5| + 0 + |-0.25| + |1.0| = 1.75 over 4 tokens; the masked -9 vs 0 does not count
     assert (total, worst, count) == (1.75, 1.0, 4.0)
+
+
+def test_rollout_kl_is_k3_over_the_mask():
+    trainer = torch.tensor([[-1.0, -2.0, 5.0]])
+    rollout = torch.tensor([[-1.0, -1.0, 0.0]])
+    # rho = [1, exp(-1)]: k3 = 0 + (exp(-1) - 1 + 1) = 0.3678794; the masked third token does not count
+    assert rollout_kl_sum(trainer, rollout, torch.tensor([[1.0, 1.0, 0.0]])) == pytest.approx(math.exp(-1))
 
 
 def test_use_tis_needs_a_positive_cap():
@@ -38,6 +45,7 @@ def test_the_loop_reports_mismatch_and_applies_tis(tmp_path):
     # the tiny preset runs engine and trainer in fp32: the same numbers, up to kernel rounding
     assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
     assert metrics["rollout/logprob_abs_diff_max"] < 1e-4
+    assert 0 <= metrics["rollout/kl_rollout_trainer"] < 1e-8
     # use_tis is SkyRL 0.4's token TIS: its metrics, under SkyRL 0.4's names
     assert metrics["policy/loss_metrics/is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
     assert metrics["policy/loss_metrics/tis_token_clip_high_ratio"] == 0.0

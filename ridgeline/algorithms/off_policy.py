@@ -162,6 +162,20 @@ def logprob_mismatch(trainer_log_probs: Tensor, rollout_log_probs: Tensor, mask:
         return float(diff.sum()), float(diff.max()) if diff.numel() else 0.0, float(mask.sum())
 
 
+def rollout_kl_sum(trainer_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor) -> float:
+    """Sum over the masked tokens of Schulman's k3 estimate of KL(pi_rollout || pi_old) from the
+    engine's own samples: with rho_t = pi_old(y_t) / pi_rollout(y_t),
+
+        k3_t = rho_t - 1 - log rho_t     (>= 0; its mean is the KL, unbiased, for y_t ~ pi_rollout)
+
+    float64, log-ratio clamped to +-20; summable over micro-batches and ranks (the caller divides
+    by the token count)."""
+    with torch.no_grad():
+        log_rho = torch.where(mask > 0, trainer_log_probs.double() - rollout_log_probs.double(), 0.0)
+        log_rho = log_rho.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        return float((log_rho.exp() - 1.0 - log_rho).sum())
+
+
 def prob_ratio_moments(trainer_log_probs: Tensor, rollout_log_probs: Tensor,
                        mask: Tensor) -> tuple[float, float, float]:
     """Summable moments of SkyRL's engine/trainer probability ratio over the masked tokens,

@@ -34,7 +34,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ridgeline.algorithms import PolicyLoss, kl_penalty, loss_normalizers, masked_mean, reduce_loss
-from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std
+from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std, rollout_kl_sum
 from ridgeline.errors import UserError
 from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors, save_hf_weights
@@ -439,13 +439,14 @@ class PolicyWorker(TrainedWorker):
         metrics = reduce_rank_metrics(self.parallel, metrics, local_tokens, prefix="policy/", summed=summed,
                                       shared=_SHARED)
         # how far the engine's numbers are from pi_old: exact over every rank's tokens, from sums
-        mismatch_sum, mismatch_tokens, ratio_sum, ratio_sq, ratio_tokens = self.parallel.all_sum(
+        mismatch_sum, mismatch_tokens, ratio_sum, ratio_sq, ratio_tokens, rollout_kl = self.parallel.all_sum(
             [sums["mismatch_sum"], sums["mismatch_tokens"], sums["ratio_dev_sum"], sums["ratio_dev_sq"],
-             sums["ratio_tokens"]])
+             sums["ratio_tokens"], sums["rollout_kl"]])
         (worst,) = self.parallel.all_max([sums["mismatch_max"]])
         if mismatch_tokens:
             metrics["rollout/logprob_abs_diff_mean"] = mismatch_sum / mismatch_tokens
             metrics["rollout/logprob_abs_diff_max"] = worst
+            metrics["rollout/kl_rollout_trainer"] = rollout_kl / mismatch_tokens
         if ratio_tokens:
             mean, std = ratio_mean_std(ratio_sum, ratio_sq, ratio_tokens)
             metrics["policy/rollout_train_prob_diff_mean"] = mean
@@ -491,6 +492,7 @@ class PolicyWorker(TrainedWorker):
             sums["mismatch_sum"] += total
             sums["mismatch_tokens"] += count
             sums["mismatch_max"] = max(sums["mismatch_max"], worst)
+            sums["rollout_kl"] += rollout_kl_sum(old, micro.rollout_logprobs, sampled)
             # SkyRL's probability ratio p_rollout / p_old, on the tokens the loss sees
             dev_sum, dev_sq, ratio_count = prob_ratio_moments(old, micro.rollout_logprobs, mask)
             sums["ratio_dev_sum"] += dev_sum
