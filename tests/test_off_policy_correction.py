@@ -20,7 +20,7 @@ from ridgeline.algorithms import (
     loss_normalizers,
     reduce_loss,
 )
-from ridgeline.algorithms.off_policy import off_policy_correction
+from ridgeline.algorithms.off_policy import corrects_off_policy, off_policy_correction
 from ridgeline.config import ConfigError, base_config, load_config
 
 LN2 = math.log(2.0)
@@ -165,6 +165,19 @@ def test_every_loss_takes_the_sequence_mask(name: str) -> None:
     (grad,) = torch.autograd.grad(loss, lp)
     assert (grad[1] == 0).all() and (grad[0] != 0).any()
     assert metrics["loss_metrics/geo_sequence_mask_masked_ratio"] == 0.5
+
+
+@pytest.mark.parametrize("overrides, corrects", [
+    ({}, False), ({"use_tis": True, "tis_imp_ratio_cap": 2.0}, True),
+    ({"off_policy_correction": {"sequence_mask_metric": "geometric"}}, True),
+    ({"off_policy_correction": {"token_mask_is_threshold_low": 0.5}}, False),   # IcePop needs both bounds
+    ({"off_policy_correction": {"outlier_token_is_threshold_high": 100.0}}, True),
+    ({"policy_loss_type": "rollout_is"}, True), ({"policy_loss_type": "dppo"}, True),
+    ({"policy_loss_type": "cispo"}, False), ({"policy_loss_type": "cispo", "cispo": {"cispo_anchor": "rollout"}}, True),
+])
+def test_what_counts_as_a_correction(overrides: dict, corrects: bool) -> None:
+    # the asynchronous trainer warns about a run without one
+    assert corrects_off_policy(cfg(**overrides)) is corrects
 
 
 # ----------------------------------------------------------------------------- the new losses

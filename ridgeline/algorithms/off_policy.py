@@ -61,6 +61,30 @@ def tis_setting(algorithm: AlgorithmSettings) -> tuple[str | None, float]:
     return kind, cap
 
 
+class AnchorSettings(Protocol):
+    cispo_anchor: str
+
+
+class LossSettings(AlgorithmSettings, Protocol):
+    """With the keys naming the loss (`trainer.algorithm`)."""
+
+    policy_loss_type: str | None
+    ppo_loss_type: str
+    cispo: AnchorSettings
+
+
+def corrects_off_policy(algorithm: LossSettings) -> bool:
+    """Whether the loss corrects for rollouts the trainer's pi_old did not sample: a correction of
+    `off_policy_correction` (or use_tis) is on, or the loss weighs tokens against pi_rollout itself
+    (`rollout_is`, `dppo`, `cispo` with cispo_anchor=rollout)."""
+    c = algorithm.off_policy_correction
+    loss = algorithm.policy_loss_type if algorithm.policy_loss_type is not None else algorithm.ppo_loss_type
+    return (tis_setting(algorithm)[0] is not None or c.sequence_mask_metric is not None
+            or c.outlier_token_is_threshold_low is not None or c.outlier_token_is_threshold_high is not None
+            or (c.token_mask_is_threshold_low is not None and c.token_mask_is_threshold_high is not None)
+            or loss in ("rollout_is", "dppo") or (loss == "cispo" and algorithm.cispo.cispo_anchor == "rollout"))
+
+
 def _ratio(log_ratio: Tensor) -> Tensor:
     return log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
 
