@@ -128,7 +128,8 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     result = run(source, correction, seed, args, Path(tmp))
                 results.append(result)
-                print(f"{source:>5} {correction:>9} seed {seed}: gap {_median(result['gap'][GAP[0]]):.2e}, "
+                print(f"{source:>5} {correction:>9} seed {seed}: per step |diff| mean {result['gap'][GAP[0]]}, "
+                      f"max {result['gap'][GAP[1]]}, KL {result['gap'][GAP[2]]}, dropped/capped {result['masked']}, "
                       f"accuracy {result['accuracy']}, {result['wall_s']:.0f} s", flush=True)
     text = table(results, args)
     print(text)
