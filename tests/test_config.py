@@ -325,6 +325,23 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.critic.model.lora.target_modules", "all-linear"),
     ("trainer.critic.model.lora.exclude_modules", None),
     ("trainer.critic.model.lora.init_method", "kaiming"),
+    # SkyRL 0.4's off-policy correction, dppo and CISPO anchor keys, with 0.4's defaults (docs/algorithms.md)
+    ("trainer.algorithm.off_policy_correction.tis_ratio_type", None),
+    ("trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high", 2.0),
+    ("trainer.algorithm.off_policy_correction.sequence_tis_ratio_clip_high", 5.0),
+    ("trainer.algorithm.off_policy_correction.sequence_mask_metric", None),
+    ("trainer.algorithm.off_policy_correction.geo_mask_high", 1.01),
+    ("trainer.algorithm.off_policy_correction.geo_mask_low", 0.99),
+    ("trainer.algorithm.off_policy_correction.product_mask_high", 2.0),
+    ("trainer.algorithm.off_policy_correction.product_mask_low", 0.5),
+    ("trainer.algorithm.off_policy_correction.outlier_token_is_threshold_low", None),
+    ("trainer.algorithm.off_policy_correction.outlier_token_is_threshold_high", None),
+    ("trainer.algorithm.off_policy_correction.token_mask_is_threshold_low", None),
+    ("trainer.algorithm.off_policy_correction.token_mask_is_threshold_high", None),
+    ("trainer.algorithm.cispo.cispo_anchor", "old"),
+    ("trainer.algorithm.dppo.dppo_type", "binary_tv"),
+    ("trainer.algorithm.dppo.delta_low", 0.2),
+    ("trainer.algorithm.dppo.delta_high", 0.2),
 ]
 
 

@@ -247,7 +247,7 @@ def test_critic_loss_is_skyrls_mean_over_micro_batches(tiny_tokenizer):
     assert two["critic/critic_loss"] == pytest.approx(one["critic/value_loss"] / 2, abs=1e-6)
 
 
-@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean"])
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "prompt_mean"])
 def test_gradient_accumulation_is_exact(tiny_tokenizer, reduction):
     batch = _batch(tiny_tokenizer)
     grads = []
@@ -258,6 +258,21 @@ def test_gradient_accumulation_is_exact(tiny_tokenizer, reduction):
         grads.append(torch.cat([p.grad.flatten() for p in worker.model.parameters()]))
     assert grads[0].abs().max() > 0
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=0)
+
+
+def test_token_mean_legacy_is_the_mean_of_micro_batch_means(tiny_tokenizer):
+    """SkyRL 0.3.1's token_mean: each micro-batch's token mean, / the micro-batches (the critic's
+    value_loss is then the same whatever the split only when the micro-batches hold as many tokens)."""
+    batch = _batch(tiny_tokenizer)
+    sums = {}
+    for micro in (4, 2):
+        worker = _worker(tiny_tokenizer, lr=0.0, micro_batch_size=micro, loss_reduction="token_mean_legacy")
+        worker.model.train()
+        sums[micro] = worker.accumulate_gradients(batch).loss
+    values = _worker(tiny_tokenizer).compute_values(batch)
+    half = [value_loss(values[rows], batch.values[rows], batch.returns[rows], batch.loss_mask[rows], 0.2)[0].item()
+            for rows in (slice(0, 2), slice(2, 4))]
+    assert sums[2] == pytest.approx(sum(half) / 2, abs=1e-5)
 
 
 def test_activation_checkpointing_gives_the_same_gradient(tiny_tokenizer):

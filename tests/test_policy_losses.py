@@ -387,11 +387,13 @@ def test_tis_weights_the_per_token_loss() -> None:
     loss, metrics, grad = run("regular", old, old, adv, mask, config, rollout)
     assert loss.item() == pytest.approx(-(1 + math.exp(-1) + 2) / 3)  # -1.1226265
     close(grad, [[-1 / 3, -math.exp(-1) / 3, -2 / 3, 0.0]])
-    assert metrics["tis_weight_mean"] == pytest.approx((1 + math.exp(-1) + 2) / 3)
+    # SkyRL 0.4's metrics: the mean of rho = exp(old - rollout) before the cap, the share of capped tokens
+    assert metrics["loss_metrics/is_ratio_mean"] == pytest.approx((1 + math.exp(-1) + math.exp(2)) / 3)
+    assert metrics["loss_metrics/tis_token_clip_high_ratio"] == pytest.approx(1 / 3)
     # off without the flag or without rollout log-probs: plain -1, no metric
     for c, r in ((cfg(use_tis=False, tis_imp_ratio_cap=2.0), rollout), (config, None)):
         loss, metrics, _ = run("regular", old, old, adv, mask, c, r)
-        assert loss.item() == pytest.approx(-1.0) and "tis_weight_mean" not in metrics
+        assert loss.item() == pytest.approx(-1.0) and not any(k.startswith("loss_metrics/") for k in metrics)
     with pytest.raises(ValueError, match="tis_imp_ratio_cap"):
         run("regular", old, old, adv, mask, cfg(use_tis=True, tis_imp_ratio_cap=-1.0), rollout)
 
@@ -410,7 +412,7 @@ def test_every_loss_applies_tis(name: str) -> None:
     weighted, metrics, weighted_grad = run(name, log_probs, old, adv, PPO_MASK, config, old - math.log(1.5))
     assert weighted.item() == pytest.approx(1.5 * plain.item(), abs=1e-6)
     close(weighted_grad, (1.5 * plain_grad).tolist())
-    assert metrics["tis_weight_mean"] == pytest.approx(1.5)
+    assert metrics["loss_metrics/is_ratio_mean"] == pytest.approx(1.5)
 
 
 @pytest.mark.parametrize("name", ALL_LOSSES)
@@ -443,15 +445,15 @@ def test_every_loss_reports_the_common_metrics_and_survives_an_empty_mask(name: 
     assert loss.item() == 0.0 and metrics["ratio_max"] == 0.0 and metrics["clip_frac"] == 0.0
     assert (grad == 0).all()
     # the loss-specific keys
-    extra = {"dual_clip": {"dual_clip_frac"}, "clip_cov": {"clip_cov_frac"}, "kl_cov": {"kl_cov_frac"}}
+    extra = {"dual_clip": {"dual_clip_frac"}, "clip_cov": {"clip_cov_frac"}, "kl_cov": {"kl_cov_frac"},
+             "cispo": {f"loss_metrics/cispo/ratio_{k}" for k in ("mean", "clamped_mean", "max", "min")}}
     assert set(metrics) - COMMON_KEYS == extra.get(name, set())
 
 
 def test_minimal_config_is_enough() -> None:
-    # only the keys a loss reads: use_tis may be absent
+    # only the keys a loss reads: without rollout log-probs the correction keys are not read
     config = OmegaConf.create({"eps_clip_low": 0.2, "eps_clip_high": 0.2, "loss_reduction": "token_mean"})
-    loss, _ = ppo_clip_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), config,
-                            torch.zeros(1, 2))
+    loss, _ = ppo_clip_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), config)
     assert loss.item() == pytest.approx(-1.0)
 
 

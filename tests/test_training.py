@@ -69,8 +69,8 @@ def _worker(model, micro: int, mini: int, reduction: str, loss: str = "regular")
 
 
 # clip_cov / kl_cov pick tokens by a covariance over the micro-batch they see: not split-invariant
-@pytest.mark.parametrize("loss", ["regular", "dual_clip", "gspo", "cispo", "sapo"])
-@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize("loss", ["regular", "dual_clip", "gspo", "cispo", "sapo", "rollout_is", "dppo"])
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "seq_mean_token_sum_norm", "prompt_mean"])
 def test_micro_batch_accumulation_gives_the_full_mini_batch_gradient(tiny_model, tiny_tokenizer, reduction, loss):
     sequences, attention, width = _grouped_batch(len(tiny_tokenizer))
     rows = sequences.shape[0]
@@ -84,6 +84,8 @@ def test_micro_batch_accumulation_gives_the_full_mini_batch_gradient(tiny_model,
     # KL term are all active
     batch.old_logprobs = (torch.randn(batch.response_mask.shape) * 0.3 - 2.0) * batch.response_mask
     batch.ref_logprobs = (torch.randn(batch.response_mask.shape) * 0.3 - 2.0) * batch.response_mask
+    # the engine's: what rollout_is and dppo weigh against (the other losses do not read it)
+    batch.rollout_logprobs = (batch.old_logprobs + torch.randn(batch.response_mask.shape) * 0.1) * batch.response_mask
     grads = {}
     for micro in (rows, 5, 1):  # 5 does not divide 12: uneven micro-batches must still be exact
         model = copy.deepcopy(tiny_model)

@@ -150,6 +150,34 @@ def compute_rloo_advantages(
     return advantages, advantages.clone()
 
 
+@register_advantage_estimator("maxrl")
+def compute_maxrl_advantages(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Sequence[Hashable],
+    epsilon: float = 1e-6,
+    **_ignored: Any,
+) -> tuple[Tensor, Tensor]:
+    """MaxRL (SkyRL 0.4's `maxrl`): the group-relative reward divided by the group's mean instead of
+    its standard deviation,
+
+        A_i = (r_i - mean_{G(i)} r) / (mean_{G(i)} r + epsilon)
+
+    For 0/1 rewards with success rate p in the group this is 1/p - 1 for a success and -1 for a
+    failure: rare successes weigh much more (the gradient of log p, maximum likelihood of success,
+    rather than of p). Rewards are expected non-negative (a group mean near 0 from mixed signs
+    blows up). A group of one gets A_i = 0, as in grpo (SkyRL's gives it r_i). A_i is broadcast
+    over the response tokens, zero outside the mask; returns = advantages.
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.float().sum(-1)
+        _, mean, _, singleton = _group_stats(scores, index)
+        per_row = (scores - mean) / (mean + epsilon)
+        advantages = _per_token(per_row, singleton, response_mask)
+    return advantages, advantages.clone()
+
+
 @register_advantage_estimator("reinforce++")
 def compute_reinforce_plus_plus_advantages(
     *,

@@ -11,8 +11,8 @@ with `reduce_loss(l, loss_mask, config.loss_reduction)`, which picks up the mini
 normalisers the worker sets with `loss_normalizers(...)`.
 
 Notation: r_t = pi(y_t) / pi_old(y_t) is the importance ratio, A_t the advantage and sg[.] a
-stop-gradient. With `config.use_tis` and rollout log-probs given, every loss multiplies l_t by
-the truncated importance weight of the engine's sampling distribution (see off_policy.py).
+stop-gradient. With rollout log-probs given and `config.off_policy_correction` (or use_tis) on,
+every loss multiplies l_t by the correction's weights and masks before reducing (off_policy.py).
 
 Metrics shared by all losses (masked means over the loss_mask tokens unless noted):
     clip_frac       share of tokens clipped by the loss (no gradient through the ratio term),
@@ -37,7 +37,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:  # a policy loss's `config` (ridgeline.config sits above this layer)
     from ridgeline.config.loss_view import LossConfig
-from ridgeline.algorithms.off_policy import truncated_importance_weights
+from ridgeline.algorithms.off_policy import off_policy_correction
 from ridgeline.algorithms.reductions import masked_mean, reduce_loss
 from ridgeline.algorithms.registry import register_policy_loss
 
@@ -113,16 +113,17 @@ def _reduce(per_token: Tensor, loss_mask: Tensor, config: LossConfig, old_log_pr
             rollout_log_probs: Tensor | None, metrics: Metrics) -> tuple[Tensor, Metrics]:
     """Apply the off-policy correction, then the configured reduction: the one exit of every loss.
 
-    With use_tis, l_t <- w_t l_t, w_t = min(exp(log pi_old - log pi_rollout), tis_imp_ratio_cap)
-    (no gradient; Yao et al. 2025). The weight multiplies the whole per-token loss, so it works
-    the same for every surrogate, clipped or not.
+    With rollout logprobs and `off_policy_correction` (or SkyRL 0.3.1's use_tis) on, l_t <- f_t l_t,
+    f_t the truncated importance weight times the masks of `off_policy.off_policy_correction` (no
+    gradient). The factor multiplies the whole per-token loss, so it composes with every surrogate,
+    clipped or not; the reduction keeps the original mask, so dropped tokens still count in its
+    denominator (SkyRL 0.4's normalisation).
     """
-    # a loss may be called with only the keys it reads (SkyRL's losses are): use_tis may be absent
-    if config.get("use_tis", False) and rollout_log_probs is not None:
-        weights = _on_real_tokens(truncated_importance_weights(old_log_probs, rollout_log_probs,
-                                                               config.tis_imp_ratio_cap), loss_mask)
-        per_token = per_token * weights
-        metrics["tis_weight_mean"] = masked_mean(weights, loss_mask).item()
+    if rollout_log_probs is not None:
+        factor, extra = off_policy_correction(old_log_probs, rollout_log_probs, loss_mask, config)
+        if factor is not None:
+            per_token = per_token * factor
+            metrics.update(extra)
     return reduce_loss(per_token, loss_mask, config.loss_reduction), metrics
 
 
@@ -133,6 +134,26 @@ def _warn_reduction_once(loss: str, reduction: str, expected: str = "sequence_me
     if reduction != expected:
         logger.warning("policy loss %r is defined with loss_reduction=%r; running with %r instead",
                        loss, expected, reduction)
+
+
+def _needs_rollout(loss: str, rollout_log_probs: Tensor | None) -> Tensor:
+    if rollout_log_probs is None:
+        raise ValueError(f"policy loss {loss} weighs tokens against the engine's logprobs, and this batch has none "
+                         "(generator.sampling_params.logprobs, or an engine that returns them)")
+    return rollout_log_probs
+
+
+def _ratio_range(name: str, ratio: Tensor, clipped: Tensor, loss_mask: Tensor) -> Metrics:
+    """SkyRL 0.4's loss_metrics/<name>_{mean,clamped_mean,max,min} over the loss tokens (max/min 0
+    for an empty mask)."""
+    with torch.no_grad():
+        real = loss_mask > 0
+        picked = ratio[real]
+        empty = ratio.new_zeros(())
+        values = [masked_mean(ratio, loss_mask), masked_mean(clipped, loss_mask),
+                  picked.max() if picked.numel() else empty, picked.min() if picked.numel() else empty]
+        floats = torch.stack([v.float().reshape(()) for v in values]).tolist()
+    return {f"loss_metrics/{name}_{k}": v for k, v in zip(("mean", "clamped_mean", "max", "min"), floats)}
 
 
 def _covariance(log_probs: Tensor, adv: Tensor, loss_mask: Tensor) -> Tensor:
@@ -220,13 +241,84 @@ def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, los
 
     (the REINFORCE gradient weighted by a bounded ratio). clip_frac_low / clip_frac_high count the
     tokens whose weight hit the lower / upper bound, whatever the sign of A_t.
+
+    SkyRL 0.4's `cispo.cispo_anchor`: "old" takes r_t against pi_old (the paper's; r_t = 1 on a
+    batch's first optimizer step), "rollout" against the engine's pi_rollout, so that the bounded
+    weight is itself the off-policy correction (asynchronous runs; TIS on top is refused). Extra
+    metrics, SkyRL 0.4's: loss_metrics/cispo/ratio_{mean,clamped_mean,max,min} of r_t and of its
+    clipped value over the loss tokens.
     """
     cispo = config.cispo
     lower, upper = 1.0 - cispo.cispo_eps_clip_low, 1.0 + cispo.cispo_eps_clip_high
-    log_ratio, ratio, adv = _prepare(log_probs, old_log_probs, advantages, loss_mask)
+    behaviour = old_log_probs
+    if cispo.cispo_anchor == "rollout":
+        behaviour = _needs_rollout("cispo with cispo.cispo_anchor=rollout", rollout_log_probs)
+    log_ratio, ratio, adv = _prepare(log_probs, behaviour, advantages, loss_mask)
     weight = ratio.detach().clamp(lower, upper)
     per_token = -weight * adv * _on_real_tokens(log_probs.float(), loss_mask)
     metrics = _common_metrics(ratio, log_ratio, loss_mask, ratio < lower, ratio > upper)
+    metrics.update(_ratio_range("cispo/ratio", ratio.detach(), weight, loss_mask))
+    return _reduce(per_token, loss_mask, config, old_log_probs, rollout_log_probs, metrics)
+
+
+@register_policy_loss("rollout_is")
+def rollout_is_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
+                    config: DictConfig, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
+    """SkyRL 0.4's `rollout_is` (GLM-5 tech report, arXiv 2602.15763, section 4.1.2): the
+    importance weight is taken against the engine's logprobs and zeroed outside the trust range
+    (IcePop-style), with a stop-gradient,
+
+        q_t = pi(y_t) / pi_rollout(y_t),   w_t = q_t if 1 - eps_clip_low < q_t < 1 + eps_clip_high else 0
+        l_t = -sg[w_t] A_t log pi(y_t)
+
+    It needs no pi_old: the one importance ratio is to the sampler (asynchronous runs, where the
+    trainer's pi_old is not what sampled). clip_frac counts the zeroed tokens (low: q_t <= 1 -
+    eps_clip_low, high: q_t >= 1 + eps_clip_high); ratio_* and ppo_kl are of q_t.
+    """
+    rollout = _needs_rollout("rollout_is", rollout_log_probs)
+    log_ratio, ratio, adv = _prepare(log_probs, rollout, advantages, loss_mask)
+    low, high = ratio <= 1.0 - config.eps_clip_low, ratio >= 1.0 + config.eps_clip_high
+    weight = torch.where(low | high, torch.zeros_like(ratio), ratio).detach()
+    per_token = -weight * adv * _on_real_tokens(log_probs.float(), loss_mask)
+    metrics = _common_metrics(ratio, log_ratio, loss_mask, low, high)
+    return _reduce(per_token, loss_mask, config, old_log_probs, rollout_log_probs, metrics)
+
+
+@register_policy_loss("dppo")
+def dppo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+              rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
+    """DPPO, binary variants (Divergence Proximal Policy Optimization, "Rethinking the Trust Region
+    in LLM RL", arXiv 2602.04879; SkyRL 0.4's `dppo`). The trust region is a divergence between
+    probabilities, not a ratio: with mu the engine's policy (pi_old when there are no rollout
+    logprobs), p = pi(y_t), p_mu = mu(y_t), q_t = p / p_mu,
+
+        binary_tv:  drop if A_t > 0 and p - p_mu > delta_high,  or A_t < 0 and p_mu - p > delta_low
+        binary_kl:  D = p_mu log(p_mu / p) + (1 - p_mu) log((1 - p_mu + 1e-8) / (1 - p + 1e-8));
+                    drop if A_t > 0, p > p_mu and D > delta_high,  or A_t < 0, p < p_mu and D > delta_low
+        l_t = -q_t A_t (1 - drop_t)
+
+    (the mask has no gradient). clip_frac counts the dropped tokens (low: A_t < 0, high: A_t > 0).
+    """
+    d = config.dppo
+    mu = rollout_log_probs if rollout_log_probs is not None else old_log_probs
+    log_ratio, ratio, adv = _prepare(log_probs, mu, advantages, loss_mask)
+    with torch.no_grad():
+        lp = _on_real_tokens(log_probs.detach().float(), loss_mask)
+        p = lp.exp()
+        mu_lp = _on_real_tokens(mu.float(), loss_mask)
+        p_mu = mu_lp.exp()
+        moved = p - p_mu
+        if d.dppo_type == "binary_tv":
+            high = (adv > 0) & (moved > d.delta_high)
+            low = (adv < 0) & (-moved > d.delta_low)
+        elif d.dppo_type == "binary_kl":
+            kl = p_mu * (mu_lp - lp) + (1 - p_mu) * torch.log((1 - p_mu + 1e-8) / (1 - p + 1e-8))
+            high = (adv > 0) & (moved > 0) & (kl > d.delta_high)
+            low = (adv < 0) & (moved < 0) & (kl > d.delta_low)
+        else:
+            raise ValueError(f"dppo.dppo_type must be binary_tv or binary_kl, got {d.dppo_type!r}")
+    per_token = torch.where(low | high, torch.zeros_like(ratio), -ratio * adv)
+    metrics = _common_metrics(ratio, log_ratio, loss_mask, low, high)
     return _reduce(per_token, loss_mask, config, old_log_probs, rollout_log_probs, metrics)
 
 

@@ -73,6 +73,58 @@ def token_mean(
     return (values * mask).sum() / denom
 
 
+@register_loss_reduction("token_mean_legacy")
+def token_mean_legacy(
+    values: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+    max_seq_len: int | None = None,
+) -> Tensor:
+    """L = (1 / K) sum_{i,t} v_{i,t} m_{i,t} / sum_{i,t} m_{i,t}   over the micro-batch given,
+
+    K the optimizer step's micro-batches (all ranks; 1 outside a `loss_normalizers` block): the
+    mean of the micro-batches' own token means, SkyRL 0.3.1's `token_mean` (0.4's
+    `token_mean_legacy`). It equals `token_mean` when every micro-batch holds as many loss tokens;
+    otherwise a token of a short micro-batch weighs more. The mini-batch normalisers are ignored.
+    """
+    mask = mask.to(values.dtype)
+    norms = _NORMALIZERS.get()
+    micro_batches = norms.micro_batches if norms is not None else 1
+    return (values * mask).sum() / _safe_denominator(mask.sum()) / micro_batches
+
+
+@register_loss_reduction("prompt_mean")
+def prompt_mean(
+    values: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+    max_seq_len: int | None = None,
+) -> Tensor:
+    """L = sum_i sum_t v_{i,t} m_{i,t} / (P * N_p(i))   (SkyRL 0.4's `prompt_mean`)
+
+    P the prompts of the mini-batch, N_p(i) the loss tokens of all the responses to row i's prompt
+    in it: the token mean within each prompt group, averaged over the prompts, so every prompt
+    weighs the same whatever its responses' lengths. The divisors P * N_p(i) of the rows passed
+    in come from the enclosing `loss_normalizers` block (`prompt_divisors`, which the policy
+    worker sets per micro-batch from the rows' uids); a call without them is an error, since the
+    groups cannot be read from the tensors.
+    """
+    norms = _NORMALIZERS.get()
+    if norms is None or norms.prompt_divisors is None:
+        raise ValueError("loss_reduction=prompt_mean needs the prompt group of every row: call it inside "
+                         "loss_normalizers(..., prompt_divisors=...) (the policy worker does)")
+    divisors = norms.prompt_divisors.to(device=values.device, dtype=values.dtype)
+    if divisors.shape != values.shape[:1]:
+        raise ValueError(f"prompt_mean: {divisors.shape[0] if divisors.dim() else 0} row divisors for "
+                         f"{values.shape[0]} rows")
+    mask = mask.to(values.dtype)
+    return ((values * mask).sum(-1) / _safe_denominator(divisors)).sum()
+
+
 @register_loss_reduction("sequence_mean")
 def sequence_mean(
     values: Tensor,
@@ -136,6 +188,8 @@ class LossNormalizers:
     max_seq_len: int | None = None
     micro_batches: int = 1
     reductions: int = 0
+    # prompt_mean's divisor P * N_p(i) for each row of the micro-batch being computed (set per micro-batch)
+    prompt_divisors: Tensor | None = None
 
 
 _NORMALIZERS: ContextVar[LossNormalizers | None] = ContextVar("loss_normalizers", default=None)
@@ -143,10 +197,10 @@ _NORMALIZERS: ContextVar[LossNormalizers | None] = ContextVar("loss_normalizers"
 
 @contextmanager
 def loss_normalizers(num_tokens: float | None, num_sequences: float | None, *, max_seq_len: int | None = None,
-                     micro_batches: int = 1) -> Iterator[LossNormalizers]:
+                     micro_batches: int = 1, prompt_divisors: Tensor | None = None) -> Iterator[LossNormalizers]:
     """Within the block, `reduce_loss` divides by these mini-batch counts instead of the counts of
     the micro-batch it is given (explicit arguments to `reduce_loss` still win)."""
-    norms = LossNormalizers(num_tokens, num_sequences, max_seq_len, micro_batches)
+    norms = LossNormalizers(num_tokens, num_sequences, max_seq_len, micro_batches, prompt_divisors=prompt_divisors)
     token = _NORMALIZERS.set(norms)
     try:
         yield norms
@@ -162,7 +216,8 @@ def current_normalizers() -> LossNormalizers | None:
 def reduce_loss(values: Tensor, mask: Tensor, mode: str = "token_mean", max_seq_len: int | None = None, *,
                 num_tokens: float | None = None, num_sequences: float | None = None) -> Tensor:
     """Reduce a per-token loss [B, T] with the registered reduction `mode` (`token_mean`,
-    `sequence_mean`, `seq_mean_token_sum_norm`, or one a user registered).
+    `token_mean_legacy`, `sequence_mean`, `seq_mean_token_sum_norm`, `prompt_mean`, or one a user
+    registered).
 
     The call is SkyRL's, `reduce_loss(loss, loss_mask, loss_reduction, max_seq_len)`, so a loss
     written for SkyRL runs unchanged. Normalisers (and `max_seq_len`) not given here come from an

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any, Iterator, TYPE_CHECKING
 
+from ridgeline.algorithms.off_policy import corrects_off_policy
 from ridgeline.data import PromptRow
 from ridgeline.distributed.weight_sync import WeightSync
 from ridgeline.errors import UserError
@@ -104,10 +105,11 @@ class AsyncTrainer(Trainer):
                 f"trainer.async_mode={t.async_mode} generates while the trainer trains, but "
                 "trainer.placement.colocate_all=true puts the engines to sleep on the training GPUs while it does. "
                 "Fix: trainer.placement.colocate_all=false (engines on GPUs of their own), or trainer.async_mode=sync")
-        if self.lag > 0 and not t.algorithm.use_tis:
+        if self.lag > 0 and not corrects_off_policy(t.algorithm):
             log.warning("trainer.async_mode=%s trains on batches generated up to %d step(s) ago without an off-policy "
                         "correction. Fix: trainer.algorithm.use_tis=true trainer.algorithm.tis_imp_ratio_cap=2.0 "
-                        "(the +experiment=fully_async / one_step_off_policy presets set them)", t.async_mode, self.lag)
+                        "(the +experiment=fully_async / one_step_off_policy presets set them), or a mask of "
+                        "trainer.algorithm.off_policy_correction (docs/algorithms.md)", t.async_mode, self.lag)
         pipeline = self._start_pipeline()
         inner = self.weight_sync
         self.weight_sync = self.pipeline_sync = PipelineWeightSync(inner, pipeline)

@@ -152,9 +152,12 @@ class CriticWorker(TrainedWorker):
         check_uniform_forwards(self.parallel, [1] * len(micros))
         sums = _StepSums()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens, sequences, _ = self.step_normalizers(mini, len(micros))
-        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len):
-            for micro in micros:
+        tokens, sequences, micro_batches = self.step_normalizers(mini, len(micros))
+        # the policy's loss_reduction: token_mean_legacy reads the micro-batches, prompt_mean the prompt groups
+        divisors = self.prompt_divisors(mini, micros) if c.loss_reduction == "prompt_mean" else None
+        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches) as norms:
+            for index, micro in enumerate(micros):
+                norms.prompt_divisors = divisors[index] if divisors is not None else None
                 with autocast(device, c.autocast_dtype):
                     values = micro_values(self.model, micro, c.forward_options, device)
                 micro = micro.to(device)

@@ -139,7 +139,7 @@ def reduce_rank_metrics(parallel: DataParallel, metrics: dict[str, float], local
     `shared` are equal on every rank already; keys in `summed` are losses normalised by
     mini-batch-global counts (each rank holds its share: sum them); other `<prefix>*` keys are
     token-weighted means over the rank's `local_tokens` (re-weighted by global tokens); `*_max`
-    are maxima; anything else is averaged over ranks. Every rank must report the same keys. In a
+    are maxima, `*_min` minima; anything else is averaged over ranks. Every rank must report the same keys. In a
     world of one the metrics come back as they are."""
     if parallel.world_size == 1:
         return dict(metrics)
@@ -149,6 +149,8 @@ def reduce_rank_metrics(parallel: DataParallel, metrics: dict[str, float], local
     for key in keys:
         if key.endswith("_max"):
             maxes.append(metrics[key])
+        elif key.endswith("_min"):
+            maxes.append(-metrics[key])   # the min over ranks is minus the max of the negated values
         elif key in summed or not key.startswith(prefix):
             sums.append(metrics[key])
         else:
@@ -161,6 +163,8 @@ def reduce_rank_metrics(parallel: DataParallel, metrics: dict[str, float], local
     for key in keys:
         if key.endswith("_max"):
             out[key] = next(m)
+        elif key.endswith("_min"):
+            out[key] = -next(m)
         elif key in summed:
             out[key] = next(s)
         elif key.startswith(prefix):

@@ -35,7 +35,8 @@ from transformers import PreTrainedModel
 if TYPE_CHECKING:  # a policy loss's `config` (ridgeline.config sits above this layer)
     from ridgeline.config.loss_view import LossConfig
 from ridgeline.algorithms import PolicyLoss, kl_penalty, loss_normalizers, masked_mean, reduce_loss
-from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std
+from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std, rollout_kl_sum
+from ridgeline.errors import UserError
 from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors, save_hf_weights
 from ridgeline.models.lora import adapter_layout, adapters_disabled, is_adapter_folder, plain
@@ -220,6 +221,18 @@ class TrainedWorker(ModelWorker):
         tokens, sequences, micros = self.parallel.all_sum([float(mini.loss_mask.sum()), float(mini.num_samples),
                                                            float(micro_batches)])
         return tokens, sequences, int(micros)
+
+    def prompt_divisors(self, mini: TrainingBatch, micros: list[TrainingBatch]) -> list[torch.Tensor]:
+        """prompt_mean's P * N_p(i) for the rows of each micro-batch: P the mini-batch's prompts (its
+        distinct uids), N_p the loss tokens of prompt p's rows in it."""
+        if self.parallel.world_size > 1:
+            # a prompt's rows may sit on several ranks, and the ranks share sums, not uids
+            raise UserError("trainer.algorithm.loss_reduction=prompt_mean is built for one training process; "
+                            "with several ranks use token_mean or sequence_mean")
+        counts: dict[str, float] = defaultdict(float)
+        for uid, row_tokens in zip(mini.uids, mini.loss_mask.sum(-1).tolist()):
+            counts[uid] += row_tokens
+        return [torch.tensor([len(counts) * counts[uid] for uid in micro.uids]) for micro in micros]
 
     def all_finite(self, loss_value: float) -> bool:  # collective
         """Whether the loss is finite on EVERY rank, agreed before backward: a rank that skipped its
@@ -431,24 +444,25 @@ class PolicyWorker(TrainedWorker):
             "policy/policy_update_steps": float(len(grad_norms)),
             "policy/skipped_steps": float(self.skipped_steps),
         }
-        # The loss's own metrics: token-weighted means across micro-batches, `*_max` as maxima,
+        # The loss's own metrics: token-weighted means across micro-batches, `*_max` / `*_min` as maxima / minima,
         # `*_sum` as sums (a loss whose metrics are per sequence or pair reports sums and counts)
         for key, value in loss_sums.items():
             name = f"policy/{_LOSS_METRIC_NAMES.get(key, key)}"
-            metrics[name] = value if key.endswith(("_max", "_sum")) else value / max(1.0, local_tokens)
+            metrics[name] = value if key.endswith(("_max", "_min", "_sum")) else value / max(1.0, local_tokens)
         if c.use_kl_loss:
             metrics["policy/policy_kl"] = sums["kl_loss"] / steps
         summed = _SUMMED | {key for key in metrics if key.endswith("_sum")}
         metrics = reduce_rank_metrics(self.parallel, metrics, local_tokens, prefix="policy/", summed=summed,
                                       shared=_SHARED)
         # how far the engine's numbers are from pi_old: exact over every rank's tokens, from sums
-        mismatch_sum, mismatch_tokens, ratio_sum, ratio_sq, ratio_tokens = self.parallel.all_sum(
+        mismatch_sum, mismatch_tokens, ratio_sum, ratio_sq, ratio_tokens, rollout_kl = self.parallel.all_sum(
             [sums["mismatch_sum"], sums["mismatch_tokens"], sums["ratio_dev_sum"], sums["ratio_dev_sq"],
-             sums["ratio_tokens"]])
+             sums["ratio_tokens"], sums["rollout_kl"]])
         (worst,) = self.parallel.all_max([sums["mismatch_max"]])
         if mismatch_tokens:
             metrics["rollout/logprob_abs_diff_mean"] = mismatch_sum / mismatch_tokens
             metrics["rollout/logprob_abs_diff_max"] = worst
+            metrics["rollout/kl_rollout_trainer"] = rollout_kl / mismatch_tokens
         if ratio_tokens:
             mean, std = ratio_mean_std(ratio_sum, ratio_sq, ratio_tokens)
             metrics["policy/rollout_train_prob_diff_mean"] = mean
@@ -465,8 +479,10 @@ class PolicyWorker(TrainedWorker):
         self.optimizer.zero_grad(set_to_none=True)
         tokens, sequences, micro_batches = self.step_normalizers(mini, len(micros))
         reported = []
-        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches):
-            for micro, options in zip(micros, paths):
+        divisors = self.prompt_divisors(mini, micros) if c.loss_reduction == "prompt_mean" else None
+        with loss_normalizers(tokens, sequences, max_seq_len=c.max_seq_len, micro_batches=micro_batches) as norms:
+            for index, (micro, options) in enumerate(zip(micros, paths)):
+                norms.prompt_divisors = divisors[index] if divisors is not None else None
                 reported.append(self._micro_step(micro, options, sums, first_epoch))
         # The micro-batches' own numbers, read from the device once per optimizer step and checked
         # by one all-reduced flag: a check before each backward stalled the device queue and cost an
@@ -485,6 +501,8 @@ class PolicyWorker(TrainedWorker):
             for key, value in pg_metrics.items():
                 if key.endswith("_max"):
                     loss_sums[key] = max(loss_sums.get(key, float("-inf")), float(value))
+                elif key.endswith("_min"):
+                    loss_sums[key] = min(loss_sums.get(key, float("inf")), float(value))
                 elif key.endswith("_sum"):
                     loss_sums[key] = loss_sums.get(key, 0.0) + float(value)
                 else:
@@ -513,6 +531,7 @@ class PolicyWorker(TrainedWorker):
             sums["mismatch_sum"] += total
             sums["mismatch_tokens"] += count
             sums["mismatch_max"] = max(sums["mismatch_max"], worst)
+            sums["rollout_kl"] += rollout_kl_sum(old, micro.rollout_logprobs, sampled)
             # SkyRL's probability ratio p_rollout / p_old, on the tokens the loss sees
             dev_sum, dev_sq, ratio_count = prob_ratio_moments(old, micro.rollout_logprobs, mask)
             sums["ratio_dev_sum"] += dev_sum

@@ -37,6 +37,70 @@ class DynamicSamplingConfig(Section):
 class CISPOConfig(Section):
     cispo_eps_clip_low: float = setting(0.0)
     cispo_eps_clip_high: float = setting(5.0)
+    # SkyRL 0.4: the policy the clipped weight is taken against: "old" (pi / pi_old, the paper's) or
+    # "rollout" (pi / pi_rollout: the weight is then itself the off-policy correction, for async runs)
+    cispo_anchor: str = setting("old", choices=("old", "rollout"))
+
+
+@dataclass
+class DPPOConfig(Section):
+    """SkyRL 0.4's `dppo` loss (Divergence PPO, arXiv 2602.04879): tokens whose probability moved
+    too far from the sampler's lose their gradient."""
+    # which divergence decides: "binary_tv" (|p - p_rollout|) or "binary_kl" (Bernoulli KL of the two)
+    dppo_type: str = setting("binary_tv", choices=("binary_tv", "binary_kl"))
+    delta_low: float = setting(0.2)    # threshold for negative advantages (0.2 for TV, 0.05 for KL)
+    delta_high: float = setting(0.2)   # threshold for positive advantages (0.2 for TV, 0.05 for KL)
+
+
+@dataclass
+class OffPolicyCorrectionConfig(Section):
+    """SkyRL 0.4's `trainer.algorithm.off_policy_correction`: weights and masks from the per-token
+    ratio rho_t = pi_old(y_t) / pi_rollout(y_t) between the trainer and the engine that sampled,
+    applied to every policy loss (ridgeline.algorithms.off_policy; docs/algorithms.md)."""
+    # null | "token" | "sequence": multiply each token's loss by min(rho_t, token cap), or each
+    # sequence's by min(prod_t rho_t, sequence cap) (truncated importance sampling)
+    tis_ratio_type: Optional[str] = setting(None, choices=(None, "token", "sequence"))
+    token_tis_ratio_clip_high: float = setting(2.0)      # the token cap (1.5-5 is usual)
+    sequence_tis_ratio_clip_high: float = setting(5.0)   # the sequence cap (2-10 is usual)
+    # null | "geometric" | "product": drop a sequence whose (prod_t rho_t)^(1/T) or prod_t rho_t
+    # lies outside [low, high] below
+    sequence_mask_metric: Optional[str] = setting(None, choices=(None, "geometric", "product"))
+    geo_mask_high: float = setting(1.01)
+    geo_mask_low: float = setting(0.99)
+    product_mask_high: float = setting(2.0)
+    product_mask_low: float = setting(0.5)
+    # drop a whole sequence when any of its tokens has rho_t below low / above high (either may be set)
+    outlier_token_is_threshold_low: Optional[float] = setting(None, example="1e-4")
+    outlier_token_is_threshold_high: Optional[float] = setting(None, example="100")
+    # IcePop: drop single tokens whose rho_t lies outside [low, high] (on only when both are set)
+    token_mask_is_threshold_low: Optional[float] = setting(None, example="0.5")
+    token_mask_is_threshold_high: Optional[float] = setting(None, example="2.0")
+
+    def check(self, at: str, report: Report) -> None:
+        positive = [("token_tis_ratio_clip_high", "token")] if self.tis_ratio_type == "token" else []
+        if self.tis_ratio_type == "sequence":
+            positive = [("sequence_tis_ratio_clip_high", "sequence")]
+        for name, kind in positive:
+            if getattr(self, name) <= 0:
+                report.add(f"{at}.{name}={show(getattr(self, name))} must be greater than 0: it caps the {kind} "
+                           f"importance weight. Fix: e.g. {at}.{name}={show(getattr(OffPolicyCorrectionConfig(), name))}.")
+        bounds = {"geometric": ("geo_mask_low", "geo_mask_high"), "product": ("product_mask_low", "product_mask_high")}
+        pairs = [bounds[self.sequence_mask_metric]] if self.sequence_mask_metric in bounds else []
+        pairs += [("outlier_token_is_threshold_low", "outlier_token_is_threshold_high"),
+                  ("token_mask_is_threshold_low", "token_mask_is_threshold_high")]
+        for low, high in pairs:
+            lo, hi = getattr(self, low), getattr(self, high)
+            if lo is not None and lo < 0 or hi is not None and hi <= 0:
+                report.add(f"{at}.{low}={show(lo)} / {at}.{high}={show(hi)}: ratio bounds must be positive. "
+                           f"Fix: e.g. {at}.{low}={show(getattr(OffPolicyCorrectionConfig(), low) or 0.5)}.")
+            elif lo is not None and hi is not None and lo >= hi:
+                report.add(f"{at}.{low}={show(lo)} must be below {at}.{high}={show(hi)}: the ratios between them "
+                           f"are kept. Fix: e.g. {at}.{low}=0.5 {at}.{high}=2.0.")
+        if (self.token_mask_is_threshold_low is None) != (self.token_mask_is_threshold_high is None):
+            report.add(f"{at}.token_mask_is_threshold_low={show(self.token_mask_is_threshold_low)} and "
+                       f"{at}.token_mask_is_threshold_high={show(self.token_mask_is_threshold_high)}: the token mask "
+                       f"(IcePop) is on only when both are set (SkyRL ignores one alone). Fix: set both, e.g. "
+                       f"{at}.token_mask_is_threshold_low=0.5 {at}.token_mask_is_threshold_high=2.0, or neither.")
 
 
 @dataclass
@@ -68,13 +132,16 @@ LOSS_SETTINGS: dict[str, list[tuple[str, Callable[[float], bool], str]]] = {
                ("kl_cov.ppo_kl_coef", lambda v: v >= 0, "0 or more")],
     "sapo": [("sapo.tau_pos", lambda v: v > 0, "greater than 0"),
              ("sapo.tau_neg", lambda v: v > 0, "greater than 0")],
+    "dppo": [("dppo.delta_low", lambda v: v > 0, "greater than 0"),
+             ("dppo.delta_high", lambda v: v > 0, "greater than 0")],
+    "rollout_is": [("eps_clip_low", lambda v: 0 <= v < 1, "in [0, 1)")],
 }
 
 
 @dataclass
 class AlgorithmConfig(Section):
     # built-in estimators that ignore critic values (a user's estimator may read them)
-    CRITIC_FREE_ESTIMATORS: ClassVar[tuple[str, ...]] = ("grpo", "rloo", "reinforce++", "no_op")
+    CRITIC_FREE_ESTIMATORS: ClassVar[tuple[str, ...]] = ("grpo", "rloo", "reinforce++", "no_op", "maxrl")
 
     advantage_estimator: str = setting("grpo")   # a registered name, or "my_pkg.module:function"
     # Ridgeline extension: modules (dotted names or .py files) imported before the names above are
@@ -99,7 +166,10 @@ class AlgorithmConfig(Section):
     value_head_prefix: str = setting("value_head")
     ppo_loss_type: str = setting("regular")
     policy_loss_type: Optional[str] = setting(None)   # null: ppo_loss_type names the loss
-    loss_reduction: str = setting("token_mean", choices=("token_mean", "sequence_mean", "seq_mean_token_sum_norm"))
+    # token_mean: the mini-batch's token mean (SkyRL 0.4's); token_mean_legacy: SkyRL 0.3.1's mean of the
+    # micro-batches' token means; prompt_mean (0.4): the token mean of each prompt group, averaged over prompts
+    loss_reduction: str = setting("token_mean", choices=("token_mean", "token_mean_legacy", "sequence_mean",
+                                                         "seq_mean_token_sum_norm", "prompt_mean"))
     lambd: float = setting(1.0)
     gamma: float = setting(1.0)
     eps_clip_low: float = setting(0.2)
@@ -110,9 +180,14 @@ class AlgorithmConfig(Section):
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     # SkyRL 0.3.1: rows of a prompt group whose rewards are all equal get no loss (mask 0)
     zero_variance_filter: bool = setting(False)
+    # SkyRL 0.3.1's TIS switch, kept: use_tis=true is off_policy_correction.tis_ratio_type=token with
+    # token_tis_ratio_clip_high=tis_imp_ratio_cap (SkyRL 0.4's mapping, made in one place:
+    # ridgeline.algorithms.off_policy.tis_setting)
     use_tis: bool = setting(False)
     tis_imp_ratio_cap: float = setting(-1.0)
+    off_policy_correction: OffPolicyCorrectionConfig = field(default_factory=OffPolicyCorrectionConfig)
     cispo: CISPOConfig = field(default_factory=CISPOConfig)
+    dppo: DPPOConfig = field(default_factory=DPPOConfig)
     clip_cov: ClipCovConfig = field(default_factory=ClipCovConfig)
     kl_cov: KLCovConfig = field(default_factory=KLCovConfig)
     sapo: SAPOConfig = field(default_factory=SAPOConfig)
@@ -151,6 +226,17 @@ class AlgorithmConfig(Section):
             report.add(f"{at}.use_tis=true needs a positive {at}.tis_imp_ratio_cap (got {self.tis_imp_ratio_cap}): "
                        "it caps the importance weight exp(old - rollout logprob) of each token. Fix: "
                        f"{at}.tis_imp_ratio_cap=2.0 (a common choice), or use_tis=false.")
+        self.off_policy_correction.check(f"{at}.off_policy_correction", report)
+        if self.use_tis and self.off_policy_correction.tis_ratio_type is not None:
+            report.add(f"{at}.use_tis=true and {at}.off_policy_correction.tis_ratio_type="
+                       f"{show(self.off_policy_correction.tis_ratio_type)} both ask for TIS (use_tis is SkyRL 0.3.1's "
+                       f"spelling of tis_ratio_type=token). Fix: keep one, e.g. {at}.use_tis=false.")
+        if self.loss_name == "cispo" and self.cispo.cispo_anchor == "rollout" and (
+                self.use_tis or self.off_policy_correction.tis_ratio_type is not None):
+            report.add(f"{at}.cispo.cispo_anchor=rollout already weighs each token by pi / pi_rollout, which is the "
+                       f"off-policy correction; TIS ({at}.use_tis / {at}.off_policy_correction.tis_ratio_type) would "
+                       f"count it twice. Fix: {at}.off_policy_correction.tis_ratio_type=null {at}.use_tis=false, or "
+                       f"{at}.cispo.cispo_anchor=old.")
         if self.use_kl_in_reward and self.kl_ctrl.type == "adaptive":
             for name in ("kl_target", "horizon"):
                 value = getattr(self.kl_ctrl, name)
