@@ -3,17 +3,19 @@ stack of vLLM's and SGLang's servers), on a socket bound when the server is buil
 
 Every request passes one gate, in this order, before its body is read:
   1. the route (404 / 405 otherwise);
-  2. the key: with an API key, every route but /health needs `Authorization: Bearer <key>` (401);
+  2. the key: with an API key, every route but /health needs `Authorization: Bearer <key>` or
+     `X-API-Key: <key>` (the Tinker SDK's header; 401);
   3. the size: a Content-Length over the cap is refused unread (413), a body without one is
      counted as it arrives and refused once it passes the cap.
 A refusal closes the connection, so the rest of a refused body is never read. Then the body is
-parsed (a JSON object) and the route's handler runs on a worker thread (engine work waits there
+parsed (a JSON object; a "bytes" route gets `{"raw": the body}`, the Tinker SDK's protobuf requests;
+path parameters such as `{model_id}` join the object) and the route's handler runs on a worker thread (engine work waits there
 for the engine loop, ridgeline.inference.scheduler). Errors map to statuses: RequestError 400
 naming the field, ServerBusy / RequestTimedOut 503, a weight-sync failure 400, anything else 500
 (logged). They take the shape of the route's API family: {"error": {message, type, param, code}}
 (OpenAI's, for /v1/*; SGLang's native routes answer the same, which holds SGLang's
 {"error": {"message"}}), and SGLang's {"success": false, "message"} for the weight and memory
-routes.
+routes. A handler may answer a `RawAnswer` (bytes and their media type: protobuf) instead of JSON.
 
 fastapi and uvicorn are imported when a server is built: a training run without an endpoint
 never needs them.
@@ -53,6 +55,15 @@ class Route:
     path: str
     handler: Callable[[dict], Any]
     family: ApiFamily
+    body: Literal["json", "bytes"] = "json"
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    """A handler's answer sent as it is (e.g. a protobuf message), with its media type."""
+
+    content: bytes
+    media_type: str
 
 
 class ExposureError(ValueError):
@@ -118,7 +129,8 @@ class _Gate:
 
         if self.api_key and route.path not in OPEN_ROUTES and not self._authorized(request):
             return _refuse(route.family, HTTPStatus.UNAUTHORIZED,
-                           "missing or wrong bearer token: send Authorization: Bearer <the server's --api-key>")
+                           "missing or wrong key: send Authorization: Bearer <the server's --api-key> (or "
+                           "X-API-Key: <key>, as the Tinker SDK does from TINKER_API_KEY)")
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             return _refuse(route.family, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large(declared))
@@ -127,14 +139,18 @@ class _Gate:
             raw += chunk
             if len(raw) > self.max_body_bytes:
                 return _refuse(route.family, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large(None))
-        try:
-            body = json.loads(raw) if raw else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _json(error_answer(route.family, HTTPStatus.BAD_REQUEST, f"the body is not JSON: {e}"),
-                         HTTPStatus.BAD_REQUEST)
-        if not isinstance(body, dict):
-            return _json(error_answer(route.family, HTTPStatus.BAD_REQUEST, "the request body must be a JSON object"),
-                         HTTPStatus.BAD_REQUEST)
+        if route.body == "bytes":
+            body: Any = {"raw": bytes(raw)}
+        else:
+            try:
+                body = json.loads(raw) if raw else {}
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                return _json(error_answer(route.family, HTTPStatus.BAD_REQUEST, f"the body is not JSON: {e}"),
+                             HTTPStatus.BAD_REQUEST)
+            if not isinstance(body, dict):
+                return _json(error_answer(route.family, HTTPStatus.BAD_REQUEST,
+                                          "the request body must be a JSON object"), HTTPStatus.BAD_REQUEST)
+        body.update(request.path_params)
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.workers)
         try:
@@ -151,12 +167,18 @@ class _Gate:
             log.exception("%s %s failed", request.method, route.path)
             status = HTTPStatus.INTERNAL_SERVER_ERROR
             return _json(error_answer(route.family, status, f"{type(e).__name__}: {e}"), status)
+        if isinstance(result, RawAnswer):
+            from fastapi import Response
+            return Response(result.content, status_code=int(HTTPStatus.OK), media_type=result.media_type)
         failed = isinstance(result, dict) and result.get("success") is False
         return _json(result, HTTPStatus.BAD_REQUEST if failed else HTTPStatus.OK)
 
     def _authorized(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+        bearer = request.headers.get("authorization", "")
+        key = request.headers.get("x-api-key", "")
+        # both compared, always: the time taken does not say which header was tried
+        return (secrets.compare_digest(bearer.encode(), f"Bearer {self.api_key}".encode())
+                | secrets.compare_digest(key.encode(), self.api_key.encode()))
 
     def _too_large(self, declared: str | None) -> str:
         size = f"{declared} bytes" if declared is not None and declared.isdigit() else "more"
