@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ApiFamily = Literal["openai", "native", "weights"]
-OPEN_ROUTES = ("/health",)  # answered without the key: load balancers and launchers poll it
+OPEN_ROUTES = ("/health", "/api/v1/healthz")  # answered without the key: load balancers and launchers poll them
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ridgeline.inference.types import EngineRequest, SamplingParams
 from ridgeline.models.loading import ModelSpec, load_model, load_tokenizer, tokenizer_folder
 from ridgeline.models.lora import LoraSettings, is_lora, merged_copy, wrap
 from ridgeline.tinker.checkpoints import ModelMeta
-from ridgeline.tinker.losses import bind
+from ridgeline.tinker.losses import BoundLoss, bind
 from ridgeline.tinker.wire import Datum, ForwardBackward, Sequence
 from ridgeline.training.optim import param_groups
 
@@ -137,11 +137,15 @@ class TrainedModel:
     def is_lora(self) -> bool:
         return self.meta.lora_rank > 0
 
-    def forward_backward(self, request: ForwardBackward) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+    def check(self, request: ForwardBackward) -> tuple[BoundLoss, list[dict[str, torch.Tensor]]]:
+        """The request's loss and each datum's inputs as tensors; a bad one is a 400 naming it."""
+        loss = bind(request.loss_fn, request.loss_fn_config)
+        return loss, [self._inputs(i, d, loss.inputs) for i, d in enumerate(request.data)]
+
+    def forward_backward(self, request: ForwardBackward, loss: BoundLoss, checked: list[dict[str, torch.Tensor]]
+                         ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per datum its target logprobs; the summed loss (`loss:sum`); gradients accumulated unless
         `forward_only`."""
-        loss = bind(request.loss_fn, request.loss_fn_config)
-        checked = [self._inputs(i, d, loss.inputs) for i, d in enumerate(request.data)]
         outputs, total = [], 0.0
         for datum, inputs in zip(request.data, checked):
             with torch.set_grad_enabled(not request.forward_only):

@@ -157,9 +157,10 @@ class TinkerService:
     def forward_backward(self, body: dict) -> dict:
         request = parse_forward_backward(body["raw"], self.limits.max_tokens_per_request)
         model = self._model(request.model_id)
+        loss, checked = model.check(request)
 
         def work() -> Result:
-            outputs, metrics = model.forward_backward(request)
+            outputs, metrics = model.forward_backward(request, loss, checked)
             return Result(proto=forward_backward_output(outputs, metrics))
         return self._future(work, model.model_id)
 
