@@ -129,8 +129,8 @@ class _Gate:
 
         if self.api_key and route.path not in OPEN_ROUTES and not self._authorized(request):
             return _refuse(route.family, HTTPStatus.UNAUTHORIZED,
-                           "missing or wrong key: send Authorization: Bearer <the server's --api-key> (or "
-                           "X-API-Key: <key>, as the Tinker SDK does from TINKER_API_KEY)")
+                           "missing or wrong bearer token: send Authorization: Bearer <the server's --api-key> "
+                           "(or X-API-Key: <key>, as the Tinker SDK does from TINKER_API_KEY)")
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             return _refuse(route.family, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large(declared))

@@ -2,7 +2,8 @@
 checkpoints and futures. Each public method is one route's handler: it takes the request body,
 checks it through the SDK's own types (`wire.parse`), and answers a JSON object or, for the
 results the SDK reads as protobuf, a `RawAnswer`. Model work (training, saving, sampling) is
-queued on the `FutureStore` and answered by request id.
+queued on the `FutureStore` and answered by request id. The SDK (the `tinker` extra) is imported
+in the handlers, as every extra's package is.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-from tinker import types
+from typing import TYPE_CHECKING
 
 from ridgeline.inference.http_app import RawAnswer
 from ridgeline.inference.request_fields import RequestError
@@ -27,6 +27,9 @@ from ridgeline.tinker.limits import TinkerLimits
 from ridgeline.tinker.models import BaseModels, Sampler, TrainedModel, load_trainable, target_modules
 from ridgeline.tinker.wire import PROTO_MEDIA_TYPE, parse, parse_forward_backward, sample_response
 from ridgeline.tinker.wire import forward_backward_output
+
+if TYPE_CHECKING:
+    from tinker import types
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +59,16 @@ class TinkerService:
         return {"status": "ok"}
 
     def client_config(self, body: dict) -> dict:
+        from tinker import types
+
         # plain API keys, no JWT exchange; forward_backward bodies uncompressed, one chunk at a time
         return types.ClientConfigResponse(pjwt_auth_enabled=False, proto_compress_fwdbwd=False,
                                           parallel_fwdbwd_chunks=False, use_pyqwest_transport=False,
                                           sample_use_retrieve_futures=False).model_dump()
 
     def dynamic_config(self, body: dict) -> dict:
+        from tinker import types
+
         return types.ClientDynamicConfigResponse().model_dump()
 
     def capabilities(self, body: dict) -> dict:
@@ -69,6 +76,8 @@ class TinkerService:
                                      for name in self.bases.names]}
 
     def create_session(self, body: dict) -> dict:
+        from tinker import types
+
         parse(types.CreateSessionRequest, body)
         session_id = f"session-{uuid.uuid4().hex[:12]}"
         with self._lock:
@@ -76,6 +85,8 @@ class TinkerService:
         return {"type": "create_session", "session_id": session_id}
 
     def heartbeat(self, body: dict) -> dict:
+        from tinker import types
+
         self._session(parse(types.SessionHeartbeatRequest, body).session_id, "session_id")
         return {"type": "session_heartbeat"}
 
@@ -89,6 +100,8 @@ class TinkerService:
 
     # -- futures ---------------------------------------------------------------------------------
     def retrieve_future(self, body: dict) -> dict | RawAnswer:
+        from tinker import types
+
         request = parse(types.FutureRetrieveRequest, body)
         result = self.futures.wait(request.request_id)
         if result is None:
@@ -126,6 +139,8 @@ class TinkerService:
         return model_id
 
     def create_model(self, body: dict) -> dict:
+        from tinker import types
+
         request = parse(types.CreateModelRequest, body)
         self._session(request.session_id, "session_id")
         self.bases.get(request.base_model)  # an unknown name is a 400 now, not a failed future
@@ -147,6 +162,8 @@ class TinkerService:
         return self._future(work)
 
     def get_info(self, body: dict) -> dict:
+        from tinker import types
+
         request = parse(types.GetInfoRequest, body)
         model = self._model(request.model_id)
         return {"type": "get_info", "model_id": model.model_id, "model_name": model.meta.base_model,
@@ -165,6 +182,8 @@ class TinkerService:
         return self._future(work, model.model_id)
 
     def optim_step(self, body: dict) -> dict:
+        from tinker import types
+
         request = parse(types.OptimStepRequest, body)
         model = self._model(request.model_id)
         p = request.optim_params
@@ -184,6 +203,8 @@ class TinkerService:
 
     # -- weights ---------------------------------------------------------------------------------
     def save_weights(self, body: dict) -> dict:
+        from tinker import types
+
         request = parse(types.SaveWeightsRequest, body)
         model = self._model(request.model_id)
         path = TinkerPath(model.model_id, "weights", check_name(request.path or f"step-{model.meta.steps}", "path"))
@@ -195,6 +216,8 @@ class TinkerService:
         return self._future(work, model.model_id)
 
     def save_weights_for_sampler(self, body: dict) -> dict:
+        from tinker import types
+
         request = parse(types.SaveWeightsForSamplerRequest, body)
         model = self._model(request.model_id)
         if request.path is None:
@@ -217,6 +240,8 @@ class TinkerService:
 
     def load_weights(self, body: dict) -> dict:
         """Into an existing client (`model_id`), or a new one (`session_id`: create-via-load)."""
+        from tinker import types
+
         request = parse(types.LoadWeightsRequest, body)
         path = TinkerPath.parse(request.path)
         if request.model_id is not None:
@@ -254,6 +279,8 @@ class TinkerService:
 
     # -- sampling --------------------------------------------------------------------------------
     def create_sampling_session(self, body: dict) -> dict:
+        from tinker import types
+
         request = parse(types.CreateSamplingSessionRequest, body)
         self._session(request.session_id, "session_id")
         if request.model_path is not None:
@@ -277,6 +304,8 @@ class TinkerService:
         return {"sampler_id": sampler_id, "base_model": session.base_model, "model_path": session.model_path}
 
     def sample(self, body: dict) -> dict:
+        from tinker import types
+
         request = parse(types.SampleRequest, body)
         if request.sampling_session_id is not None:
             session = self.sampling.get(request.sampling_session_id)

@@ -13,16 +13,26 @@ import math
 from dataclasses import dataclass
 from typing import TypeVar
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pydantic
-from tinker.proto import tinker_public_pb2 as pb
 
 from ridgeline.inference.request_fields import RequestError
+
+if TYPE_CHECKING:
+    from tinker.proto import tinker_public_pb2
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 PROTO_MEDIA_TYPE = "application/x-protobuf"
-_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
+
+
+def _pb():
+    """The SDK's protobuf messages (the `tinker` extra: imported where a request needs them)."""
+    from tinker.proto import tinker_public_pb2
+
+    return tinker_public_pb2
 
 
 def parse(model: type[M], body: dict) -> M:
@@ -53,10 +63,11 @@ class ForwardBackward:
     forward_only: bool
 
 
-def _tensor(msg: pb.Tensor, field: str) -> np.ndarray:
+def _tensor(msg: tinker_public_pb2.Tensor, field: str) -> np.ndarray:
     if msg.HasField("sparse_csr"):
         raise RequestError(f"{field}: sparse tensors are not served; send a dense tensor", field)
-    dtype = _DTYPES.get(msg.dtype)
+    pb = _pb()
+    dtype = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}.get(msg.dtype)
     if dtype is None:
         raise RequestError(f"{field}: dtype {msg.dtype} is not float32 / int64", field)
     data = np.frombuffer(msg.dense, dtype=dtype)
@@ -70,7 +81,7 @@ def _tensor(msg: pb.Tensor, field: str) -> np.ndarray:
 
 def parse_forward_backward(raw: bytes, max_tokens: int) -> ForwardBackward:
     """The SDK's protobuf `ForwardBackwardRequest`; at most `max_tokens` input tokens in all."""
-    msg = pb.ForwardBackwardRequest()
+    msg = _pb().ForwardBackwardRequest()
     try:
         msg.ParseFromString(raw)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends: the body is bad
@@ -108,6 +119,7 @@ def parse_forward_backward(raw: bytes, max_tokens: int) -> ForwardBackward:
 
 def forward_backward_output(per_datum: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> bytes:
     """`ForwardBackwardOutput`: one ArrayRecord, each field float32 with per-datum byte offsets."""
+    pb = _pb()
     record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(per_datum))
     for name in per_datum[0] if per_datum else ():
         arrays = [np.ascontiguousarray(d[name], dtype=np.float32) for d in per_datum]
@@ -128,6 +140,7 @@ class Sequence:
 
 def sample_response(sequences: list[Sequence], prompt_logprobs: list[float] | None) -> bytes:
     """`SampleResponse`; `prompt_logprobs` has NaN at position 0 (no context), as the SDK reads it."""
+    pb = _pb()
     out = pb.SampleResponse()
     for s in sequences:
         out.sequences.add(stop_reason=pb.STOP_REASON_STOP if s.stopped else pb.STOP_REASON_LENGTH,
