@@ -42,7 +42,7 @@ class _Pending:
 
 
 class FutureStore:
-    def __init__(self, *, max_queued: int, keep_done: int = 4096, poll_wait_s: float = 20.0):
+    def __init__(self, *, max_queued: int, keep_done: int = 4096, poll_wait_s: float = 40.0):
         self.poll_wait_s, self.keep_done = poll_wait_s, keep_done
         self._queue: queue.Queue[tuple[_Pending, Callable[[], Result]] | None] = queue.Queue(maxsize=max_queued)
         self._requests: OrderedDict[str, _Pending] = OrderedDict()

@@ -66,6 +66,14 @@ class Base:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
 
+def model_spec(name: str, seed: int) -> ModelSpec:
+    """A served name as a model spec; `<folder or pkg://...>/<file>.gguf` is a GGUF file in its folder."""
+    folder, sep, file = name.rpartition("/")
+    if sep and file.endswith(".gguf"):
+        return ModelSpec(path=folder, gguf_file=file, seed=seed, config_key="--model")
+    return ModelSpec(path=name, seed=seed, config_key="--model")
+
+
 class BaseModels:
     """The base models this server serves, by name (a hub id or folder, pkg://, tiny://, random://),
     each loaded on first use. Names not served are refused: a request never names a path to read."""
@@ -81,7 +89,7 @@ class BaseModels:
                                "server with --model NAME)", field)
         with self._lock:
             if name not in self._loaded:
-                spec = ModelSpec(path=name, seed=self.seed, config_key="--model")
+                spec = model_spec(name, self.seed)
                 tokenizer = load_tokenizer(spec)
                 model = load_model(spec, torch.float32, tokenizer).eval()
                 model.requires_grad_(False)
