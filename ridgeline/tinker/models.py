@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ridgeline.distributed.weight_sync import check_probe, probe_logprobs, probe_tokens, probe_tolerance
+from ridgeline.distributed.weight_sync import (ProbeTolerance, check_probe, probe_logprobs, probe_tokens,
+                                                 probe_tolerance)
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.request_fields import RequestError
 from ridgeline.inference.types import EngineRequest, SamplingParams
@@ -35,6 +36,7 @@ from ridgeline.training.optim import param_groups
 
 log = logging.getLogger(__name__)
 
+LORA_PROBE_TOLERANCE = 1e-4   # max |logprob diff| of an fp32 engine on merged adapters (Sampler.from_model)
 LORA_ALPHA = 32.0   # the adapters' scale is alpha / rank; Tinker's requests carry only the rank
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -227,8 +229,14 @@ class Sampler:
         engine = HFEngine(trained.base.model, trained.base.tokenizer)
         engine.update_weights(trained.engine_model().state_dict().items())
         prompt, response = probe_tokens(trained.base.tokenizer)
+        tolerance = probe_tolerance(engine.dtype)
+        if trained.is_lora and tolerance.statistic == "max":
+            # W x + s B (A x) against the merged (W + s B A) x: another summation order, which on
+            # SmolLM2 after one RL step moved a probe logprob by 1.45e-5 (past fp32's 1e-5); weights
+            # that never landed move them by O(1)
+            tolerance = ProbeTolerance("max", LORA_PROBE_TOLERANCE)
         check_probe(probe_logprobs(trained.model, prompt_ids=prompt, response_ids=response),
-                    torch.tensor(engine.score(prompt, response)), probe_tolerance(engine.dtype))
+                    torch.tensor(engine.score(prompt, response)), tolerance)
         return cls(trained.base, engine, source)
 
     @classmethod

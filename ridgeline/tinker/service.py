@@ -8,6 +8,7 @@ in the handlers, as every extra's package is.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -150,6 +151,9 @@ class TinkerService:
         if request.optimizer_config.type != "adamw":
             raise RequestError(f"optimizer_config.type {request.optimizer_config.type!r}: only adamw is served",
                                "optimizer_config.type")
+        if lora is not None and lora.rank > 0 and lora.train_unembed:
+            _note_once("lora_config.train_unembed: the output head gets no adapter here (peft's all-linear leaves it "
+                       "out, and SmolLM2-like models tie it to the embeddings); attention and MLP layers train")
         meta = ModelMeta(base_model=request.base_model, lora_rank=0 if lora is None else lora.rank,
                          target_modules="all-linear" if lora is None else target_modules(lora.train_attn, lora.train_mlp),
                          seed=self.seed if lora is None or lora.seed is None else lora.seed)
@@ -208,6 +212,8 @@ class TinkerService:
         request = parse(types.SaveWeightsRequest, body)
         model = self._model(request.model_id)
         path = TinkerPath(model.model_id, "weights", check_name(request.path or f"step-{model.meta.steps}", "path"))
+        if request.ttl_seconds is not None:
+            _note_once("ttl_seconds: checkpoints here never expire (they are folders under --root; delete them there)")
 
         def work() -> Result:
             self.store.save(path, model.meta, _plain(model), model.optimizer.state_dict(),
@@ -220,6 +226,8 @@ class TinkerService:
 
         request = parse(types.SaveWeightsForSamplerRequest, body)
         model = self._model(request.model_id)
+        if request.kind != "snapshot":
+            raise RequestError(f"kind {request.kind!r}: only snapshot sampling clients are served", "kind")
         if request.path is None:
             if request.sampling_session_seq_id is None:
                 raise RequestError("give path (a checkpoint) or sampling_session_seq_id (a snapshot)", "path")
@@ -404,6 +412,12 @@ class TinkerService:
         self._engines[key] = sampler
         while len(self._engines) > self.limits.max_samplers:
             self._engines.popitem(last=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _note_once(message: str) -> None:
+    """A request option this server does not act on, said once in its log (the cache remembers)."""
+    log.warning(message)
 
 
 def _plain(model: TrainedModel):
