@@ -167,6 +167,16 @@ def test_sampling_logprobs_are_the_training_logprobs(client):
     assert list(stopped.sequences[0].tokens) == [first] and stopped.sequences[0].stop_reason == "stop"
 
 
+def test_base_model_sampler(server, client):
+    sampler = client.create_sampling_client(base_model=BASE).result()
+    assert sampler.get_base_model() == BASE
+    out = sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:3]), num_samples=2,
+                         sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+    assert [list(s.tokens) for s in out.sequences][0] == list(out.sequences[1].tokens)   # greedy: the same
+    record = httpx.get(f"{server.url}/api/v1/samplers/{sampler._sampling_session_id}", headers={"X-API-Key": KEY})
+    assert record.json()["base_model"] == BASE
+
+
 def test_clients_on_one_base_keep_their_own_adapters(client):
     a = client.create_lora_training_client(base_model=BASE, rank=4).result()
     b = client.create_lora_training_client(base_model=BASE, rank=8).result()
@@ -221,6 +231,14 @@ def test_state_resumes_exactly_on_a_new_server(tmp_path):
         assert resumed.forward([d], "cross_entropy").result().metrics["loss:sum"] == expected
         weights_only = service.create_training_client_from_state(path).result()
         assert weights_only.get_info().lora_rank == 4
+        # load_state_with_optimizer into a client that exists: the same state, the same next step
+        other = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        other.load_state_with_optimizer(path).result()
+        other.forward_backward([d], "cross_entropy").result()
+        other.optim_step(adam).result()
+        assert other.forward([d], "cross_entropy").result().metrics["loss:sum"] == expected
+        with pytest.raises(tinker.BadRequestError, match="rank"):
+            service.create_lora_training_client(base_model=BASE, rank=8).result().load_state(path).result()
         sampled = service.create_sampling_client(model_path=sampler_path).result().sample(
             prompt=types.ModelInput.from_ints(TOKENS[:4]), num_samples=1,
             sampling_params=types.SamplingParams(max_tokens=3)).result()

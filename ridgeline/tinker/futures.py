@@ -4,8 +4,8 @@ request id; the client polls `/api/v1/retrieve_future` until the result is there
 One worker thread runs the queue in arrival order (the SDK sends a training client's calls in its
 own order, one at a time, so arrival order is that order), so model work never overlaps on the
 CPU. A poll waits on the request's event for up to `poll_wait_s`, then answers `try_again`: the
-client asks again at once, and no poll sleeps on the clock. Finished results are kept until read
-and at most `keep_done` of them (the oldest go first).
+client asks again at once, and no poll sleeps on the clock. Finished results stay readable (a
+client may ask twice), at most `keep_done` of them: the oldest go first.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class FutureStore:
             pending = self._requests.get(request_id)
         if pending is None:
             raise RequestError(f"request_id {request_id!r} is not a request of this server (or its result was "
-                               "already collected)", "request_id")
+                               f"dropped: the server keeps the last {self.keep_done})", "request_id")
         if not pending.done.wait(self.poll_wait_s):
             return None
         return pending.result

@@ -262,15 +262,17 @@ class TinkerService:
                 raise RequestError("model_seq_id is missing (a new client's number in its session)", "model_seq_id")
             model = None
         meta, tensors, optimizer = self.store.load(path, optimizer=request.optimizer)
+        if model is not None and (model.meta.base_model, model.meta.lora_rank, model.meta.target_modules) != (
+                meta.base_model, meta.lora_rank, meta.target_modules):
+            raise RequestError(f"path: {path} holds {meta.base_model} rank {meta.lora_rank} on {meta.target_modules}, "
+                               f"this client is {model.meta.base_model} rank {model.meta.lora_rank} on "
+                               f"{model.meta.target_modules}", "path")
 
         def work() -> Result:
             target = model
             if target is None:
                 model_id = f"{request.session_id}:train:{request.model_seq_id}"
                 target = self.models[self._add_model(model_id, meta if request.optimizer else replace(meta, steps=0))]
-            elif target.meta.base_model != meta.base_model or target.meta.lora_rank != meta.lora_rank:
-                raise RequestError(f"path: {path} holds {meta.base_model} rank {meta.lora_rank}, this client is "
-                                   f"{target.meta.base_model} rank {target.meta.lora_rank}", "path")
             load_trainable(target.model, tensors)
             if optimizer is not None:
                 target.optimizer.load_state_dict(optimizer)
