@@ -289,3 +289,27 @@ def test_bad_requests_name_their_field(server, client):
 def test_loopback_by_default(tmp_path):
     with pytest.raises(ExposureError, match="--api-key"):
         make_server(TinkerService([BASE], tmp_path), "0.0.0.0", 0, None, 1 << 20)
+
+
+def test_command_refuses_before_loading(capsys):
+    from ridgeline.cli import main
+
+    assert main(["tinker", "--model", BASE, "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "--api-key" in capsys.readouterr().err
+    assert main(["tinker", "--model", BASE, "--max-samplers", "0"]) == 2
+    assert "--max-samplers must be positive" in capsys.readouterr().err
+
+
+def test_bf16_sampler_passes_the_low_precision_probe(tmp_path):
+    import torch
+
+    from ridgeline.tinker.checkpoints import ModelMeta
+    from ridgeline.tinker.models import BaseModels, Sampler, TrainedModel
+
+    base = BaseModels([BASE], 0, torch.bfloat16).get(BASE)
+    trained = TrainedModel("m", base, ModelMeta(BASE, 4, "all-linear", 0))
+    sampler = Sampler.from_model(trained, "m")   # raises StaleWeightsError past the bf16 bound
+    assert sampler.engine.dtype == torch.bfloat16
+    from ridgeline.inference.types import SamplingParams
+    seqs, prompt_lp = sampler.sample(TOKENS[:4], 2, SamplingParams(max_generate_length=3), (), 0, True)
+    assert [len(s.tokens) for s in seqs] == [3, 3] and len(prompt_lp) == 4 and math.isnan(prompt_lp[0])

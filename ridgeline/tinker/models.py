@@ -58,6 +58,7 @@ class Base:
     tokenizer: PreTrainedTokenizerBase
     tokenizer_folder: str        # what a client's AutoTokenizer.from_pretrained loads (get_tokenizer)
     model: PreTrainedModel       # float32, frozen; copied by every client and sampler
+    engine_dtype: torch.dtype = torch.float32   # the samplers' (--sampler-dtype)
 
     @property
     def context_length(self) -> int:
@@ -80,8 +81,8 @@ class BaseModels:
     """The base models this server serves, by name (a hub id or folder, pkg://, tiny://, random://),
     each loaded on first use. Names not served are refused: a request never names a path to read."""
 
-    def __init__(self, names: list[str], seed: int):
-        self.names, self.seed = list(names), seed
+    def __init__(self, names: list[str], seed: int, engine_dtype: torch.dtype = torch.float32):
+        self.names, self.seed, self.engine_dtype = list(names), seed, engine_dtype
         self._loaded: dict[str, Base] = {}
         self._lock = threading.Lock()
 
@@ -95,7 +96,7 @@ class BaseModels:
                 tokenizer = load_tokenizer(spec)
                 model = load_model(spec, torch.float32, tokenizer).eval()
                 model.requires_grad_(False)
-                self._loaded[name] = Base(name, tokenizer, tokenizer_folder(spec), model)
+                self._loaded[name] = Base(name, tokenizer, tokenizer_folder(spec), model, self.engine_dtype)
             return self._loaded[name]
 
 
@@ -226,7 +227,7 @@ class Sampler:
     @classmethod
     def from_model(cls, trained: TrainedModel, source: str) -> "Sampler":
         """An engine with `trained`'s weights, checked by the stale-weights probe."""
-        engine = HFEngine(trained.base.model, trained.base.tokenizer)
+        engine = HFEngine(trained.base.model, trained.base.tokenizer, dtype=trained.base.engine_dtype)
         engine.update_weights(trained.engine_model().state_dict().items())
         prompt, response = probe_tokens(trained.base.tokenizer)
         tolerance = probe_tolerance(engine.dtype)
@@ -241,7 +242,7 @@ class Sampler:
 
     @classmethod
     def from_base(cls, base: Base) -> "Sampler":
-        return cls(base, HFEngine(base.model, base.tokenizer), base.name)
+        return cls(base, HFEngine(base.model, base.tokenizer, dtype=base.engine_dtype), base.name)
 
     def sample(self, prompt: list[int], num_samples: int, params: SamplingParams, stop_ids: tuple[int, ...],
                seed: int, prompt_logprobs: bool) -> tuple[list[Sequence], list[float] | None]:

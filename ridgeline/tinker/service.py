@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from ridgeline.inference.http_app import RawAnswer
 from ridgeline.inference.request_fields import RequestError
 from ridgeline.inference.types import SamplingParams
@@ -43,9 +45,10 @@ class _SamplingSession:
 
 
 class TinkerService:
-    def __init__(self, models: list[str], root: Path, *, seed: int = 0, limits: TinkerLimits = TinkerLimits()):
+    def __init__(self, models: list[str], root: Path, *, seed: int = 0, limits: TinkerLimits = TinkerLimits(),
+                 sampler_dtype: torch.dtype = torch.float32):
         self.limits, self.seed = limits, seed
-        self.bases = BaseModels(models, seed)
+        self.bases = BaseModels(models, seed, sampler_dtype)
         self.store = CheckpointStore(root)
         self.futures = FutureStore(max_queued=limits.max_queued_requests)
         self.models: dict[str, TrainedModel] = {}
