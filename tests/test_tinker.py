@@ -313,3 +313,24 @@ def test_bf16_sampler_passes_the_low_precision_probe(tmp_path):
     from ridgeline.inference.types import SamplingParams
     seqs, prompt_lp = sampler.sample(TOKENS[:4], 2, SamplingParams(max_generate_length=3), (), 0, True)
     assert [len(s.tokens) for s in seqs] == [3, 3] and len(prompt_lp) == 4 and math.isnan(prompt_lp[0])
+
+
+def test_a_running_future_answers_try_again(server):
+    """A poll on work still running gets Tinker's 408 "try again" (released by an event, not a clock)."""
+    import threading as th
+
+    from ridgeline.tinker.futures import Result
+
+    release = th.Event()
+    store = server.service.futures
+    store.poll_wait_s = 0.05   # this server's polls give up at once while the work is held
+    try:
+        request_id = store.submit(lambda: (release.wait(), Result(json={"ok": 1}))[1])
+        pending = _post(server, "/retrieve_future", {"request_id": request_id})
+        assert pending.status_code == 408 and pending.json()["type"] == "try_again"
+    finally:
+        release.set()
+        store.poll_wait_s = 40.0
+    assert _post(server, "/retrieve_future", {"request_id": request_id}).json() == {"ok": 1}
+    unknown = _post(server, "/retrieve_future", {"request_id": "req-none"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "request_id"

@@ -60,10 +60,11 @@ class Route:
 
 @dataclass(frozen=True)
 class RawAnswer:
-    """A handler's answer sent as it is (e.g. a protobuf message), with its media type."""
+    """A handler's answer sent as it is (e.g. a protobuf message), with its media type and status."""
 
     content: bytes
     media_type: str
+    status: int = 200
 
 
 class ExposureError(ValueError):
@@ -169,7 +170,7 @@ class _Gate:
             return _json(error_answer(route.family, status, f"{type(e).__name__}: {e}"), status)
         if isinstance(result, RawAnswer):
             from fastapi import Response
-            return Response(result.content, status_code=int(HTTPStatus.OK), media_type=result.media_type)
+            return Response(result.content, status_code=result.status, media_type=result.media_type)
         failed = isinstance(result, dict) and result.get("success") is False
         return _json(result, HTTPStatus.BAD_REQUEST if failed else HTTPStatus.OK)
 

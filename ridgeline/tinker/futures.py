@@ -3,8 +3,8 @@ request id; the client polls `/api/v1/retrieve_future` until the result is there
 
 One worker thread runs the queue in arrival order (the SDK sends a training client's calls in its
 own order, one at a time, so arrival order is that order), so model work never overlaps on the
-CPU. A poll waits on the request's event for up to `poll_wait_s`, then answers `try_again`: the
-client asks again at once, and no poll sleeps on the clock. Finished results stay readable (a
+CPU. A poll waits on the request's event for up to `poll_wait_s`, then answers "try again" (HTTP
+408): the client asks again at once, and no poll sleeps on the clock. Finished results stay readable (a
 client may ask twice), at most `keep_done` of them: the oldest go first.
 """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import threading
 import uuid
@@ -109,7 +110,9 @@ class TinkerService:
         request = parse(types.FutureRetrieveRequest, body)
         result = self.futures.wait(request.request_id)
         if result is None:
-            return {"type": "try_again", "request_id": request.request_id, "queue_state": "active"}
+            # still running: Tinker's "try again" as HTTP 408, which the SDK retries without a warning
+            body = {"type": "try_again", "request_id": request.request_id, "queue_state": "active"}
+            return RawAnswer(json.dumps(body).encode(), "application/json", status=408)
         if result.error is not None:
             return {"error": result.error, "category": result.category}
         if result.proto is not None:
