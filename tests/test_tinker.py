@@ -153,8 +153,8 @@ def test_sampling_logprobs_are_the_training_logprobs(client):
         train_lp = logprobs(training.forward([datum(full, weights=[1.0] * (len(full) - 1))], "cross_entropy").result())
         np.testing.assert_allclose(seq.logprobs, train_lp[len(prompt) - 1:], atol=1e-4)
     assert result.prompt_logprobs[0] is None
-    np.testing.assert_allclose(result.prompt_logprobs[1:], logprobs(training.forward([d], "cross_entropy").result())[:4],
-                               atol=1e-4)
+    trained = logprobs(training.forward([d], "cross_entropy").result())
+    np.testing.assert_allclose(result.prompt_logprobs[1:], trained[:4], atol=1e-4)
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
     np.testing.assert_allclose(scored[1:], logprobs(training.forward([d], "cross_entropy").result()), atol=1e-4)
     # the same seed, the same samples; a stop token ends a sample with "stop"

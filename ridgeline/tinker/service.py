@@ -153,7 +153,8 @@ class TinkerService:
         self.bases.get(request.base_model)  # an unknown name is a 400 now, not a failed future
         lora = request.lora_config
         if lora is not None and lora.rank < 0:
-            raise RequestError(f"lora_config.rank must be >= 0 (0: full-parameter), got {lora.rank}", "lora_config.rank")
+            raise RequestError(f"lora_config.rank must be >= 0 (0: full-parameter), got {lora.rank}",
+                               "lora_config.rank")
         if request.optimizer_config.type != "adamw":
             raise RequestError(f"optimizer_config.type {request.optimizer_config.type!r}: only adamw is served",
                                "optimizer_config.type")
@@ -161,7 +162,8 @@ class TinkerService:
             _note_once("lora_config.train_unembed: the output head gets no adapter here (peft's all-linear leaves it "
                        "out, and SmolLM2-like models tie it to the embeddings); attention and MLP layers train")
         meta = ModelMeta(base_model=request.base_model, lora_rank=0 if lora is None else lora.rank,
-                         target_modules="all-linear" if lora is None else target_modules(lora.train_attn, lora.train_mlp),
+                         target_modules=("all-linear" if lora is None else
+                                         target_modules(lora.train_attn, lora.train_mlp)),
                          seed=self.seed if lora is None or lora.seed is None else lora.seed)
 
         # the id the SDK derives itself for clients created from a checkpoint: (session, client number)
