@@ -13,9 +13,9 @@ requests; path parameters such as `{model_id}` join the object) and the route's 
 worker thread (engine work waits there for the engine loop, ridgeline.inference.scheduler).
 Errors map to statuses: RequestError 400 naming the field, ServerBusy / RequestTimedOut 503, a
 weight-sync failure 400, anything else 500 (logged). They take the shape of the route's API
-family: {"error": {message, type, param, code}} (OpenAI's, for /v1/*; SGLang's native routes answer the same, which holds SGLang's
-{"error": {"message"}}), and SGLang's {"success": false, "message"} for the weight and memory
-routes. A handler may answer a `RawAnswer` (bytes and their media type: protobuf) instead of JSON.
+family: {"error": {message, type, param, code}} (OpenAI's, for /v1/*; SGLang's native routes
+answer the same, which holds SGLang's {"error": {"message"}}), and SGLang's {"success": false,
+"message"} for the weight and memory routes. A handler may answer a `RawAnswer` (bytes and their media type: protobuf) instead of JSON.
 
 fastapi and uvicorn are imported when a server is built: a training run without an endpoint
 never needs them.
