@@ -15,7 +15,8 @@ Errors map to statuses: RequestError 400 naming the field, ServerBusy / RequestT
 weight-sync failure 400, anything else 500 (logged). They take the shape of the route's API
 family: {"error": {message, type, param, code}} (OpenAI's, for /v1/*; SGLang's native routes
 answer the same, which holds SGLang's {"error": {"message"}}), and SGLang's {"success": false,
-"message"} for the weight and memory routes. A handler may answer a `RawAnswer` (bytes and their media type: protobuf) instead of JSON.
+"message"} for the weight and memory routes. A handler may answer a `RawAnswer` (bytes, their
+media type and status: a protobuf message, Tinker's 408 "try again") instead of JSON.
 
 fastapi and uvicorn are imported when a server is built: a training run without an endpoint
 never needs them.
