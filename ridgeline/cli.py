@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     doctor_cmd.add_parser(sub)
     from ridgeline.entrypoints import serve as serve_cmd
     serve_cmd.add_parser(sub)
+    from ridgeline.tinker import command as tinker_cmd
+    tinker_cmd.add_parser(sub)
     args = parser.parse_args(argv)
     prog = "ridgeline" if args.command == "train" else f"ridgeline {args.command}"
     return report_user_errors(lambda: _run(args), prog, debug=debug)
@@ -60,6 +62,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from ridgeline.entrypoints import serve as serve_cmd
         return serve_cmd.run(args)
+    if args.command == "tinker":
+        from ridgeline.tinker import command as tinker_cmd
+        return tinker_cmd.run(args)
     if args.command == "report":
         from ridgeline.entrypoints import report as report_cmd
         return report_cmd.run(args)

@@ -3,7 +3,8 @@ stack of vLLM's and SGLang's servers), on a socket bound when the server is buil
 
 Every request passes one gate, in this order, before its body is read:
   1. the route (404 / 405 otherwise);
-  2. the key: with an API key, every route but /health needs `Authorization: Bearer <key>` (401);
+  2. the key: with an API key, every route but /health needs `Authorization: Bearer <key>` or
+     `X-API-Key: <key>` (the Tinker SDK's header; 401);
   3. the load: past `max_requests` requests in progress, 503 (idle and half-sent connections
      do not count: `guarded_h11` closes them; /health is always answered);
   4. the size: a Content-Length over the cap is refused unread (413), a body without one is
@@ -12,9 +13,12 @@ Every request passes one gate, in this order, before its body is read:
 A refusal closes the connection, so the rest of a refused body is never read. Then the body is
 measured before it is parsed (`json_shape`: nesting depth and number of arrays and objects, with bytes-level
 scans at C speed), parsed on a worker thread (never on the event loop), checked for lone
-surrogates (400 naming the field), and the route's handler runs on a worker thread (engine work
-waits there for the engine loop, ridgeline.inference.scheduler). A handler may answer an
-`EventStream`: sent as server-sent events. Errors map to statuses: RequestError 400
+surrogates (400 naming the field); a "bytes" route gets `{"raw": the body}` instead (the Tinker
+SDK's protobuf requests), and path parameters such as `{model_id}` join the object. The route's
+handler runs on a worker thread (engine work waits there for the engine loop,
+ridgeline.inference.scheduler). A handler may answer an `EventStream` (sent as server-sent events)
+or a `RawAnswer` (bytes, their media type and status: a protobuf message, Tinker's 408 "try
+again") instead of JSON. Errors map to statuses: RequestError 400
 naming the field, ServerBusy / RequestTimedOut 503, a weight-sync failure 400, anything else 500
 (logged). They take the shape of the route's API family: {"error": {message, type, param, code}}
 (OpenAI's, for /v1/*; SGLang's native routes answer the same, which holds SGLang's
@@ -47,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ApiFamily = Literal["openai", "native", "weights"]
-OPEN_ROUTES = ("/health",)  # answered without the key: load balancers and launchers poll it
+OPEN_ROUTES = ("/health", "/api/v1/healthz")  # answered without the key: load balancers and launchers poll them
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,16 @@ class Route:
     path: str
     handler: Callable[[dict], Any]
     family: ApiFamily
+    body: Literal["json", "bytes"] = "json"
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    """A handler's answer sent as it is (e.g. a protobuf message), with its media type and status."""
+
+    content: bytes
+    media_type: str
+    status: int = 200
 
 
 @dataclass(frozen=True)
@@ -244,7 +258,8 @@ class _Gate:
 
         if self.api_key and route.path not in OPEN_ROUTES and not self._authorized(request):
             return _refuse(route.family, HTTPStatus.UNAUTHORIZED,
-                           "missing or wrong bearer token: send Authorization: Bearer <the server's --api-key>")
+                           "missing or wrong bearer token: send Authorization: Bearer <the server's --api-key> "
+                           "(or X-API-Key: <key>, as the Tinker SDK does from TINKER_API_KEY)")
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             return _refuse(route.family, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large(declared))
@@ -260,11 +275,15 @@ class _Gate:
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.workers)
             self._parsers = anyio.CapacityLimiter(2)  # parsing holds the GIL: more threads would not help
-        try:
-            body = await anyio.to_thread.run_sync(parse_body, raw, self.limits, limiter=self._parsers)
-        except BodyRefused as e:
-            return _json(error_answer(route.family, e.status, str(e), e.param), e.status)
+        if route.body == "bytes":
+            body: dict[str, Any] = {"raw": bytes(raw)}
+        else:
+            try:
+                body = await anyio.to_thread.run_sync(parse_body, raw, self.limits, limiter=self._parsers)
+            except BodyRefused as e:
+                return _json(error_answer(route.family, e.status, str(e), e.param), e.status)
         del raw
+        body.update(request.path_params)
         try:
             # abandoned on cancel: a server shutting down does not wait for the engine
             result = await anyio.to_thread.run_sync(route.handler, body, limiter=self._limiter, abandon_on_cancel=True)
@@ -284,12 +303,19 @@ class _Gate:
             from fastapi import Response
 
             return Response(result.body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        if isinstance(result, RawAnswer):
+            from fastapi import Response
+
+            return Response(result.content, status_code=result.status, media_type=result.media_type)
         failed = isinstance(result, dict) and result.get("success") is False
         return _json(result, HTTPStatus.BAD_REQUEST if failed else HTTPStatus.OK)
 
     def _authorized(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+        bearer = request.headers.get("authorization", "")
+        key = request.headers.get("x-api-key", "")
+        # both compared, always: the time taken does not say which header was tried
+        return (secrets.compare_digest(bearer.encode(), f"Bearer {self.api_key}".encode())
+                | secrets.compare_digest(key.encode(), self.api_key.encode()))
 
     def _too_large(self, declared: str | None) -> str:
         size = f"{declared} bytes" if declared is not None and declared.isdigit() else "more"
