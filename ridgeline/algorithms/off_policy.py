@@ -42,12 +42,15 @@ class AlgorithmSettings(Protocol):
 
     use_tis: bool
     tis_imp_ratio_cap: float
-    off_policy_correction: CorrectionSettings
+
+    @property   # read-only: the config's own section type satisfies it
+    def off_policy_correction(self) -> CorrectionSettings: ...
 
 
 def tis_setting(algorithm: AlgorithmSettings) -> tuple[str | None, float]:
     """(tis_ratio_type, its cap): SkyRL 0.3.1's `use_tis` is 0.4's tis_ratio_type=token with
     token_tis_ratio_clip_high=tis_imp_ratio_cap, the mapping SkyRL 0.4 makes when it validates."""
+    kind: str | None
     if algorithm.use_tis:
         kind, key, cap = "token", "tis_imp_ratio_cap", float(algorithm.tis_imp_ratio_cap)
     else:
@@ -70,7 +73,8 @@ class LossSettings(AlgorithmSettings, Protocol):
 
     policy_loss_type: str | None
     ppo_loss_type: str
-    cispo: AnchorSettings
+    @property
+    def cispo(self) -> AnchorSettings: ...
 
 
 def corrects_off_policy(algorithm: LossSettings) -> bool:
@@ -144,7 +148,7 @@ def off_policy_correction(old_log_probs: Tensor, rollout_log_probs: Tensor, loss
             values["outlier_seq_over_high_ratio"] = _share(high.any(-1), rows)
             values["outlier_seq_under_low_ratio"] = _share(low.any(-1), rows)
             keep = keep & ~bad
-        if token_mask:
+        if token_low is not None and token_high is not None:   # token_mask
             out = keep & ((rho < token_low) | (rho > token_high))
             values["token_mask_ratio"] = _share(out, keep.sum())
             keep = keep & ~out
@@ -162,14 +166,14 @@ def off_policy_correction(old_log_probs: Tensor, rollout_log_probs: Tensor, loss
         if metric is not None:
             seq_log = torch.where(keep, log_rho, 0.0).sum(-1, keepdim=True)
             if metric == "geometric":
-                seq_rho, low, high = _ratio(seq_log / keep.sum(-1, keepdim=True).clamp(min=1)), c.geo_mask_low, c.geo_mask_high
-                name = "geo"
+                seq_rho = _ratio(seq_log / keep.sum(-1, keepdim=True).clamp(min=1))
+                band_low, band_high, name = c.geo_mask_low, c.geo_mask_high, "geo"
             elif metric == "product":
-                seq_rho, low, high, name = _ratio(seq_log), c.product_mask_low, c.product_mask_high, "product"
+                seq_rho, band_low, band_high, name = _ratio(seq_log), c.product_mask_low, c.product_mask_high, "product"
             else:
                 raise ValueError(f"off_policy_correction.sequence_mask_metric must be null, geometric or product, "
                                  f"got {metric!r}")
-            over, under = seq_rho > high, seq_rho < low
+            over, under = seq_rho > band_high, seq_rho < band_low
             values[f"{name}_sequence_mask_masked_ratio"] = _share(over | under, rows)
             values[f"{name}_sequence_mask_over_high_ratio"] = _share(over, rows)
             values[f"{name}_sequence_mask_under_low_ratio"] = _share(under, rows)

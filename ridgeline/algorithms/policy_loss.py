@@ -263,7 +263,7 @@ def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, los
 
 @register_policy_loss("rollout_is")
 def rollout_is_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
-                    config: DictConfig, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
+                    config: LossConfig, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """SkyRL 0.4's `rollout_is` (GLM-5 tech report, arXiv 2602.15763, section 4.1.2): the
     importance weight is taken against the engine's logprobs and zeroed outside the trust range
     (IcePop-style), with a stop-gradient,
@@ -285,7 +285,7 @@ def rollout_is_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor
 
 
 @register_policy_loss("dppo")
-def dppo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
+def dppo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
               rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
     """DPPO, binary variants (Divergence Proximal Policy Optimization, "Rethinking the Trust Region
     in LLM RL", arXiv 2602.04879; SkyRL 0.4's `dppo`). The trust region is a divergence between

@@ -53,14 +53,15 @@ def add_parser(sub) -> None:
 
 def make_server(service, host: str, port: int, api_key: str | None, max_body_bytes: int):
     """An HTTP server over `service`'s routes, bound on return; ExposureError beyond loopback without a key."""
-    from ridgeline.inference.http_app import HttpServer, build_app, check_exposure
+    from ridgeline.inference.http_app import HttpLimits, HttpServer, build_app, check_exposure
     from ridgeline.tinker.routes import tinker_routes
 
     # every route here changes or reads trained weights: never beyond this machine without a key
     check_exposure(host, api_key, steering=True)
     # long polls hold a handler thread each (up to the futures' poll wait), so there are plenty
-    app = build_app(tinker_routes(service), api_key=api_key, max_body_bytes=max_body_bytes, workers=64)
-    return HttpServer(app, host, port, backlog=128, max_connections=256)
+    limits = HttpLimits(max_body_bytes=max_body_bytes, max_requests=256)
+    app = build_app(tinker_routes(service), api_key=api_key, limits=limits, workers=64)
+    return HttpServer(app, host, port, backlog=128, max_open=512, header_timeout_s=10.0)
 
 
 def run(args: argparse.Namespace) -> int:

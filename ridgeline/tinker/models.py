@@ -17,9 +17,11 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 import torch
+from peft import PeftModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ridgeline.distributed.weight_sync import (ProbeTolerance, check_probe, probe_logprobs, probe_tokens,
@@ -213,7 +215,9 @@ class TrainedModel:
 
     def engine_model(self) -> PreTrainedModel:
         """Plain weights for an engine: the adapters merged in (peft's formula, the training copy untouched)."""
-        return merged_copy(self.model) if is_lora(self.model) else self.model
+        if is_lora(self.model):
+            return merged_copy(cast(PeftModel, self.model))
+        return cast(PreTrainedModel, self.model)
 
 
 @dataclass

@@ -393,7 +393,9 @@ class TinkerService:
                                "sampling_params")
         stop = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
         strings = tuple(s for s in stop if isinstance(s, str))
-        ids = tuple(int(s) for s in stop if not isinstance(s, str))
+        if not all(isinstance(s, (str, int)) and not isinstance(s, bool) for s in stop):
+            raise RequestError("sampling_params.stop: strings or token ids", "sampling_params.stop")
+        ids = tuple(s for s in stop if isinstance(s, int))
         params = SamplingParams(max_generate_length=max_tokens, temperature=sp.temperature, top_p=sp.top_p,
                                 top_k=sp.top_k, stop=strings)
         return params, ids
