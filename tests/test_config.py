@@ -529,7 +529,7 @@ def test_model_keys_take_skyrl_values():
         "trainer.rope_theta=1000000", "trainer.ref.model.path=Qwen/Qwen2.5-7B-Instruct", "trainer.bf16=false",
         "trainer.policy.model.lora.exclude_modules=.*lm_head", "trainer.policy.model.lora.init_method=gaussian"])
     assert cfg.generator.rope_scaling["factor"] == 4.0 and cfg.generator.rope_theta == 1000000  # follow the trainer's
-    assert cfg.trainer.critic.model_config_kwargs.rms_norm_eps == 1e-5
+    assert cfg.trainer.critic.model_config_kwargs["rms_norm_eps"] == 1e-5
     from ridgeline.config import unbuilt_defaults
     assert not any("lora_sync_path" in line for line in unbuilt_defaults(cfg))  # no LoRA: nothing to say
     lora = load_config(RUNNABLE + ["trainer.policy.model.lora.rank=8"])
