@@ -295,6 +295,9 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     # further SkyRL 0.3.1 keys beyond CONFIG_REFERENCE
     ("trainer.sequence_parallel_backend", "ulysses"),
     ("trainer.algorithm.zero_variance_filter", False),
+    ("trainer.algorithm.zero_variance_filter_tol", 1e-6),
+    ("trainer.algorithm.temperature", None),
+    ("trainer.algorithm.max_seq_len", None),
     # SkyRL 0.3.1's HTTP endpoint of a training run (docs/engines.md)
     ("generator.model_name", "Qwen/Qwen2.5-1.5B-Instruct"),  # ${trainer.policy.model.path}
     ("generator.enable_http_endpoint", False),

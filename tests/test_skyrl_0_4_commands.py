@@ -245,3 +245,21 @@ def test_skyrl_0_4_gsm8k_command_line_trains_with_its_log_path_and_profiler(tmp_
                                                        "ridgeline.distributed")) for line in text.splitlines()
                         if line[:2].isdigit()), text
     assert [p.name.endswith(".pt.trace.json") for p in traces.iterdir()] == [True]
+
+
+def test_0_4_algorithm_settings_reach_the_code():
+    """`max_seq_len` (Dr. GRPO's divisor), `temperature` (the loss's logit scale) and
+    `zero_variance_filter_tol` (equal returns for the filter) are read where SkyRL 0.4 reads them."""
+    from ridgeline.trainer.dynamic_sampling import signal_groups
+    from ridgeline.training.build import loss_temperature, skyrl_max_seq_len
+
+    base = ["+experiment=tiny", "generator.sampling_params.temperature=0.7"]
+    default = load_config(base)
+    assert loss_temperature(default) == 0.7
+    assert skyrl_max_seq_len(default) == default.generator.max_input_length + \
+        default.generator.sampling_params.max_generate_length
+    set_ = load_config(base + ["trainer.algorithm.temperature=1.0", "trainer.algorithm.max_seq_len=1536"])
+    assert loss_temperature(set_) == 1.0 and skyrl_max_seq_len(set_) == 1536
+    uids, rewards = ["a", "a", "b", "b"], [0.5, 0.5 + 1e-9, 0.0, 1.0]
+    assert signal_groups(uids, rewards) == ["a", "b"]                       # exact equality: 1e-9 apart differs
+    assert signal_groups(uids, rewards, default.trainer.algorithm.zero_variance_filter_tol) == ["b"]

@@ -32,10 +32,15 @@ def group_rows(uids: Sequence[str]) -> dict[str, list[int]]:
     return dict(groups)
 
 
-def signal_groups(uids: Sequence[str], rewards: Sequence[Reward]) -> list[str]:
-    """Groups (in order) with at least two samples whose returns are not all equal."""
-    return [uid for uid, rows in group_rows(uids).items()
-            if len(rows) > 1 and len({total_reward(rewards[r]) for r in rows}) > 1]
+def signal_groups(uids: Sequence[str], rewards: Sequence[Reward], tol: float = 0.0) -> list[str]:
+    """Groups (in order) with at least two samples whose returns are not all equal (more than `tol`
+    apart: the largest minus the smallest)."""
+    out = []
+    for uid, rows in group_rows(uids).items():
+        returns = [total_reward(rewards[r]) for r in rows]
+        if len(rows) > 1 and max(returns) - min(returns) > tol:
+            out.append(uid)
+    return out
 
 
 def num_groups(out: GeneratorOutput) -> int:
@@ -53,12 +58,12 @@ def filter_rollout(out: GeneratorOutput) -> GeneratorOutput:
     return keep_groups(out, signal_groups(out.uids, out.rewards))
 
 
-def mask_signal_less_groups(out: GeneratorOutput) -> int:
+def mask_signal_less_groups(out: GeneratorOutput, tol: float = 0.0) -> int:
     """SkyRL's `trainer.algorithm.zero_variance_filter`: every row of a group (two samples or more)
     whose returns are all equal gets loss mask 0, in place; returns how many rows. Such a group has
     zero group-relative advantage, but a KL or entropy term would still move the policy on it.
     SkyRL applies it to single-turn rewards only; here a multi-turn row's return counts the same."""
-    signal = set(signal_groups(out.uids, out.rewards))
+    signal = set(signal_groups(out.uids, out.rewards, tol))
     masked = [r for uid, rows in group_rows(out.uids).items() if len(rows) > 1 and uid not in signal for r in rows]
     for row in masked:
         out.loss_masks[row] = [0] * len(out.loss_masks[row])

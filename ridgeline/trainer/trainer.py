@@ -507,7 +507,8 @@ class Trainer:
         out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
         metrics.update(shaped.metrics)
         if cfg.trainer.algorithm.zero_variance_filter:
-            metrics["generate/zero_variance_masked"] = float(mask_signal_less_groups(out))
+            metrics["generate/zero_variance_masked"] = float(
+                mask_signal_less_groups(out, cfg.trainer.algorithm.zero_variance_filter_tol))
         return out, metrics
 
     def rollout_for_step(self, rows: list[PromptRow]) -> tuple[GeneratorOutput, dict[str, float]]:

@@ -76,9 +76,18 @@ def training_max_tokens(cfg: RidgelineConfig) -> int:
 def skyrl_max_seq_len(cfg: RidgelineConfig) -> int:
     """SkyRL's `trainer.algorithm.max_seq_len`, the constant seq_mean_token_sum_norm divides every
     row's loss sum by: `generator.max_input_length + generator.sampling_params.max_generate_length`
-    (SkyRL derives it in validate_cfg; it is not a key)."""
+    (SkyRL 0.3.1 derives it in validate_cfg), unless SkyRL 0.4's `trainer.algorithm.max_seq_len` sets it."""
     g = cfg.generator
+    if cfg.trainer.algorithm.max_seq_len is not None:
+        return int(cfg.trainer.algorithm.max_seq_len)
     return int(g.max_input_length) + int(g.sampling_params.max_generate_length)
+
+
+def loss_temperature(cfg: RidgelineConfig) -> float:
+    """The temperature the trainer's logprobs divide logits by: SkyRL 0.4's
+    `trainer.algorithm.temperature`, by default the sampler's `generator.sampling_params.temperature`."""
+    t = cfg.trainer.algorithm.temperature
+    return float(cfg.generator.sampling_params.temperature if t is None else t)
 
 
 def loss_config(cfg: RidgelineConfig) -> LossConfig:
@@ -113,7 +122,7 @@ def policy_train_config(cfg: RidgelineConfig, device: torch.device | None = None
         micro_batch_size=t.micro_train_batch_size_per_gpu,
         micro_forward_batch_size=t.micro_forward_batch_size_per_gpu,
         update_epochs=t.update_epochs_per_batch,
-        temperature=g.sampling_params.temperature,
+        temperature=loss_temperature(cfg),
         policy_loss=alg.policy_loss_type or alg.ppo_loss_type,
         loss_reduction=alg.loss_reduction,
         algorithm=loss_config(cfg),
@@ -225,7 +234,7 @@ def build_ref_worker(cfg: RidgelineConfig, tokenizer, *, policy: PolicyWorker | 
     t = cfg.trainer
     parallel = parallel or single_process(cfg)
     autocast = training_autocast_dtype(training_precision(t), parallel.device)
-    temperature = cfg.generator.sampling_params.temperature
+    temperature = loss_temperature(cfg)
     spec = ref_spec(cfg)
     if ref_is_policy_base(cfg):
         if policy is None:

@@ -180,6 +180,14 @@ class AlgorithmConfig(Section):
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     # SkyRL 0.3.1: rows of a prompt group whose rewards are all equal get no loss (mask 0)
     zero_variance_filter: bool = setting(False)
+    # SkyRL 0.4: two returns within this absolute tolerance count as equal for zero_variance_filter
+    # (float rewards such as an LLM judge's)
+    zero_variance_filter_tol: float = setting(1e-6)
+    # SkyRL 0.4: the temperature the policy loss scales logits by; null: generator.sampling_params.temperature
+    temperature: Optional[float] = setting(None)
+    # SkyRL 0.4: the constant seq_mean_token_sum_norm divides each row's loss sum by; null: SkyRL
+    # 0.3.1's derived generator.max_input_length + generator.sampling_params.max_generate_length
+    max_seq_len: Optional[int] = setting(None)
     # SkyRL 0.3.1's TIS switch, kept: use_tis=true is off_policy_correction.tis_ratio_type=token with
     # token_tis_ratio_clip_high=tis_imp_ratio_cap (SkyRL 0.4's mapping, made in one place:
     # ridgeline.algorithms.off_policy.tis_setting)
