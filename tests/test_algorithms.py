@@ -37,11 +37,11 @@ def close(actual: torch.Tensor, expected: list | float, atol: float = 1e-6) -> N
 
 def test_builtins_are_registered() -> None:
     assert ADVANTAGE_ESTIMATORS.names() == ["gae", "grpo", "maxrl", "no_op", "reinforce++", "rloo"]
-    assert POLICY_LOSSES.names() == ["cispo", "clip_cov", "dpo", "dppo", "dual_clip", "gspo", "importance_sampling",
-                                     "kl_cov", "regular", "rollout_is", "sapo", "sft"]
+    assert POLICY_LOSSES.names() == ["cispo", "clip_cov", "dpo", "dppo", "dro", "dual_clip", "gspo",
+                                     "importance_sampling", "kl_cov", "regular", "rollout_is", "sapo", "sft"]
     assert KL_ESTIMATORS.names() == ["abs", "k1", "k2", "k3"]
     assert LOSS_REDUCTIONS.names() == ["prompt_mean", "seq_mean_token_sum_norm", "sequence_mean", "token_mean",
-                                       "token_mean_legacy"]
+                                       "token_mean_legacy", "token_sum"]
     assert "grpo" in ADVANTAGE_ESTIMATORS and "ppo" not in ADVANTAGE_ESTIMATORS
     assert ADVANTAGE_ESTIMATORS.get("grpo") is compute_grpo_advantages
     assert ADVANTAGE_ESTIMATORS.get("rloo") is compute_rloo_advantages
@@ -56,7 +56,7 @@ def test_registry_unknown_name_lists_available() -> None:
         with pytest.raises(exc_type) as info:
             reg.get("gamma")
         assert str(info.value) == "unknown widget 'gamma'; available: alpha, beta"
-    with pytest.raises(KeyError, match="available: cispo, clip_cov, dpo, dppo, dual_clip, gspo, importance_sampling, "
+    with pytest.raises(KeyError, match="available: cispo, clip_cov, dpo, dppo, dro, dual_clip, gspo, importance_sampling, "
                                        "kl_cov, regular, rollout_is, sapo, sft"):
         POLICY_LOSSES.get("ppo")
 

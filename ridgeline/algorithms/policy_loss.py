@@ -261,6 +261,9 @@ def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, los
     return _reduce(per_token, loss_mask, config, old_log_probs, rollout_log_probs, metrics)
 
 
+DRO_BETA = 0.05   # the Tinker docs' example value: no source states another default
+
+
 @register_policy_loss("rollout_is")
 def rollout_is_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
                     config: LossConfig, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
@@ -428,3 +431,17 @@ def importance_sampling_loss(log_probs: Tensor, old_log_probs: Tensor, advantage
     per_token = -ratio * adv
     metrics = _common_metrics(ratio, log_ratio, loss_mask)
     return _reduce(per_token, loss_mask, config, old_log_probs, rollout_log_probs, metrics)
+
+
+@register_policy_loss("dro")
+def dro_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: LossConfig,
+             rollout_log_probs: Tensor | None = None) -> tuple[Tensor, Metrics]:
+    """DRO (Richemond et al. 2024, arXiv 2405.19107; the Tinker API's `dro`): an offline policy
+    gradient held near the sampler q by a quadratic penalty,
+
+        l_t = -(A_t log p_t - beta/2 (log p_t - log q_t)^2),   beta = config.dro_beta (0.05 when absent)
+    """
+    beta = float(config.get("dro_beta", DRO_BETA))
+    log_ratio = log_probs.float() - old_log_probs.detach().float()
+    per_token = -(advantages.detach().float() * log_probs.float() - 0.5 * beta * log_ratio.square())
+    return reduce_loss(per_token, loss_mask, config.loss_reduction), {}

@@ -73,6 +73,13 @@ def token_mean(
     return (values * mask).sum() / denom
 
 
+@register_loss_reduction("token_sum")
+def token_sum(values: Tensor, mask: Tensor, *, num_tokens: float | None = None, num_sequences: float | None = None,
+              max_seq_len: int | None = None) -> Tensor:
+    """L = sum_{i,t} v_{i,t} m_{i,t}: the Tinker API's reduction (a weighted sum, no normaliser)."""
+    return (values * mask.to(values.dtype)).sum()
+
+
 @register_loss_reduction("token_mean_legacy")
 def token_mean_legacy(
     values: Tensor,

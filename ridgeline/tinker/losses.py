@@ -15,6 +15,7 @@ client and reach the server as `cross_entropy` with the loss's gradient as weigh
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -22,28 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from ridgeline.algorithms.calling import PolicyLoss
-from ridgeline.algorithms.reductions import reduce_loss
-from ridgeline.algorithms.registry import register_loss_reduction, register_policy_loss
+from ridgeline.config.schema import AlgorithmConfig
 from ridgeline.inference.request_fields import RequestError
 
-SUM = "token_sum"
-
-
-@register_loss_reduction(SUM)
-def token_sum(values: Tensor, mask: Tensor, *, num_tokens: float | None = None, num_sequences: float | None = None,
-              max_seq_len: int | None = None) -> Tensor:
-    """L = sum_{i,t} v_{i,t} m_{i,t}: the Tinker API's reduction (a weighted sum, no normaliser)."""
-    return (values * mask.to(values.dtype)).sum()
-
-
-@register_policy_loss("dro")
-def dro_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, config: DictConfig,
-             rollout_log_probs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
-    """DRO (Richemond et al. 2024, arXiv 2405.19107): an offline policy gradient held near the
-    sampler q by a quadratic penalty, l_t = -(A_t log p_t - beta/2 (log p_t - log q_t)^2)."""
-    log_ratio = log_probs.float() - old_log_probs.detach().float()
-    per_token = -(advantages.detach().float() * log_probs.float() - 0.5 * config.dro_beta * log_ratio.square())
-    return reduce_loss(per_token, loss_mask, config.loss_reduction), {}
+SUM = "token_sum"   # the registered reduction (ridgeline.algorithms.reductions)
 
 
 @dataclass(frozen=True)
@@ -102,9 +85,10 @@ def bind(name: str, options: dict[str, float | str]) -> BoundLoss:
     if not 0.0 <= lo <= 1.0 <= hi:
         raise RequestError(f"loss_fn_config: need 0 <= clip_low_threshold ({lo}) <= 1 <= clip_high_threshold ({hi})",
                            "loss_fn_config.clip_low_threshold")
-    config = OmegaConf.create({
-        "loss_reduction": SUM, "use_tis": False, "eps_clip_low": 1.0 - lo, "eps_clip_high": hi - 1.0,
-        "cispo": {"cispo_eps_clip_low": 1.0 - lo, "cispo_eps_clip_high": hi - 1.0},
-        "dro_beta": values.get("beta", 0.05),
-    })
+    # every other key at trainer.algorithm's default (no off-policy correction, the old-policy anchor)
+    base = dataclasses.asdict(AlgorithmConfig())
+    base.update({"loss_reduction": SUM, "use_tis": False, "eps_clip_low": 1.0 - lo, "eps_clip_high": hi - 1.0,
+                 "dro_beta": values.get("beta", 0.05)})
+    base["cispo"].update({"cispo_eps_clip_low": 1.0 - lo, "cispo_eps_clip_high": hi - 1.0})
+    config = OmegaConf.create(base)
     return BoundLoss(name, PolicyLoss.bind(builtin.registered), config, builtin.inputs)
