@@ -118,7 +118,7 @@ class TrainingRank:
                                 timeout=datetime.timedelta(seconds=float(t.placement.timeout_s)))
         seed_everything(t.seed)
         self.tokenizer = load_tokenizer(policy_spec(self.cfg))
-        fsdp = t[self.role].fsdp_config
+        fsdp = {"policy": t.policy, "ref": t.ref, "critic": t.critic}[self.role].fsdp_config
         compute = training_autocast_dtype(training_precision(t), device)
         # SkyRL 0.4's fsdp_config.mixed_precision on GPU ranks; a run in fp32 (trainer.mixed_precision=fp32,
         # or bf16=false) gathers fp32 whatever param_dtype says, as SkyRL's bf16=false does
