@@ -316,7 +316,7 @@ def test_search_r1_rows_train_against_a_local_retriever(tmp_path):
                            f"data.train_data=[{data}]", "data.val_data=[]", "trainer.eval_before_train=false",
                            "generator.max_turns=2", "generator.use_conversation_multi_turn=true",
                            f"environment.skyrl_gym.search.search_url=http://127.0.0.1:{server.server_port}/retrieve"])
-        assert cfg.environment.skyrl_gym.search.topk == 3 and cfg.environment.skyrl_gym.search.timeout == 30
+        assert cfg.environment.skyrl_gym["search"]["topk"] == 3 and cfg.environment.skyrl_gym["search"]["timeout"] == 30
         summary = run_training(cfg)
     finally:
         server.shutdown()
@@ -403,7 +403,7 @@ def test_llm_as_a_judge_rows_train_with_the_judge_on_a_local_ridgeline_serve(tmp
                            f"data.train_data=[{data}]", "data.val_data=[]", "trainer.eval_before_train=false",
                            f"environment.env_modules=[{module}]",
                            f"environment.skyrl_gym.llm_as_a_judge.base_url={url}/v1"])
-        assert cfg.environment.skyrl_gym.llm_as_a_judge.model == "gpt-4o-mini"   # SkyRL's default
+        assert cfg.environment.skyrl_gym["llm_as_a_judge"]["model"] == "gpt-4o-mini"   # SkyRL's default
         summary = run_training(cfg)
     steps = [r for r in read_metrics(tmp_path / "tiny" / "metrics.jsonl") if "policy/policy_loss" in r]
     assert summary["steps"] == 2 and len(steps) == 2
