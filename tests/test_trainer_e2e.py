@@ -111,7 +111,7 @@ def test_main_base_entrypoint_runs_the_same_app(tmp_path):
                            "trainer.resume_mode=null", "environment.skyrl_gym.arithmetic.format_score=0.5"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "held-out pass@1" in proc.stdout
+    assert "held-out (greedy): pass@1" in proc.stdout
     assert (tmp_path / "tiny" / "final_model" / "config.json").exists()
     assert not (tmp_path / "outputs").exists()
 
