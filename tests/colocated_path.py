@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 
 from ridgeline.distributed.ray_workers import EngineRank, TrainingRank
 from ridgeline.inference.weight_transport import free_port
@@ -44,11 +43,11 @@ def memory(device: str) -> dict[str, int]:
     return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
 
 
-def engine_main(cfg: dict, to_child, to_parent) -> None:
+def engine_main(cfg, to_child, to_parent) -> None:
     """The engine process: an `EngineRank` answering (op, arg) commands with (kind, value) replies;
     during a "load" it asks the parent for buckets with ("bucket", index)."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    device = cfg["trainer"]["device"]
+    device = cfg.trainer.device
     rank = EngineRank(cfg)
     to_parent.put(("done", memory(device)))
 
@@ -102,12 +101,11 @@ def run_colocated(cfg, requests) -> ColocatedRun:
     """Drive one policy rank and its engine through start-up, a training step and the weight sync
     on `cfg.trainer.device` ("cuda" or "cpu"); `cfg` asks for fsdp2, colocate_all and one engine."""
     device = cfg.trainer.device
-    plain = OmegaConf.to_container(cfg, resolve=True)
     out = ColocatedRun()
     ctx = mp.get_context("spawn")
     to_child, to_parent = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=engine_main, args=(plain, to_child, to_parent), daemon=True)
-    rank = TrainingRank(plain, "policy", 0, 1, training_batches=2)
+    proc = ctx.Process(target=engine_main, args=(cfg, to_child, to_parent), daemon=True)
+    rank = TrainingRank(cfg, "policy", 0, 1, training_batches=2)
 
     def engine(op: str, arg=None):
         to_child.put((op, arg))
