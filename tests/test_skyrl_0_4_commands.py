@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from ridgeline.config import load_config
-from ridgeline.config.schema import all_keys
 from ridgeline.config.validate import ConfigError
 from skyrl_commands import SKYRL_0_4_COMMANDS as COMMANDS
 
@@ -123,14 +122,6 @@ EXPECTED: dict[str, tuple[str, ...] | None] = {
     'visgym/run_visgym_from_sft.sh': ('generator.vision_language_generator=true asks for vision-language rollouts (images in prompts), which are not', 'generator.engine_init_kwargs has max_model_len, which the embedded hf engine does not take (it takes',),  # i31
 }
 
-# Lines that set SkyRL 0.4's algorithm keys: trainer.algorithm.off_policy_correction.* (TIS), the
-# loss_reduction values token_mean_legacy / prompt_mean, the rollout_is / dppo losses, the maxrl
-# estimator, trainer.algorithm.max_seq_len. Their schema fields come with the algorithm side of this
-# work (ridgeline/config/schema/algorithm.py); until that is in, these lines are skipped, not expected
-# to fail. The expectation above is their outcome with those keys read.
-ALGORITHM_LINES = frozenset(['algorithms/dapo/run_dapo_aime_qwen3_4b_aime.sh', 'algorithms/dapo/run_dapo_gsm8k.sh', 'algorithms/dapo/run_dapo_qwen2.5_32b_aime.sh', 'algorithms/dapo/run_dapo_qwen2.5_math_7b_aime.sh', 'algorithms/dapo/run_dapo_qwen3_1.7b_aime.sh', 'algorithms/dapo/run_dapo_qwen3_1.7b_aime_fully_async.sh', 'algorithms/dapo/run_dapo_qwen3_1.7b_aime_fully_async_onestep.sh', 'algorithms/dapo/run_dapo_qwen3_30b_a3b_lora_megatron_aime.sh', 'algorithms/dapo/run_dapo_qwen3_30b_a3b_megatron_aime.sh', 'algorithms/drgrpo/run_drgrpo_gsm8k.sh', 'algorithms/maxrl/run_maxrl_gsm8k.sh', 'delta_weight_sync/run_dapo_qwen3.5_35b_a3b_delta.sh', 'fully_async/fully_async_run_gsm8k.sh', 'fully_async/fully_async_run_gsm8k_megatron_lora.sh', 'fully_async/sim_trainer/run_fully_async_sim_gsm8k_e2e.sh', 'fully_async/sim_trainer/run_fully_async_sim_gsm8k_external.sh', 'geometry3k/run_geometry3k.sh', 'geometry3k/run_geometry3k_lora.sh', 'megatron/run_megatron_dapo_mimo_7b_rl.sh', 'megatron/run_megatron_dapo_qwen3.5_35b_a3b.sh', 'megatron/run_megatron_dapo_qwen3.5_9b.sh', 'megatron/run_megatron_dapo_qwen3.6_27b_lora.sh', 'megatron/run_megatron_dapo_qwen3.6_35b_a3b_lora.sh', 'megatron/run_megatron_dapo_qwen3.6_35b_a3b_lora_int4_qat.sh', 'megatron/run_megatron_dapo_qwen3_235b_a22b_lora.sh', 'megatron/run_megatron_dapo_qwen3_30b_a3b.sh', 'megatron/run_megatron_dapo_qwen3_30b_a3b_lora.sh', 'megatron/run_megatron_dapo_qwen3_4b.sh', 'megatron/run_megatron_dapo_qwen3_4b_lora.sh', 'megatron/run_megatron_lora_qwen3-30b-a3b.sh', 'search/run_search.sh', 'search/run_search_fully_async.sh', 'spec_decode/run_megatron_dapo_mimo_7b_rl_specdecode.sh', 'spec_decode/run_megatron_dapo_qwen3.5_9b_specdecode.sh', 'spec_decode/run_search_megatron_mimo_7b_specdecode.sh', 'text_to_sql/run_skyrl_sql_fp8.sh', 'text_to_sql/run_skyrl_sql_megatron_lora.sh', 'tis_correction/run_dapo_tis.sh', 'visgym/run_visgym_from_instruct.sh', 'visgym/run_visgym_from_sft.sh'])
-ALGORITHM_KEYS_BUILT = "trainer.algorithm.off_policy_correction.tis_ratio_type" in all_keys()
-
 
 @pytest.fixture(autouse=True)
 def no_cuda(monkeypatch):
@@ -146,9 +137,6 @@ def test_every_captured_script_has_an_expectation():
 
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_skyrl_0_4_example_command_lines(script, caplog):
-    if script in ALGORITHM_LINES and not ALGORITHM_KEYS_BUILT:
-        pytest.skip("sets SkyRL 0.4's trainer.algorithm keys (off_policy_correction.*, token_mean_legacy, ...), "
-                    "whose fields come with the algorithm side of issue 28")
     overrides = COMMANDS[script]
     expected = EXPECTED[script]
     if expected is None:
