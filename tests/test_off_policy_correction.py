@@ -327,3 +327,12 @@ def test_the_config_keys_load() -> None:
 def test_bad_corrections_are_refused(overrides: list[str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         load_config(["+experiment=tiny"] + [f"trainer.algorithm.{o}" for o in overrides])
+
+
+def test_prompt_mean_on_several_ranks_is_refused_before_anything_loads():
+    from ridgeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="loss_reduction=prompt_mean is built for one training process"):
+        load_config(["+experiment=tiny", "trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=2",
+                     "trainer.algorithm.loss_reduction=prompt_mean"])
+    load_config(["+experiment=tiny", "trainer.algorithm.loss_reduction=prompt_mean"])   # one process: fine

@@ -80,6 +80,12 @@ class RidgelineConfig(Section):
 
     def _placement(self, report: Report) -> None:
         t, g = self.trainer, self.generator
+        ranks = t.placement.policy_num_nodes * t.placement.policy_num_gpus_per_node
+        if t.algorithm.loss_reduction == "prompt_mean" and t.strategy in ("fsdp2", "fsdp") and ranks > 1:
+            # a prompt's rows may sit on several ranks, and the ranks share sums, not uids
+            report.add(f"trainer.algorithm.loss_reduction=prompt_mean is built for one training process, and "
+                       f"trainer.strategy={t.strategy} runs {ranks} policy ranks. Fix: token_mean or sequence_mean, "
+                       f"or trainer.strategy=single.")
         dp = g.inference_engine_data_parallel_size
         if dp > 1 and t.strategy == "single" and g.backend != "hf" and g.run_engines_locally:
             key = "generator.inference_engine_data_parallel_size"
