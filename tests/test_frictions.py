@@ -27,11 +27,11 @@ from ridgeline.data.prepare_run import MANIFEST
 from ridgeline.entrypoints.run import run_training, summary_lines
 from ridgeline.tracking.trackers import read_metrics
 from ridgeline.trainer.builders import EnvironmentCheckError, prepare_data
+from conftest import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 SHOUT = '''
 from ridgeline.envs import SingleTurnEnv, register
-from conftest import HANG_GUARD_S
 
 
 @register("shout")
