@@ -4,7 +4,7 @@ tiny preset, through the `ridgeline` command where the issue asks for end-to-end
 2: TRL's reward-function signature; a broken reward stops the run with its first error and row
 8: `ridgeline prepare gsm8k` offline says what to do; what it writes is the preset's own preparation
 10: `ridgeline eval` and a run's last lines show the solved share beside pass@1
-12: a run that ends cleanly removes its lock file
+12: a run that ends cleanly removes its lock file; long loops log progress lines off a terminal; the tiny preset quiet
 13: an unknown preset points to example_gsm8k; a model the hub must give names the CPU stand-ins
 """
 
@@ -288,3 +288,28 @@ def test_12_a_clean_exit_leaves_no_lock_file_and_a_removed_file_is_not_locked(tm
     assert len(opened) == 2 and (tmp_path / LOCK_FILE).exists()
     assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_12_a_long_loop_off_a_terminal_logs_progress_lines_and_a_short_one_none(monkeypatch, caplog):
+    """`ridgeline eval > log`: the engine's generate loop of a long eval batch says it is moving
+    every 30 s; a loop that ends within 30 s says nothing."""
+    from ridgeline.tracking import progress as progress_module
+    from ridgeline.tracking.progress import StepLog, progress
+
+    monkeypatch.setenv("RIDGELINE_PROGRESS", "0")
+    caplog.set_level(logging.INFO, logger="ridgeline.progress")
+    now = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    with progress(4, "generate") as short:
+        assert isinstance(short, StepLog)
+        for _ in range(4):
+            now[0] += 5.0
+            short.update()
+    assert caplog.messages == []
+    with progress(1024, "generate") as long:
+        for _ in range(1024):
+            now[0] += 0.5
+            long.update()
+    assert caplog.messages[0] == "generate 60/1024 (5%), 0m30s elapsed, ETA 8m02s"
+    assert caplog.messages[-1] == "generate 1024/1024 (100%), 8m32s elapsed, ETA 0m00s"
+    assert len(caplog.messages) == 1 + (1024 - 60) // 60 + 1
