@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     # before or after the command and between overrides alike
     debug = "--debug" in argv
     argv = [arg for arg in argv if arg != "--debug"]
+    if not debug:   # before the parsers import the libraries: tqdm reads its switch when imported
+        from ridgeline.library_noise import silence_library_noise
+        silence_library_noise()
     parser = argparse.ArgumentParser(prog="ridgeline", description="RL post-training of language models")
     parser.add_argument("--version", action=_Version, help="print the versions of Ridgeline, Python, torch, "
                         "transformers (and vLLM / SGLang when installed) and exit")

@@ -13,8 +13,10 @@ import os
 import warnings
 
 # Progress bars of other libraries (transformers' "Loading weights", datasets' "Map", the hub's
-# downloads): they draw over the run's own step bar and console table.
-PROGRESS_BAR_VARIABLES = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")
+# downloads; TQDM_DISABLE: bare tqdm bars such as transformers' "de-quantizing GGUF tensors", whose
+# work Ridgeline's own log line names): they draw over the run's own step bar and console table.
+# tqdm reads TQDM_DISABLE when it is imported, which no command has done when this runs.
+PROGRESS_BAR_VARIABLES = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
 
 # logger -> the level below which its records are dropped
 QUIET_LOGGERS = {

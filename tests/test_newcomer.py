@@ -313,3 +313,15 @@ def test_12_a_long_loop_off_a_terminal_logs_progress_lines_and_a_short_one_none(
     assert caplog.messages[0] == "generate 60/1024 (5%), 0m30s elapsed, ETA 8m02s"
     assert caplog.messages[-1] == "generate 1024/1024 (100%), 8m32s elapsed, ETA 0m00s"
     assert len(caplog.messages) == 1 + (1024 - 60) // 60 + 1
+
+
+def test_12_bare_tqdm_bars_are_off_in_a_command(tmp_path):
+    """transformers' "de-quantizing GGUF tensors" is a bare tqdm bar; tqdm reads TQDM_DISABLE when
+    imported, and the command's parsers import it: the noise is silenced before they run."""
+    code = ("import sys\nfrom ridgeline.cli import main\n"
+            f"main(['prepare', 'arithmetic', '--output', {str(tmp_path)!r}, '--num-train', '4', '--num-val', '2'])\n"
+            "from tqdm.auto import tqdm\nprint('disabled', tqdm(range(3)).disable)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "RIDGELINE_DEBUG")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "disabled True"
