@@ -224,7 +224,11 @@ def ref_is_policy_base(cfg: RidgelineConfig) -> bool:
 def build_ref_worker(cfg: RidgelineConfig, tokenizer, *, policy: PolicyWorker | None = None,
                      parallel: DataParallel | None = None) -> RefWorker | None:
     """The reference model (`trainer.ref.model.path`, the policy's by default) when a KL option
-    needs one. It only runs forward passes, so it is loaded in the training compute dtype. With LoRA
+    needs one. It is loaded in float32, as the policy is: under autocast a float32 model keeps its
+    residual stream and norms in float32 while a bf16-loaded one rounds them to bf16, so a bf16
+    reference would differ from the very policy it copies (a step-1 KL of 1e-3 on SmolLM2, logits
+    apart by bf16 steps) and the KL term would pull the policy toward rounding noise. Under FSDP2
+    on a GPU both gather their shards in `param_dtype`, so there too they compute alike. With LoRA
     and the policy's own model as reference (`ref_is_policy_base`), the reference is the frozen base
     the policy wraps: `policy`'s model with its adapters switched off (on its ranks, in `parallel`,
     under FSDP2), no second copy loaded; another reference model (or other config overrides) is
@@ -244,7 +248,7 @@ def build_ref_worker(cfg: RidgelineConfig, tokenizer, *, policy: PolicyWorker | 
                                   forward_options=forward_options(cfg))
     if spec.path != t.policy.model.path:
         check_same_tokenizer(spec, tokenizer, "trainer.ref.model.path")
-    model = load_training_model(cfg, spec, autocast or torch.float32, tokenizer, parallel.device)
+    model = load_training_model(cfg, spec, torch.float32, tokenizer, parallel.device)
     return RefWorker(parallel.place(model), t.micro_forward_batch_size_per_gpu, temperature, autocast,
                      forward_options=forward_options(cfg), parallel=parallel)
 
