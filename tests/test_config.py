@@ -1118,12 +1118,26 @@ def test_a_rule_over_a_refused_value_is_not_reported_again():
 
 
 def test_the_hydra_app_composes_the_schema_defaults():
-    """`python -m ridgeline.entrypoints.main_base --cfg job` prints the composed config (Hydra's flags
-    run the Hydra app, whose primary config is the schema's defaults in Hydra's config store)."""
+    """`python -m ridgeline.entrypoints.main_base --cfg all` prints the composed config (Hydra's own
+    flags run the Hydra app, whose primary config is the schema's defaults in Hydra's config store)."""
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "ridgeline.entrypoints.main_base", "--cfg", "job",
+    out = subprocess.run([sys.executable, "-m", "ridgeline.entrypoints.main_base", "--cfg", "all",
                           "+experiment=tiny", "trainer.epochs=3"], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     composed = OmegaConf.create(out.stdout)
     assert composed.trainer.epochs == 3 and composed.trainer.policy.optimizer_config.lr > 0
+    assert "hydra" in composed  # Hydra's app, not the loader
+
+
+def test_main_base_cfg_job_reads_skyrl_0_4_names():
+    """`main_base --cfg job` prints what the loader makes of the line, as a run would read it: 0.4's
+    `generator.inference_engine.*` names and new keys, `--package` picking one node."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "ridgeline.entrypoints.main_base", "--cfg", "job", "+experiment=tiny",
+                          "generator.inference_engine.backend=hf", "trainer.max_training_steps=3", "-p", "trainer"],
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert out.returncode == 0, out.stderr
+    trainer = OmegaConf.create(out.stdout)
+    assert trainer.max_training_steps == 3 and "generator" not in trainer

@@ -2,8 +2,9 @@
 
 Overrides go through the same loader as `ridgeline train` (`ridgeline.config.load_config`), so a
 SkyRL script's command line is read the same way by both: `trainer.resume_mode=null`, free-form
-per-env keys without '+', Megatron settings named once. Hydra's own flags (`--cfg job`, `--help`,
-...) run the Hydra app below instead."""
+per-env keys without '+', Megatron settings named once; `--cfg job` (with `--resolve`, `--package`)
+prints what that loader makes. Hydra's other flags (`--help`, `--info`, `--cfg all`, ...) run the
+Hydra app below."""
 
 from __future__ import annotations
 
@@ -30,11 +31,28 @@ def main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+# The flags `ridgeline train` reads itself: `--cfg job` then prints the config the same loader makes
+# (SkyRL 0.4's names and '+'-less keys read), where Hydra's own app would refuse those overrides.
+TRAIN_FLAGS = {"--debug", "--cfg", "--resolve", "-p", "--package"}
+
+
+def reads_as_train(argv: list[str]) -> bool:
+    """`argv` holds no flag but `ridgeline train`'s (`--cfg` only as `job`): the loader runs it."""
+    for i, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        if not flag.startswith("-"):
+            continue
+        if flag not in TRAIN_FLAGS:
+            return False
+        if flag == "--cfg" and (value or (argv[i + 1] if i + 1 < len(argv) else "")) != "job":
+            return False
+    return True
+
+
 if __name__ == "__main__":
     from ridgeline.allocator import reexec_with_tcmalloc
     reexec_with_tcmalloc()
-    if any(arg.startswith("-") and arg != "--debug" for arg in sys.argv[1:]):
-        main()  # Hydra's flags
-    else:
+    if reads_as_train(sys.argv[1:]):
         from ridgeline import cli
         sys.exit(cli.main(["train", *sys.argv[1:]]))
+    main()  # Hydra's other flags (--help, --info, --cfg all, -m, ...)
