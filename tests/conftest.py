@@ -84,6 +84,7 @@ def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, 
             url = line.rsplit("listening on ", 1)[1].strip()
             # keep draining the server's log so it never blocks on a full pipe
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            proc.start_log = lines  # what it printed until it listened
             return proc, url
     proc.kill()
     raise RuntimeError("ridgeline serve did not start:\n" + "".join(lines))

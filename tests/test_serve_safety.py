@@ -118,6 +118,12 @@ def test_weight_routes_are_never_served_beyond_loopback_without_a_key():
         service.close()
 
 
+def test_serve_says_nothing_of_settings_nobody_set(keyed):
+    """No note that the base config's 4-GPU tensor parallelism is not used (issue 35 item 12)."""
+    proc, _ = keyed
+    assert proc.start_log and not any("is not used" in line for line in proc.start_log), proc.start_log
+
+
 def test_every_route_but_health_needs_the_key(keyed):
     _, url = keyed
     assert requests.get(f"{url}/health", timeout=10).status_code == 200

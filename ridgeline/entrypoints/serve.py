@@ -113,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"ridgeline serve: {err}", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(["trainer.strategy=single", "generator.backend=hf", *args.overrides])
+        # one process, the embedded engine on one device: the base config's 4-GPU tensor parallelism
+        # would only earn a note that it is not used (a user's own setting still gets it)
+        cfg = load_config(["trainer.strategy=single", "generator.backend=hf",
+                           "generator.inference_engine_tensor_parallel_size=1", *args.overrides])
     except ConfigError as err:
         print(f"ridgeline: invalid configuration\n{err}", file=sys.stderr)
         return 2
