@@ -5,7 +5,8 @@ Ray is imported lazily: `trainer.strategy=single` never needs it (install the `r
 `pip install -e ".[ray]"`).
 
 Local start vs. joining a cluster:
-- `RAY_ADDRESS` unset: `ray.init()` starts a private instance on this machine with as many
+- `RAY_ADDRESS` unset: `ray.init(address="local")` starts a private instance on this machine (never
+  the cluster a `ray start` left here, which a bare `ray.init()` would join) with as many
   logical CPUs as the plan needs (Ray's CPU counts are bookkeeping, not pinning; on a machine
   with fewer cores the workers share them) and the machine's GPUs. Before it starts, the
   settings in `LOCAL_RAY_ENV` are put in the environment unless already set: they keep the
@@ -76,8 +77,10 @@ def init_ray(bundles: int, worker_env: dict[str, str] | None = None) -> dict[str
         os.environ.setdefault(key, value)
     log.info("starting a local Ray instance (%d logical CPUs and this machine's GPUs) for %d bundle(s)", num_cpus,
              bundles)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
-             configure_logging=False)
+    # address="local": a private instance even when `ray start` left a cluster on this machine, which a
+    # bare ray.init() would join (and then refuse num_cpus for); joining one is RAY_ADDRESS's job
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
+             log_to_driver=True, configure_logging=False)
     _started_locally = True
     return {"mode": "local", "num_cpus": num_cpus}
 
