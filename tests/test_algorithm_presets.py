@@ -46,6 +46,7 @@ def finite(rows: list[dict], key: str) -> list[float]:
 
 
 @pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.integration
 def test_preset_runs_end_to_end(name: str, tmp_path) -> None:
     extra = ("trainer.algorithm.overlong_buffer_len=2",) if name == "dapo" else ()
     trainer, steps = run_preset(name, tmp_path, *extra)

@@ -125,6 +125,7 @@ def test_zero_staleness_is_the_synchronous_loop(tmp_path):
     assert drop(async_rows) == drop(sync_rows)
 
 
+@pytest.mark.integration
 def test_a_resumed_run_trains_the_batches_its_checkpoint_kept(tmp_path):
     full = [*FULLY, "trainer.ckpt_interval=1", f"trainer.export_path={tmp_path / 'full'}"]
     build_trainer(load_config(full)).train()
@@ -139,6 +140,7 @@ def test_a_resumed_run_trains_the_batches_its_checkpoint_kept(tmp_path):
     assert comparable(read_rows(tmp_path / "resumed" / "tiny")) == comparable(after)
 
 
+@pytest.mark.integration
 def test_a_killed_async_run_resumes_exactly(tmp_path):
     """kill -9 once step 2 is logged, the same command again: every step's metrics equal those of
     an uninterrupted run (fp32 tiny model: generation is deterministic)."""
@@ -195,6 +197,7 @@ def test_skyrl_fully_async_script_loads_with_the_preset():
 
 
 @pytest.mark.needs_memory_gib(4)  # a local Ray, 4 rank actors and an engine actor with torch
+@pytest.mark.integration
 def test_one_step_off_policy_on_ray_matches_the_single_process_run(tmp_path):
     """2 FSDP2 policy ranks (+ 2 reference ranks) and an engine actor on a local Ray: the generation
     thread drives the engine actor while the ranks train; the same versions, and the single

@@ -304,6 +304,7 @@ def test_eval_zeroes_truncated_rewards_and_never_penalises_length(tmp_path):
     assert any(r["stop_reason"] == "stop" and r["num_tokens"] > 2 for r in plain)
 
 
+@pytest.mark.integration
 def test_eval_of_bare_safetensors_weights(tmp_path):
     """A checkpoint with only *.safetensors: the weights go into the model trainer.policy.model.path
     names (tied lm_head included), and the tokenizer is the base model's."""
@@ -333,6 +334,7 @@ def test_bad_config_and_bad_checkpoint(tmp_path, capsys):
     assert "do not fit the model" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_eval_scores_a_training_checkpoint(tmp_path):
     """`--checkpoint` accepts a training checkpoint folder (or its ckpt_path): its policy is scored."""
     from ridgeline.config import load_config

@@ -57,12 +57,14 @@ def steps(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", ["multiply", "code", "custom_reward", "custom_tool_env", "custom_algorithms"])
+@pytest.mark.integration
 def test_example_runs(name: str, tmp_path: Path) -> None:
     rows = run_example(name, tmp_path)
     assert len(steps(rows)) == 2
     assert any("eval/all/pass_at_1" in r for r in rows)
 
 
+@pytest.mark.integration
 def test_multi_turn_examples_take_several_turns(tmp_path: Path) -> None:
     rows = steps(run_example("multiply", tmp_path, "generator.sampling_params.temperature=1.0"))
     # 8-token random answers are never right: every trajectory uses all 3 turns
@@ -72,6 +74,7 @@ def test_multi_turn_examples_take_several_turns(tmp_path: Path) -> None:
     assert all("environment/attempts" in r for r in rows)
 
 
+@pytest.mark.integration
 def test_text2sql_example_runs_real_sqlite(tmp_path: Path) -> None:
     rows = steps(run_example("text2sql", tmp_path))
     assert len(rows) == 2
@@ -80,6 +83,7 @@ def test_text2sql_example_runs_real_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not (SHARED / "data" / "gsm8k" / "train.jsonl").exists(), reason="needs ../shared GSM8K files")
+@pytest.mark.integration
 def test_gsm8k_example_runs_on_the_shared_files(tmp_path: Path) -> None:
     data = tmp_path / "gsm8k_data"
     rows = steps(run_example("gsm8k", tmp_path, f"data.train_data=[{data}/train.parquet]",

@@ -59,6 +59,7 @@ def assert_same_logprobs(folder, trainer):
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
 
 
+@pytest.mark.integration
 def test_periodic_exports_load_with_transformers(run):
     exports = Path(run.cfg.trainer.export_path)  # SkyRL's place: <export_path>/global_step_<N>
     assert sorted(p.name for p in exports.glob("global_step_*")) == ["global_step_1", "global_step_2"]

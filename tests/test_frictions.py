@@ -274,6 +274,7 @@ def test_8_step_line_and_the_overall_bar(monkeypatch):
         assert isinstance(bar, StepLog)
 
 
+@pytest.mark.integration
 def test_8_a_run_from_the_console_command(tmp_path):
     """`ridgeline train` as a user runs it: no library warnings between the table's lines, the
     overall step line, and the report named on the last line."""

@@ -108,6 +108,7 @@ def runs():
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "hsdp"])
+@pytest.mark.integration
 def test_two_ranks_reproduce_single_process_losses_grad_norms_and_weights(runs, layout):
     _, _, model, _, reference, ranks = runs
     expected = _full_params(model)
@@ -165,6 +166,7 @@ def _hang_on_rank_one():
     return dist.get_rank()
 
 
+@pytest.mark.integration
 def test_run_ranks_raises_the_failing_ranks_exception_and_never_hangs():
     with pytest.raises(RankError, match="boom on rank one") as info:
         run_ranks(_fail_on_rank_one, 2)

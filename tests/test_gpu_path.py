@@ -4,6 +4,7 @@ call order, a mock of torch.cuda's memory calls). The GPU runs are in tests/gpu/
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ridgeline.inference.ipc_transport import IPCReceiver, IPCSender
@@ -426,6 +427,7 @@ def test_gathered_state_reads_one_parameter_at_a_time_and_plans_from_meta_tensor
 
 # -- the colocated path end to end (tests/gpu/test_colocated_gpu.py runs it on a GPU) --------------
 
+@pytest.mark.integration
 def test_the_colocated_path_runs_in_ray_s_order_and_hands_the_trained_weights_over(tmp_path):
     """One FSDP2 rank (gloo) and its embedded engine process on this CPU, through start-up, a step
     and the IPC sync (shared memory standing in for CUDA IPC): the engine is built and asleep

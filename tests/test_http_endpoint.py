@@ -262,6 +262,7 @@ def score(response_text, extras):
 '''
 
 
+@pytest.mark.integration
 def test_requests_to_the_endpoint_leave_the_runs_rollouts_unchanged(tmp_path):
     """The endpoint's requests take turns with the generator and draw their own seeds: a run whose
     environment calls the endpoint trains exactly like the same run without those calls."""

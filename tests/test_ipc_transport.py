@@ -180,6 +180,7 @@ def test_a_process_the_trainer_did_not_start_opens_cpu_buckets():
 
 # -- Ray: engine actors pull from their policy ranks -------------------------------------------------
 
+@pytest.mark.integration
 def test_ray_engine_actors_pull_buckets_from_their_own_policy_rank():
     """RayIPCWeightSync on this CPU (the buckets live in shared memory instead of GPU memory): two
     FSDP2 policy ranks hand two bf16 engine actors, asleep at level 2, their trained weights; the

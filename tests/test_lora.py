@@ -158,6 +158,7 @@ def test_merged_weights_are_peft_merge_bit_for_bit_for_linear_and_embedding_adap
 
 
 # ------------------------------------------------------------------------------------ training
+@pytest.mark.integration
 def test_only_the_adapters_train_and_the_base_weights_stay_bit_identical(run):
     model = run.workers.policy.model
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -384,6 +385,7 @@ def test_the_critic_trains_its_adapters_and_its_whole_value_head(ppo_run):
     assert len(rows) == 2 and all(r["critic/raw_grad_norm"] > 0 and r["critic/skipped_steps"] == 0 for r in rows)
 
 
+@pytest.mark.integration
 def test_a_lora_critic_checkpoint_holds_adapters_and_head_and_resumes_exactly(ppo_run, tmp_path):
     folder = ppo_run.checkpointer.last
     critic = folder / "critic"

@@ -133,6 +133,7 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 @pytest.mark.xfail(reason="known defect, open: on the Intel Xeon CPU the two-rank critic's values_clipfrac is 2/7 where "
                           "one process gives 2/8 (a count, not rounding); it fails at ce89cb6 too, before this "
                           "session's changes, and passed on the AMD EPYC", strict=False)
+@pytest.mark.integration
 def test_two_ranks_reproduce_the_one_process_lora_policy_and_critic(runs):
     _, single, ranks, _ = runs
     for rank, out in enumerate(ranks):
@@ -158,6 +159,7 @@ def test_two_ranks_reproduce_the_one_process_lora_policy_and_critic(runs):
     assert ranks[1]["adapters"] == {} and ranks[1]["critic_trained"] == {}
 
 
+@pytest.mark.integration
 def test_the_engines_get_merged_weights_gathered_from_the_shards(runs):
     _, single, ranks, _ = runs
     engine = ranks[0]["engine"]
@@ -169,6 +171,7 @@ def test_the_engines_get_merged_weights_gathered_from_the_shards(runs):
     assert ranks[1]["engine"] == {}
 
 
+@pytest.mark.integration
 def test_the_reference_is_the_sharded_base_with_the_adapters_off(runs):
     batch, single, ranks, _ = runs
     base = batch_logprobs(build_tiny_model("llama", build_char_tokenizer(), seed=0), batch, MICRO, 1.0, None,
@@ -180,6 +183,7 @@ def test_the_reference_is_the_sharded_base_with_the_adapters_off(runs):
     assert float((single["policy_logprobs"] - base).abs().max()) > 1e-3  # the adapters moved the policy
 
 
+@pytest.mark.integration
 def test_adapter_checkpoints_from_the_ranks_load_back_exactly(runs):
     batch, _, ranks, folder = runs
     for out in ranks:
@@ -241,6 +245,7 @@ def ray_runs(tmp_path_factory):
     return _rows(single / "tiny"), multi / "tiny", summary
 
 
+@pytest.mark.integration
 def test_a_ray_ppo_run_with_lora_reproduces_the_one_process_run(ray_runs):
     single, run_dir, summary = ray_runs
     multi = _rows(run_dir)
@@ -266,6 +271,7 @@ def test_a_ray_ppo_run_with_lora_reproduces_the_one_process_run(ray_runs):
     assert not any("lora_" in n for n, _ in critic.named_parameters())
 
 
+@pytest.mark.integration
 def test_a_ray_lora_run_resumes_exactly_from_its_sharded_checkpoint(ray_runs, tmp_path):
     from ridgeline.entrypoints.run import run_training
     _, run_dir, _ = ray_runs

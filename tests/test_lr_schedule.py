@@ -63,6 +63,7 @@ class StopAt(Trainer):
         return super().train_step(rows)
 
 
+@pytest.mark.integration
 def test_a_resumed_run_has_the_learning_rates_of_an_uninterrupted_one(tmp_path):
     """4 steps x 2 optimizer steps: linear with 2 warmup steps over 8 optimizer steps, so the last
     step ends at lr 0; a run stopped after step 2's checkpoint and resumed logs the same rates."""

@@ -148,6 +148,7 @@ def _cli_train(out, *overrides):
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.integration
 def test_2_cli_a_trl_reward_function_trains_on_its_rewards(rewards_file, tmp_path):
     proc = _cli_train(tmp_path, f"environment.reward_fn={rewards_file}:reward_len")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -157,6 +158,7 @@ def test_2_cli_a_trl_reward_function_trains_on_its_rewards(rewards_file, tmp_pat
     assert all(r["reward/avg_raw_reward"] < 0 for r in steps)   # -|20 - length|: never the silent 0
 
 
+@pytest.mark.integration
 def test_2_cli_a_reward_that_always_raises_stops_with_one_message(rewards_file, tmp_path):
     proc = _cli_train(tmp_path, f"environment.reward_fn={rewards_file}:broken")
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -172,6 +174,7 @@ def test_2_cli_a_reward_that_always_raises_stops_with_one_message(rewards_file, 
 GSM8K_DIR = REPO.parent / "shared/data/gsm8k"
 
 
+@pytest.mark.integration
 def test_8_prepare_gsm8k_without_a_hub_is_one_message_at_once(tmp_path):
     """No `--input` and a hub that does not answer (a closed port on 127.0.0.1: the test never
     reaches the internet): exit 2, one message naming the two ways out, no retries, no traceback."""
@@ -189,6 +192,7 @@ def test_8_prepare_gsm8k_without_a_hub_is_one_message_at_once(tmp_path):
 
 
 @pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason="../shared/data/gsm8k (GSM8K's jsonl files) is not beside the checkout")
+@pytest.mark.integration
 def test_8_files_from_ridgeline_prepare_are_the_presets_own_preparation(tmp_path, caplog):
     """README's `ridgeline prepare gsm8k --input ... --output ~/data/gsm8k`, then the example_gsm8k
     preset (data.prepare of the same dataset there): no "not applied" warning, nothing rewritten."""

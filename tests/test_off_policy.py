@@ -33,6 +33,7 @@ def test_use_tis_needs_a_positive_cap():
     assert load_config(base + ["trainer.algorithm.tis_imp_ratio_cap=2.0"]).trainer.algorithm.use_tis is True
 
 
+@pytest.mark.integration
 def test_the_loop_reports_mismatch_and_applies_tis(tmp_path):
     from ridgeline.trainer.trainer import Trainer
     cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", "data.prepare.num_train=16",

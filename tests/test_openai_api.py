@@ -64,6 +64,7 @@ def _refused(url: str, route: str, body: dict, param: str) -> str:
 # ------------------------------------------------------------------------- the openai client
 
 
+@pytest.mark.integration
 def test_the_openai_client_lists_the_model_chats_and_completes(client, local):
     engine, tok = local
     model = client.models.list().data

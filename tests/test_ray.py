@@ -176,6 +176,7 @@ def runs(tmp_path_factory):
     return _metrics(single / "tiny"), _metrics(multi / "tiny"), summary, multi
 
 
+@pytest.mark.integration
 def test_ray_run_with_two_policy_ranks_reproduces_the_single_process_run(runs):
     single, multi, summary, _ = runs
     assert summary["steps"] == 3
@@ -189,6 +190,7 @@ def test_ray_run_with_two_policy_ranks_reproduces_the_single_process_run(runs):
         assert y["policy/final_loss"] == pytest.approx(2 * x["policy/final_loss"], abs=1e-5)
 
 
+@pytest.mark.integration
 def test_ray_run_logs_the_weight_sync_and_its_probe(runs):
     _, multi, _, _ = runs
     for row in _training_rows(multi):
@@ -197,6 +199,7 @@ def test_ray_run_logs_the_weight_sync_and_its_probe(runs):
         assert row["weight_sync/probe_abs_diff"] <= 1e-5  # fp32 engine: the same weights, max over tokens
 
 
+@pytest.mark.integration
 def test_ray_checkpoint_is_a_loadable_hf_model_and_resumes_exactly(runs, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -220,6 +223,7 @@ PPO = ["trainer.algorithm.advantage_estimator=gae", "trainer.critic.model.path=t
        "trainer.micro_train_batch_size_per_gpu=16"]
 
 
+@pytest.mark.integration
 def test_ppo_with_a_sharded_critic_reproduces_the_single_process_run(tmp_path):
     """GAE with a critic of 2 FSDP2 ranks beside 2 policy ranks: the same values, value loss and
     policy numbers as one process; the checkpoint's critic loads as a value model."""
@@ -243,6 +247,7 @@ def test_ppo_with_a_sharded_critic_reproduces_the_single_process_run(tmp_path):
         assert torch.equal(p, q)  # the last checkpoint is the final critic
 
 
+@pytest.mark.integration
 def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
     """Colocated: 2 policy ranks, 2 ref ranks and 2 bf16 engines sharing 2 CPU bundles. After the
     policy's weights change, a sync gives both engines exactly `weight.to(bfloat16)`; without a
@@ -280,6 +285,7 @@ def test_synced_engines_hold_the_trainers_weights_bit_for_bit():
         workers.shutdown()
 
 
+@pytest.mark.integration
 def test_a_pool_that_cannot_be_placed_names_the_resource():
     from ridgeline.distributed.placement import PlacementPlan, Pool
     from ridgeline.distributed.ray_runtime import PlacementError, init_ray, reserve_pools

@@ -65,6 +65,7 @@ def closed_port() -> int:
 # ------------------------------------------------------------------------ the real command
 @pytest.mark.parametrize("case", ["unknown_env_in_config", "row_without_ground_truth", "misspelled_env_setting",
                                   "missing_model_folder"])
+@pytest.mark.integration
 def test_ridgeline_train_refuses_before_training(tmp_path, case):
     """Each of these ran to the end with exit 0 at reward 0, or ended in a traceback, before."""
     rows = good_rows()
@@ -188,6 +189,7 @@ def model_folders(tmp_path_factory):
     ("trainer.critic.model.path", "no_such_folder", ["no such local folder"]),
     ("trainer.policy.model.path", "tiny://nope", ["unknown tiny model 'nope'"]),
 ])
+@pytest.mark.integration
 def test_model_paths_are_refused_naming_their_key(tmp_path, capsys, model_folders, key, value, fragments):
     path = value if "://" in value else str(model_folders / value)
     extra = [f"{key}={path}"]

@@ -306,6 +306,7 @@ def test_a_run_starts_by_pushing_its_weights_to_the_servers(server, tmp_path):
         trainer.close()
 
 
+@pytest.mark.integration
 def test_training_with_rollouts_from_a_remote_server(server, tmp_path):
     """A tiny GRPO run whose engine is the server: weights are pushed and probed after every step."""
     from ridgeline.config import load_config
@@ -323,6 +324,7 @@ def test_training_with_rollouts_from_a_remote_server(server, tmp_path):
 
 
 @pytest.mark.needs_memory_gib(4)  # a local Ray, 4 rank actors with torch: ~3.2 GiB measured
+@pytest.mark.integration
 def test_fsdp2_ranks_push_to_a_remote_server(server, tmp_path):
     """trainer.strategy=fsdp2 with remote engines: policy rank 0 gathers and pushes the weights, the
     driver's client generates; the run equals the one-process remote run step for step."""

@@ -294,6 +294,7 @@ def sample_prompts(run_dir: Path) -> set[str]:
     return {json.loads(line)["prompt"] for line in (run_dir / "samples.jsonl").read_text().splitlines()}
 
 
+@pytest.mark.integration
 def test_each_report_shows_its_own_runs_samples_and_eval_dumps(two_runs):
     runs, page_a, page_b = two_runs
     escape = html.escape

@@ -68,6 +68,7 @@ def uninterrupted(tmp_path_factory) -> list[dict]:
     return read_rows(out / "tiny")
 
 
+@pytest.mark.integration
 def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path):
     command = [sys.executable, "-m", "ridgeline.cli", "train", *KILLED, f"trainer.export_path={tmp_path}"]
     run_dir = tmp_path / "tiny"
@@ -97,6 +98,7 @@ class Recording(Trainer):
         return super().train_step(rows)
 
 
+@pytest.mark.integration
 def test_a_resume_at_an_epoch_boundary_trains_the_next_epoch_once(tmp_path):
     full = Recording.from_config(load_config([*EPOCHS, f"trainer.export_path={tmp_path / 'full'}"]))
     full.train()

@@ -35,6 +35,7 @@ def holder(folder: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.integration
 def test_a_second_ridgeline_train_on_the_same_run_dir_stops_at_once(tmp_path):
     """Before: the second command moved the first's metrics.jsonl aside, rewrote its config.yaml,
     resumed from its checkpoints and deleted its temp checkpoints."""
@@ -143,6 +144,7 @@ def read_only(tmp_path):
 
 
 @pytest.mark.parametrize("key", ["trainer.run_dir", "trainer.ckpt_path"])
+@pytest.mark.integration
 def test_a_run_folder_on_a_read_only_filesystem_is_one_message(tmp_path, read_only, key):
     """Before: OSError: [Errno 30] Read-only file system, a traceback."""
     folder = read_only / "run"
@@ -172,6 +174,7 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["final_model", "export"])
+@pytest.mark.integration
 def test_a_full_disk_leaves_no_half_written_model_and_says_so(tmp_path, small_disk, what):
     """Before: a traceback, and a final_model/ holding config.json without weights."""
     from ridgeline.data import prepare_arithmetic

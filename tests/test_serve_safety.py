@@ -94,6 +94,7 @@ def _greedy(max_new: int) -> dict:
 # ------------------------------------------------------------------------- exposure and the key
 
 
+@pytest.mark.integration
 def test_weight_routes_are_never_served_beyond_loopback_without_a_key():
     env = {k: v for k, v in os.environ.items() if k != "RIDGELINE_ENGINE_API_KEY"}
     t0 = time.perf_counter()
@@ -287,6 +288,7 @@ def test_a_huge_max_new_tokens_is_cut_to_the_context(served):
 # ------------------------------------------------------------------------- load
 
 
+@pytest.mark.integration
 def test_a_short_request_is_answered_while_a_long_one_runs(served):
     url, engine, tok = served
     prompt = chat_ids(tok, "Say hi.")
@@ -436,6 +438,7 @@ def test_a_request_chat_template_is_refused_unless_the_server_trusts_them(served
         _stop(httpd, trusting)
 
 
+@pytest.mark.integration
 def test_n_stop_strings_and_json_are_bounded_before_anything_runs(served):
     url, _, tok = served
     prompt = chat_ids(tok, "Say hi.")

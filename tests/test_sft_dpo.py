@@ -270,6 +270,7 @@ def test_env_pairs_need_two_answers_per_prompt(tmp_path, capsys):
     assert "Fix: generator.n_samples_per_prompt=4" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_dpo_on_env_pairs_resumes_exactly(tmp_path):
     base = ["dpo", "+experiment=tiny", "dpo.pairs=env", "trainer.policy_mini_batch_size=16",
             "trainer.policy.optimizer_config.lr=1e-3", "trainer.ckpt_interval=1", "trainer.eval_before_train=false",

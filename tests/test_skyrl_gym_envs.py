@@ -276,6 +276,7 @@ def test_skyrl_search_rows_build_with_skyrls_default_search_settings(tmp_path):
         env.close()
 
 
+@pytest.mark.integration
 def test_search_r1_rows_train_against_a_local_retriever(tmp_path):
     """Rows as SkyRL's Search-R1 dataset script writes them train 2 steps through skyrl-gym's search env,
     with SkyRL's default search settings (topk, timeout, log_requests) and a retriever on 127.0.0.1
@@ -380,6 +381,7 @@ skyrl_gym.register(id="llm_as_a_judge", entry_point=JudgeEnv)
 '''
 
 
+@pytest.mark.integration
 def test_llm_as_a_judge_rows_train_with_the_judge_on_a_local_ridgeline_serve(tmp_path, monkeypatch):
     """SkyRL's llm_as_a_judge example: its env is the example's own (registered here in an
     environment.env_modules file, as a user does), the judge model name is SkyRL's default

@@ -358,6 +358,7 @@ def test_step_wise_training_runs_through_the_trainer(tmp_path):
     assert any("eval/all/avg_score" in row for row in trainer.history)
 
 
+@pytest.mark.integration
 def test_step_wise_on_two_ranks_reproduces_one_process(tmp_path):
     """PPO (gae, a critic) with step-wise samples, as 2 policy + 2 critic + 2 reference FSDP2 ranks on
     Ray: mini-batches of 2 prompts' trajectories hold odd numbers of steps, so the ranks' shares are

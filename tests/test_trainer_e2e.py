@@ -104,6 +104,7 @@ def test_cli_refuses_bad_config_before_loading_anything(tmp_path):
     assert not (tmp_path / "tiny").exists()
 
 
+@pytest.mark.integration
 def test_main_base_entrypoint_runs_the_same_app(tmp_path):
     # a SkyRL-style override on the way: the free-form per-env key without '+' (the loader's rule)
     proc = subprocess.run([sys.executable, "-m", "ridgeline.entrypoints.main_base", *tiny_overrides(tmp_path),

@@ -79,6 +79,7 @@ def test_install_block_matches_makefile():
                     reason="../shared/data/gsm8k (GSM8K's jsonl files) is not on this machine")
 @pytest.mark.skipif(importlib.util.find_spec("openai") is None,
                     reason="the tutorial's last step needs the openai client package (pip install openai)")
+@pytest.mark.integration
 def test_tutorial_runs(tmp_path):
     work = tmp_path / "work"
     work.mkdir()

@@ -235,6 +235,7 @@ def test_a_loss_with_an_unusable_signature_is_refused(fresh_registries):
                               "cannot be called as") and "Fix:" in problem
 
 
+@pytest.mark.integration
 def test_a_fresh_process_building_the_policy_imports_the_modules(fresh_registries, tmp_path):
     """What a Ray rank does: it gets the config, not the driver's registries, and builds its policy
     worker, which imports trainer.algorithm.algorithm_modules before looking the loss up."""

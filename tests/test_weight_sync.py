@@ -177,6 +177,7 @@ def test_probe_catches_an_engine_that_dropped_the_update(engine_proc, tiny_token
 
 
 @pytest.mark.parametrize("peer", ["killed", "stalled"])
+@pytest.mark.integration
 def test_dead_or_stalled_receiver_raises_within_timeout(peer):
     """A receiver killed after joining fails the send at once (gloo sees the closed connection);
     one that is alive but never calls receive() fails it once the timeout passes."""
