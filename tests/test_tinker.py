@@ -48,7 +48,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return tinker.ServiceClient(base_url=server.url, api_key=KEY)
+    # closed before the server stops: an open client's session heartbeat would report the dead server
+    with tinker.ServiceClient(base_url=server.url, api_key=KEY) as service:
+        yield service
 
 
 def datum(tokens, **inputs) -> types.Datum:
@@ -209,40 +211,40 @@ def test_state_resumes_exactly_on_a_new_server(tmp_path):
     d = datum(TOKENS, weights=[1.0] * (len(TOKENS) - 1))
     adam = types.AdamParams(learning_rate=1e-2)
     try:
-        service = tinker.ServiceClient(base_url=first.url, api_key=KEY)
-        training = service.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
-        training.forward_backward([d], "cross_entropy").result()
-        training.optim_step(adam).result()
-        path = training.save_state("after-1").result().path
-        sampler_path = training.save_weights_for_sampler("after-1").result().path
-        training.forward_backward([d], "cross_entropy").result()
-        training.optim_step(adam).result()   # Adam's moments matter from here on
-        expected = training.forward([d], "cross_entropy").result().metrics["loss:sum"]
-        listed = tinker.RestClient(base_url=first.url, api_key=KEY).list_checkpoints(training.model_id).result()
-        assert {c.tinker_path for c in listed.checkpoints} == {path, sampler_path}
+        with tinker.ServiceClient(base_url=first.url, api_key=KEY) as service:
+            training = service.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
+            training.forward_backward([d], "cross_entropy").result()
+            training.optim_step(adam).result()
+            path = training.save_state("after-1").result().path
+            sampler_path = training.save_weights_for_sampler("after-1").result().path
+            training.forward_backward([d], "cross_entropy").result()
+            training.optim_step(adam).result()   # Adam's moments matter from here on
+            expected = training.forward([d], "cross_entropy").result().metrics["loss:sum"]
+            listed = tinker.RestClient(base_url=first.url, api_key=KEY).list_checkpoints(training.model_id).result()
+            assert {c.tinker_path for c in listed.checkpoints} == {path, sampler_path}
     finally:
         first.stop()   # the server goes; its checkpoint folder stays
     second = Server(tmp_path)
     try:
-        service = tinker.ServiceClient(base_url=second.url, api_key=KEY)
-        resumed = service.create_training_client_from_state_with_optimizer(path).result()
-        resumed.forward_backward([d], "cross_entropy").result()
-        resumed.optim_step(adam).result()
-        assert resumed.forward([d], "cross_entropy").result().metrics["loss:sum"] == expected
-        weights_only = service.create_training_client_from_state(path).result()
-        assert weights_only.get_info().lora_rank == 4
-        # load_state_with_optimizer into a client that exists: the same state, the same next step
-        other = service.create_lora_training_client(base_model=BASE, rank=4).result()
-        other.load_state_with_optimizer(path).result()
-        other.forward_backward([d], "cross_entropy").result()
-        other.optim_step(adam).result()
-        assert other.forward([d], "cross_entropy").result().metrics["loss:sum"] == expected
-        with pytest.raises(tinker.BadRequestError, match="rank"):
-            service.create_lora_training_client(base_model=BASE, rank=8).result().load_state(path).result()
-        sampled = service.create_sampling_client(model_path=sampler_path).result().sample(
-            prompt=types.ModelInput.from_ints(TOKENS[:4]), num_samples=1,
-            sampling_params=types.SamplingParams(max_tokens=3)).result()
-        assert len(sampled.sequences[0].tokens) == 3
+        with tinker.ServiceClient(base_url=second.url, api_key=KEY) as service:
+            resumed = service.create_training_client_from_state_with_optimizer(path).result()
+            resumed.forward_backward([d], "cross_entropy").result()
+            resumed.optim_step(adam).result()
+            assert resumed.forward([d], "cross_entropy").result().metrics["loss:sum"] == expected
+            weights_only = service.create_training_client_from_state(path).result()
+            assert weights_only.get_info().lora_rank == 4
+            # load_state_with_optimizer into a client that exists: the same state, the same next step
+            other = service.create_lora_training_client(base_model=BASE, rank=4).result()
+            other.load_state_with_optimizer(path).result()
+            other.forward_backward([d], "cross_entropy").result()
+            other.optim_step(adam).result()
+            assert other.forward([d], "cross_entropy").result().metrics["loss:sum"] == expected
+            with pytest.raises(tinker.BadRequestError, match="rank"):
+                service.create_lora_training_client(base_model=BASE, rank=8).result().load_state(path).result()
+            sampled = service.create_sampling_client(model_path=sampler_path).result().sample(
+                prompt=types.ModelInput.from_ints(TOKENS[:4]), num_samples=1,
+                sampling_params=types.SamplingParams(max_tokens=3)).result()
+            assert len(sampled.sequences[0].tokens) == 3
     finally:
         second.stop()
 
@@ -250,6 +252,23 @@ def test_state_resumes_exactly_on_a_new_server(tmp_path):
 def _post(server, path, body, key=KEY, **kw):
     headers = {"X-API-Key": key} if key else {}
     return httpx.post(server.url + "/api/v1" + path, json=body, headers=headers, **kw)
+
+
+def test_a_finished_session_ends_its_heartbeat_and_starts_nothing(server):
+    """ServiceClient.close(status) / the end of its `with` block: POST /sessions/{id}/finish (first
+    reason wins); the heartbeat then answers 410, which stops the SDK's loop, and the session starts
+    no new client. The `client` fixture's `with` block runs the SDK's own call."""
+    session = _post(server, "/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0"}).json()
+    sid = session["session_id"]
+    assert _post(server, "/session_heartbeat", {"session_id": sid}).status_code == 200
+    bad = _post(server, f"/sessions/{sid}/finish", {"reason": {"type": "done"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reason.type"
+    assert _post(server, f"/sessions/{sid}/finish", {"reason": {"type": "errored"}, "detail": None}).status_code == 200
+    assert _post(server, f"/sessions/{sid}/finish", {"reason": {"type": "success"}}).status_code == 200
+    gone = _post(server, "/session_heartbeat", {"session_id": sid})
+    assert gone.status_code == 410 and "(errored)" in gone.text   # the first reason stands
+    refused = _post(server, "/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": BASE})
+    assert refused.status_code == 400 and "finished by its client" in refused.json()["error"]["message"]
 
 
 def test_bad_requests_name_their_field(server, client):

@@ -18,7 +18,8 @@ def tinker_routes(service: TinkerService) -> list[Route]:
             ("/create_model", s.create_model), ("/get_info", s.get_info), ("/optim_step", s.optim_step),
             ("/save_weights", s.save_weights), ("/save_weights_for_sampler", s.save_weights_for_sampler),
             ("/load_weights", s.load_weights), ("/create_sampling_session", s.create_sampling_session),
-            ("/asample", s.sample), ("/retrieve_future", s.retrieve_future)]
+            ("/asample", s.sample), ("/retrieve_future", s.retrieve_future),
+            ("/sessions/{session_id}/finish", s.finish_session)]
     routes = [Route("GET", API + path, handler, "native") for path, handler in get]
     routes += [Route("POST", API + path, handler, "native") for path, handler in post]
     routes.append(Route("POST", API + "/forward_backward", s.forward_backward, "native", body="bytes"))

@@ -54,6 +54,8 @@ class TinkerService:
         self.futures = FutureStore(max_queued=limits.max_queued_requests)
         self.models: dict[str, TrainedModel] = {}
         self.sessions: set[str] = set()
+        # session id -> how its client ended it (ServiceClient.close / its `with` block): first wins
+        self.finished: dict[str, str] = {}
         self.sampling: dict[str, _SamplingSession] = {}
         self._engines: OrderedDict[str, Sampler] = OrderedDict()
         self._lock = threading.Lock()
@@ -89,11 +91,31 @@ class TinkerService:
             self.sessions.add(session_id)
         return {"type": "create_session", "session_id": session_id}
 
-    def heartbeat(self, body: dict) -> dict:
+    def heartbeat(self, body: dict) -> dict | RawAnswer:
         from tinker import types
 
-        self._session(parse(types.SessionHeartbeatRequest, body).session_id, "session_id")
+        session_id = parse(types.SessionHeartbeatRequest, body).session_id
+        if session_id in self.finished:
+            # 410 Gone: the SDK's heartbeat loop stops on it (it reports any other failure every minute)
+            gone = {"error": f"session {session_id} was finished by its client ({self.finished[session_id]})"}
+            return RawAnswer(json.dumps(gone).encode(), "application/json", status=410)
+        self._session(session_id, "session_id")
         return {"type": "session_heartbeat"}
+
+    def finish_session(self, body: dict) -> dict:
+        """`ServiceClient.close(status)` and the end of its `with` block: the session ends with its
+        first reason (success, errored, interrupted); nothing new starts in it, its heartbeat gets
+        410. Models and samplers it made stay usable by id, as they are for a lost session."""
+        session_id = str(body.get("session_id", ""))
+        reason = body.get("reason")
+        kind = reason.get("type") if isinstance(reason, dict) else None
+        if kind not in ("success", "errored", "interrupted"):
+            raise RequestError(f"reason.type must be success, errored or interrupted, got {kind!r}", "reason.type")
+        with self._lock:
+            if session_id not in self.sessions:
+                raise RequestError(f"session_id {session_id!r} is not a session of this server", "session_id")
+            self.finished.setdefault(session_id, kind)
+        return {}
 
     def telemetry(self, body: dict) -> dict:
         return {"status": "accepted"}
@@ -101,6 +123,9 @@ class TinkerService:
     def _session(self, session_id: str, field: str) -> str:
         if session_id not in self.sessions:
             raise RequestError(f"{field} {session_id!r} is not a session of this server (create one first)", field)
+        if session_id in self.finished:
+            raise RequestError(f"{field} {session_id!r} was finished by its client ({self.finished[session_id]}): "
+                               "create a new ServiceClient", field)
         return session_id
 
     # -- futures ---------------------------------------------------------------------------------
