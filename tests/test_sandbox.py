@@ -7,6 +7,7 @@ stops). The hostile programs through the code env are in test_sandbox_hostile.py
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -675,11 +676,21 @@ def test_bubblewrap_run_is_logged_as_such(bw, policy, caplog):
     with caplog.at_level(logging.INFO, logger="ridgeline.envs.sandbox.policy"):
         assert current_isolation().name == "bwrap"
     assert any("code sandbox: bubblewrap" in r.getMessage() for r in caplog.records)
+    assert not any(r.levelno == logging.WARNING for r in caplog.records)
+    # a non-root trainer whose host forbids the first bwrap's user namespace is told what it lacks
+    from ridgeline.envs.sandbox.policy import _announce
+    with caplog.at_level(logging.WARNING, logger="ridgeline.envs.sandbox.policy"):
+        _announce(dataclasses.replace(bw, mount=None, no_inode_bound="bwrap: uid map refused"),
+                  SandboxSettings())
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "bounded in size but not in inodes (bwrap: uid map refused)" in warning
 
 
-def test_the_non_root_path_a_single_bwrap(tmp_path_factory):
-    """A normal user's path (one bwrap, the host's paths bound directly), run for real as uid 65534
-    with the system Python: the sandbox package is stdlib-only, so a copy of it runs there."""
+def test_the_non_root_path(tmp_path_factory):
+    """A normal user's path (a first bwrap in a user namespace of its own mounts the inode-bounded
+    tmpfs, the sandbox's bwrap inside it), run for real as uid 65534 with the system Python: the
+    sandbox package is stdlib-only, so a copy of it runs there. Then the single bwrap it falls back
+    to where the host forbids that user namespace (tmpfs bounded in size only)."""
     system_python, setpriv = shutil.which("python3", path="/usr/bin"), shutil.which("setpriv", path="/usr/bin:/bin")
     if os.geteuid() != 0 or not system_python or not setpriv:
         pytest.skip("needs root, setpriv and /usr/bin/python3 to become an unprivileged user with a readable Python")
@@ -701,6 +712,15 @@ def test_the_non_root_path_a_single_bwrap(tmp_path_factory):
             print(r.stdout.strip())
             r = run_python("open({str(folder / 'evil')!r}, 'w')", limits=SandboxLimits(use_audit_hook=False), isolation=iso)
             print(r.stderr.strip().splitlines()[-1].split(':')[0])
+            fill = ("import os\\nn = 0\\ntry:\\n    while True:\\n        os.mkdir('d%d' % n)\\n        n += 1\\n"
+                    "except OSError as e:\\n    print(n, e.errno, open('/proc/self/status').read().split('CapEff:')[1].split()[0])")
+            r = run_python(fill, limits=SandboxLimits(disk_mb=2, use_audit_hook=False), isolation=iso)
+            print(r.stdout.strip(), 'tmpfs_inodes' in r.layers)
+            # where the host forbids the first bwrap's user namespace: one bwrap, bounded in size only
+            single = iso.without_inode_bound("a test")
+            r = run_python("import os\\nfor n in range(1000):\\n    os.mkdir('d%d' % n)\\nprint(len(os.listdir()))",
+                           limits=SandboxLimits(disk_mb=2), isolation=single)
+            print(r.stdout.strip() or r.stderr, 'tmpfs_inodes' in r.layers, single.no_inode_bound)
         """))
         os.chmod(folder, 0o755)
         for path in folder.rglob("*"):
@@ -708,7 +728,9 @@ def test_the_non_root_path_a_single_bwrap(tmp_path_factory):
         done = subprocess.run([setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--", system_python,
                                "-I", str(folder / "check.py")], capture_output=True, text=True, timeout=120, cwd="/")
         assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines() == ["65534 1 False", "3 11", "FileNotFoundError"], done.stdout
+        # 2 MiB tmpfs: 64 inodes per MiB, the root folder and main.py take two; no capability left
+        assert done.stdout.splitlines() == ["65534 1 False", "3 11", "FileNotFoundError", "126 28 0000000000000000 True",
+                                            "1001 False a test"], done.stdout
         assert not (folder / "evil").exists()
     finally:
         shutil.rmtree(folder)
