@@ -123,3 +123,17 @@ def in_thread(fn):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
+
+
+def wait_until_inside(thread: threading.Thread, function: str) -> None:
+    """Return once ``thread``'s Python stack holds a frame of ``function`` (where the test expects it
+    to block: on a lock, a condition), instead of sleeping and hoping it got there."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        frame = sys._current_frames().get(thread.ident)
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                return
+            frame = frame.f_back
+        assert thread.is_alive() and time.monotonic() < deadline, f"{thread.name} never reached {function}"
+        time.sleep(0.005)

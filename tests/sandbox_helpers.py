@@ -11,6 +11,15 @@ from pathlib import Path
 
 import pytest
 
+# The wall limit of a program a test expects to end on its own (or to be stopped by another bound:
+# CPU, output, memory): such programs need well under a second of CPU, and the limit is not what the
+# test checks, so it sits far above what a loaded machine takes; it only turns a regression's hang
+# into a failure. A test of the wall limit itself sets its own and waits for the program to end.
+PROGRAM_GUARD_S = 120.0
+# How long a process a sandbox started may take to disappear once the run has returned: none is left
+# by then (the kernel ends a PID namespace before its init is reaped); a leaked one sleeps for hours.
+LEAK_GUARD_S = 60.0
+
 
 def bubblewrap():
     """The default isolation (a real bwrap), or skip the test with the refusal's sentence."""
@@ -44,7 +53,7 @@ def processes_with(word: str) -> list[int]:
     return found
 
 
-def assert_none_left(word: str, wait_s: float = 2.0) -> None:
+def assert_none_left(word: str, wait_s: float = LEAK_GUARD_S) -> None:
     deadline = time.monotonic() + wait_s
     while processes_with(word):
         if time.monotonic() > deadline:

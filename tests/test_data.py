@@ -424,15 +424,20 @@ def test_a_dataset_folder_loads_through_load_dataset_with_its_split(tmp_path, hf
 
 
 class FakeHub(http.server.BaseHTTPRequestHandler):
-    """A hub on localhost: no such dataset (the hub's own 404), or an answer that never comes."""
+    """A hub on localhost: no such dataset (the hub's own 404), or an answer that never comes (until
+    the test ends). ``paths`` records every request it got."""
+
+    paths: list[str] = []
+    release = threading.Event()
 
     def do_GET(self):
+        FakeHub.paths.append(self.path)
         if self.path.startswith("/api/datasets/ridgeline-tests/missing"):
             self.send_response(404)
             self.send_header("X-Error-Code", "RepoNotFound")
             self.end_headers()
         else:
-            time.sleep(5)
+            FakeHub.release.wait(HANG_GUARD_S)
 
     def log_message(self, *args):
         pass
@@ -440,10 +445,13 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def fake_hub():
+    FakeHub.paths.clear()
+    FakeHub.release.clear()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
+    FakeHub.release.set()
     server.shutdown()
     server.server_close()
 
@@ -458,23 +466,36 @@ def test_hub_names_fail_fast_with_one_message_naming_the_key(tmp_path, hf_cache,
     import datasets
     import huggingface_hub
 
+    real_sleep, sleeps, caller = time.sleep, [], threading.get_ident()
+
+    def recorded_sleep(seconds):  # a retry backs off with time.sleep: none may happen (in this thread)
+        if threading.get_ident() == caller:
+            sleeps.append(seconds)
+        real_sleep(seconds)
+
     def load(name):
-        start = time.monotonic()
-        with pytest.raises(DatasetError) as info:
-            PromptDataset([name], config_key="data.train_data")
-        return str(info.value), time.monotonic() - start
+        sleeps.clear()
+        monkeypatch.setattr(time, "sleep", recorded_sleep)
+        try:
+            with pytest.raises(DatasetError) as info:
+                PromptDataset([name], config_key="data.train_data")
+        finally:
+            monkeypatch.setattr(time, "sleep", real_sleep)
+        return str(info.value), list(sleeps)
 
     # no hub at the endpoint (connection refused): no retries
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
-    message, seconds = load("ridgeline-tests/no-such-dataset:test")
+    message, sleeps = load("ridgeline-tests/no-such-dataset:test")
     assert message.startswith("data.train_data lists 'ridgeline-tests/no-such-dataset:test': neither a local")
     assert "the Hugging Face Hub could not be reached to load 'ridgeline-tests/no-such-dataset'" in message
-    assert "HF_HUB_OFFLINE=1" in message and seconds < 5
-    # a hub that never answers: the probe's time limit
+    assert "HF_HUB_OFFLINE=1" in message and sleeps == []
+    # a hub that never answers: the probe's time limit ends the one request (returning at all is
+    # the event: the hub answers only when the test ends)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", fake_hub)
     monkeypatch.setattr(sources, "HUB_TIMEOUT_S", 0.5)
-    message, seconds = load("ridgeline-tests/silent")
-    assert "could not be reached" in message and "Timeout" in message and seconds < 4
+    message, sleeps = load("ridgeline-tests/silent")
+    assert "could not be reached" in message and "Timeout" in message and sleeps == []
+    assert [p for p in FakeHub.paths if "silent" in p] == ["/api/datasets/ridgeline-tests/silent"], FakeHub.paths
     # the hub says there is no such dataset
     message, _ = load("ridgeline-tests/missing")
     assert message.endswith("and the Hugging Face Hub has no dataset 'ridgeline-tests/missing'")
@@ -483,9 +504,9 @@ def test_hub_names_fail_fast_with_one_message_naming_the_key(tmp_path, hf_cache,
     assert message.endswith("nor a Hugging Face dataset name")
     # offline: the local cache only, which does not have it
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    message, seconds = load("ridgeline-tests/no-such-dataset")
+    message, sleeps = load("ridgeline-tests/no-such-dataset")
     assert "datasets.load_dataset('ridgeline-tests/no-such-dataset') failed" in message
-    assert "HF_HUB_OFFLINE is set" in message and seconds < 5
+    assert "HF_HUB_OFFLINE is set" in message and sleeps == []
 
 
 def test_train_command_names_an_unreachable_hub_dataset_without_a_traceback(tmp_path, hf_cache, monkeypatch,

@@ -4,14 +4,13 @@ real HTTP server on 127.0.0.1, with the tiny model."""
 import json
 import re
 import socket
-import time
 
 import pytest
 import requests
 import torch
 from transformers import AutoTokenizer
 
-from conftest import chat_ids, free_port, in_thread
+from conftest import HANG_GUARD_S, chat_ids, free_port, in_thread, wait_until_inside
 from ridgeline.inference.endpoint import EndpointError, EndpointSettings, HttpEndpoint, SharedEngine, check_address
 from ridgeline.inference.hf_engine import HFEngine
 from ridgeline.inference.server import EngineService, RequestError
@@ -96,34 +95,35 @@ def test_endpoint_serves_the_openai_routes_refuses_another_model_and_frees_its_p
     url = f"http://127.0.0.1:{port}"
     try:
         messages = [{"role": "user", "content": "Say hi."}]
-        r = requests.post(f"{url}/v1/chat/completions", timeout=30,
+        r = requests.post(f"{url}/v1/chat/completions", timeout=HANG_GUARD_S,
                           json={"model": NAME, "messages": messages, "max_tokens": 6, "temperature": 0.0})
         assert r.status_code == 200, r.text
         ref = greedy(engine, tok, "Say hi.")
         assert r.json()["choices"][0]["message"]["content"] == tok.decode(ref.response_ids, skip_special_tokens=True)
-        assert requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"] == NAME
-        r = requests.post(f"{url}/v1/completions", timeout=30,
+        assert requests.get(f"{url}/v1/models", timeout=HANG_GUARD_S).json()["data"][0]["id"] == NAME
+        r = requests.post(f"{url}/v1/completions", timeout=HANG_GUARD_S,
                           json={"model": NAME, "prompt": chat_ids(tok, "Say hi."), "max_tokens": 6, "temperature": 0.0,
                                 "return_token_ids": True})
         assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == ref.response_ids
 
         # another model name: refused, in OpenAI's error shape (SkyRL's endpoint does the same)
-        r = requests.post(f"{url}/v1/chat/completions", timeout=30, json={"model": "tiny://llama", "messages": messages})
+        r = requests.post(f"{url}/v1/chat/completions", timeout=HANG_GUARD_S,
+                          json={"model": "tiny://llama", "messages": messages})
         assert r.status_code == 400
         error = r.json()["error"]
         assert error["code"] == 400 and error["type"] == "Bad Request" and error["param"] == "model"
         assert f"model 'tiny://llama' is not served here; this server serves '{NAME}'" in error["message"]
-        r = requests.post(f"{url}/v1/completions", timeout=30, json={"prompt": [1, 2]})
+        r = requests.post(f"{url}/v1/completions", timeout=HANG_GUARD_S, json={"prompt": [1, 2]})
         assert r.status_code == 400 and "the field `model` is required" in r.json()["error"]["message"]
         # the weight, memory and native routes of `ridgeline serve` are not exposed
         for route in ("/generate", "/update_weights_from_disk", "/release_memory_occupation", "/flush_cache"):
-            assert requests.post(f"{url}{route}", json={}, timeout=10).status_code == 404, route
+            assert requests.post(f"{url}{route}", json={}, timeout=HANG_GUARD_S).status_code == 404, route
         assert not port_is_free(port)
     finally:
         endpoint.close()
     assert port_is_free(port)
     with pytest.raises(requests.ConnectionError):
-        requests.get(f"{url}/health", timeout=5)
+        requests.get(f"{url}/health", timeout=HANG_GUARD_S)
     endpoint.close()  # idempotent
 
 
@@ -160,14 +160,14 @@ def test_requests_wait_while_the_engine_sleeps_or_takes_weights_and_then_see_the
     with pytest.raises(RuntimeError, match="asleep"):
         shared.generate([EngineRequest(chat_ids(tok, "Say hi."), SamplingParams(6, 0.0))])  # the loop's own bug fails
     thread, box = in_thread(lambda: greedy(shared, tok, "Say hi."))
-    time.sleep(0.3)
+    wait_until_inside(thread, "_wait_until_usable")
     assert not box  # waiting
     shared.wake_up(("weights",))
     shared.update_weights(new_weights.items())
-    time.sleep(0.2)
+    wait_until_inside(thread, "_wait_until_usable")
     assert not box  # the KV cache is still asleep
     shared.wake_up(("kv_cache",))
-    thread.join(30)
+    thread.join(HANG_GUARD_S)
     after = greedy(engine, tok, "Say hi.")
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)  # the two tiny models differ
     assert box[0][0] == "ok" and box[0][1].logprobs == after.logprobs  # served by the new weights only
@@ -176,18 +176,18 @@ def test_requests_wait_while_the_engine_sleeps_or_takes_weights_and_then_see_the
     old_weights = build_tiny_model("llama", tok, seed=0).state_dict()
     with shared.hold():
         thread, box = in_thread(lambda: greedy(shared, tok, "Say hi."))
-        time.sleep(0.3)
+        wait_until_inside(thread, "generate")  # blocked on the lock hold() keeps
         assert not box
         shared.update_weights(old_weights.items())
-    thread.join(30)
+    thread.join(HANG_GUARD_S)
     assert box[0][0] == "ok" and box[0][1].logprobs == before.logprobs
 
     # closing releases a waiting request with an error instead of leaving it hanging
     shared.sleep()
     thread, box = in_thread(lambda: greedy(shared, tok, "Say hi."))
-    time.sleep(0.2)
+    wait_until_inside(thread, "_wait_until_usable")
     shared.close()
-    thread.join(30)
+    thread.join(HANG_GUARD_S)
     assert box[0][0] == "error" and isinstance(box[0][1], EngineError) and "closed" in str(box[0][1])
 
 
@@ -331,7 +331,7 @@ def test_an_interrupted_run_stops_its_endpoint_and_frees_the_port(tmp_path):
     served = []
 
     def interrupted_step(rows):  # Ctrl-C inside the first step, once the endpoint has answered
-        served.append(requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0])
+        served.append(requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=HANG_GUARD_S).json()["data"][0])
         raise KeyboardInterrupt
 
     trainer.train_step = interrupted_step

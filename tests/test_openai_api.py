@@ -9,7 +9,7 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from conftest import chat_ids, served_engine, serving
+from conftest import HANG_GUARD_S, chat_ids, served_engine, serving
 from ridgeline.config import load_config
 from ridgeline.entrypoints.serve import default_served_name, served_name
 from ridgeline.inference.hf_engine import HFEngine
@@ -44,7 +44,7 @@ def _greedy(engine: HFEngine, prompt: list[int], n: int, top: int | None = None)
 
 
 def _post(url: str, route: str, body: dict) -> requests.Response:
-    return requests.post(url + route, json=body, timeout=120)
+    return requests.post(url + route, json=body, timeout=HANG_GUARD_S)
 
 
 def _complete(url: str, prompt: list[int], **body) -> dict:
@@ -161,7 +161,7 @@ def test_a_client_without_v1_in_its_base_url_is_told_the_fix(server):
     assert err.value.body["message"] == (f"no route POST /chat/completions: the OpenAI routes are under /v1. Fix: the "
                                          f'client\'s base_url ends in /v1, e.g. base_url="{server}/v1"')
     bare.close()
-    r = requests.post(server + "/nowhere", json={}, timeout=30)  # no hint where /v1 would not help either
+    r = requests.post(server + "/nowhere", json={}, timeout=HANG_GUARD_S)  # no hint where /v1 would not help either
     assert r.status_code == 404 and r.json()["error"]["message"] == "no route POST /nowhere"
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from sandbox_helpers import Victim, assert_none_left, token
+from sandbox_helpers import PROGRAM_GUARD_S, Victim, assert_none_left, token
 
 from ridgeline.envs import make
 from ridgeline.envs.code import outputs_match
@@ -42,9 +42,17 @@ except ImportError:  # the sandbox before bubblewrap, to show these tests failin
 SUM_CASES = [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6"}, {"input": "0 0", "output": "0\n"}]
 MARKER = "RIDGELINE-HOSTILE-TEST-ROW"
 SECRET_NAME = "RIDGELINE_GRADER_SECRET"
-TIMEOUT_S = 0.5  # every program here ends (or fails) in well under that, or runs forever
-# The audit hook off: what the kernel layers stop on their own.
-KERNEL_ONLY = SandboxLimits(wall_seconds=TIMEOUT_S, cpu_seconds=TIMEOUT_S, use_audit_hook=False)
+# Every program here ends (or fails) in well under that, or runs forever. On a very busy machine one
+# may be stopped by this limit before it tried everything: it then scores 0 and harms nothing, so a
+# test can never fail because of the load, only show less. A program that must finish to show
+# anything sets its own ``timeout_s`` (a hang guard).
+TIMEOUT_S = 0.5
+
+
+def kernel_only(hostile: "Hostile") -> SandboxLimits:
+    """The audit hook off: what the kernel layers stop on their own, within the program's limit."""
+    seconds = dict(hostile.settings).get("timeout_s", TIMEOUT_S)
+    return SandboxLimits(wall_seconds=seconds, cpu_seconds=seconds, use_audit_hook=False)
 
 
 @dataclass(frozen=True)
@@ -241,14 +249,16 @@ HOSTILE = [
                     sys.exit(0)
         print('wrong')
     """),
+    # every file the sandbox shows but the runtime (the interpreter's tree, /usr, the packages: no
+    # training data there, and reading them all would take seconds), whatever the machine's load
     _h("search_the_disk_for_the_training_data", """
-        import json, os, sys, time
-        wanted, start = sys.stdin.read(), time.monotonic()
+        import json, os, sys
+        wanted = sys.stdin.read()
+        runtime = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, '/usr', '/packages')}
         for top in ('/tmp', '/root', '/home', '/data', '/work', '/'):
             for folder, dirs, files in os.walk(top):
-                dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev', 'usr')]
-                if time.monotonic() - start > 0.6:
-                    break
+                dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev')
+                           and os.path.realpath(os.path.join(folder, d)) not in runtime]
                 for name in files:
                     path = os.path.join(folder, name)
                     try:
@@ -263,7 +273,7 @@ HOSTILE = [
                                     print(case['output'])
                                     sys.exit(0)
         print('wrong')
-    """),
+    """, settings=(("timeout_s", PROGRAM_GUARD_S),)),
     _h("read_the_checkout", """
         import sys
         source = open('$REPO/ridgeline/envs/code.py').read()
@@ -699,6 +709,8 @@ def test_hostile_program_scores_zero_and_does_no_harm(world, hostile):
     env = code_env(**dict(hostile.settings))
     out = env.step(respond(world.fill(hostile.source, word)))
     assert out.reward == WRONG_REWARD, out.metadata
+    if "timeout_s" in dict(hostile.settings):  # it had the time to try everything
+        assert out.metadata["killed_reason"] != "wall_timeout", out.metadata
     world.assert_unharmed(hostile, word, out.metadata.get("stderr_tail", ""))
 
 
@@ -707,9 +719,10 @@ def test_hostile_program_without_the_audit_hook(world, hostile):
     # The second case (10 -4 -> 6), so a blind "print(3)" is wrong here too.
     word = token()
     case = SUM_CASES[1]
-    result = run_python(world.fill(hostile.source, word), case["input"], KERNEL_ONLY)
+    result = run_python(world.fill(hostile.source, word), case["input"], kernel_only(hostile))
     passed = result.killed_reason is None and result.exit_code == 0 and outputs_match(result.stdout, case["output"])
     assert not passed, result
+    assert not (result.timed_out and "timeout_s" in dict(hostile.settings)), result
     world.assert_unharmed(hostile, word, result.stderr)
 
 
@@ -719,5 +732,5 @@ def test_hostile_suite_is_large_enough():
 
 @pytest.mark.parametrize("program", CORRECT, ids=["plain", "numpy", "thread_recursion", "temp_files", "stdin_bytes"])
 def test_correct_programs_still_score_one(world, program):
-    out = code_env(timeout_s=10).step(respond(program))
+    out = code_env(timeout_s=PROGRAM_GUARD_S).step(respond(program))
     assert out.reward == 1.0, out.metadata

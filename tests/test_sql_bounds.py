@@ -19,19 +19,23 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import HANG_GUARD_S
 
 from ridgeline.envs import make
 from ridgeline.envs import sql_executor
-from ridgeline.envs.sql_executor import KILL_GRACE_S, SQLLimits, run_in_rollback, run_query
+from ridgeline.envs.sql_executor import SQLLimits, run_in_rollback, run_query
 from ridgeline.envs.text2sql import first_sql_block, verified_solution
 from ridgeline.envs.text2sql_lenient import extract_tag
 
 ROOT = Path(__file__).resolve().parents[1]
+# The time limit under test: a statement that runs for ever must end with failure "timeout", which
+# the executor reports only once this limit (plus its KILL_GRACE_S) has passed.
 TIMEOUT = 0.5
 LIMITS = SQLLimits(timeout_s=TIMEOUT)
-# How long a bounded statement may take here: its limit, the kill grace, and room for a busy
-# one-core machine (starting a fresh worker after a kill included).
-WALL_BOUND = TIMEOUT + KILL_GRACE_S + 2.0
+# Every other statement gets a time limit it never reaches: a memory or size bound is the one under
+# test, and on a busy machine building 8 MB values takes seconds (with 5 s and 20 s limits the
+# memory bombs ended as "timeout" instead of "too_large" under load). A hang guard only.
+UNTIMED = SQLLimits(timeout_s=HANG_GUARD_S)
 
 
 def numbers(last: int | None = None) -> str:
@@ -87,31 +91,26 @@ WILDCARDS = [
 
 
 @pytest.mark.parametrize("name, sql, failure", BOMBS, ids=[b[0] for b in BOMBS])
-def test_bombs_end_in_time_with_their_reason(db, name, sql, failure):
-    # memory bombs get time to reach their limit; time bombs a short clock
-    limits = LIMITS if failure == "timeout" else SQLLimits(timeout_s=5.0)
+def test_bombs_end_with_their_reason(db, name, sql, failure):
+    # time bombs the short clock under test; memory bombs no clock they could reach first
+    limits = LIMITS if failure == "timeout" else UNTIMED
     before = digest(db)
     for run in (lambda: run_query(db, sql, limits=limits), lambda: run_in_rollback(db, sql, limits)):
-        started = time.monotonic()
         result = run()
-        elapsed = time.monotonic() - started
         assert result.failure == failure, (name, result)
         assert result.rows == [(None,)] if failure is None else result.rows is None, (name, result)
-        assert elapsed < limits.timeout_s + KILL_GRACE_S + 2.0, (name, elapsed)
     assert digest(db) == before
     assert run_query(db, "SELECT count(*) FROM t").rows == [(2000,)]  # the next statement is served
 
 
 @pytest.mark.parametrize("sql", WILDCARDS)
 def test_wildcard_patterns_are_bounded(db, sql):
-    started = time.monotonic()
     result = run_query(db, sql, limits=LIMITS)
-    assert time.monotonic() - started < WALL_BOUND
     assert result.rows == [(0,)] or result.failure == "timeout"
 
 
 def test_value_limit_is_the_setting(db):
-    small = SQLLimits(timeout_s=2, max_value_bytes=1024)
+    small = SQLLimits(timeout_s=HANG_GUARD_S, max_value_bytes=1024)
     assert run_query(db, "SELECT zeroblob(1024)", limits=small).ok
     result = run_query(db, "SELECT zeroblob(1025)", limits=small)
     assert result.failure == "too_large" and "too big" in result.error
@@ -120,7 +119,7 @@ def test_value_limit_is_the_setting(db):
 
 
 def test_result_limit_is_checked_per_row(db):
-    limits = SQLLimits(timeout_s=5, max_result_bytes=1024 * 1024)
+    limits = SQLLimits(timeout_s=HANG_GUARD_S, max_result_bytes=1024 * 1024)
     one_row = 1024 * 1024 // 4  # four of these rows fit in the budget, not five
     fits = run_query(db, f"{numbers(3)} SELECT zeroblob({one_row - 200}) FROM r", limits=limits)
     assert fits.ok and fits.row_count == 3
@@ -133,12 +132,12 @@ def test_result_limit_is_checked_per_row(db):
 MEMORY_SCRIPT = """
 import json, resource, sys
 from ridgeline.envs.sql_executor import SQLLimits, run_in_rollback, run_query
-db, sqls = sys.argv[1], json.loads(sys.argv[2])
-run_query(db, "SELECT 1")  # the worker, imports and caches exist before the baseline
-run_in_rollback(db, "SELECT 1", SQLLimits())
+db, sqls, untimed = sys.argv[1], json.loads(sys.argv[2]), SQLLimits(timeout_s=float(sys.argv[3]))
+run_query(db, "SELECT 1", limits=untimed)  # the worker, imports and caches exist before the baseline
+run_in_rollback(db, "SELECT 1", untimed)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-failures = [run_query(db, sql, limits=SQLLimits(timeout_s=5)).failure for sql in sqls]
-failures += [run_in_rollback(db, sql, SQLLimits(timeout_s=5)).failure for sql in sqls]
+failures = [run_query(db, sql, limits=untimed).failure for sql in sqls]
+failures += [run_in_rollback(db, sql, untimed).failure for sql in sqls]
 grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
 print(json.dumps({"grown_kib": grown, "failures": failures}))
 """
@@ -151,8 +150,8 @@ def test_memory_bombs_do_not_grow_this_process(db):
 
     bombs = [(sql, failure) for name, sql, failure in BOMBS if failure != "timeout"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(db), json.dumps([sql for sql, _ in bombs])],
-                         env=env, capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(db), json.dumps([sql for sql, _ in bombs]),
+                          str(HANG_GUARD_S)], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["failures"] == [failure for _, failure in bombs] * 2
     assert report["grown_kib"] < 64 * 1024, report  # MiB-scale noise, not a result
@@ -161,7 +160,7 @@ def test_memory_bombs_do_not_grow_this_process(db):
 def test_worker_memory_is_capped(db):
     """The worker's RLIMIT_AS stops SQLite itself: one row of 300 random 8 MB values is built in
     SQLite's memory (2.4 GB) before any row reaches Python. The next statement is served."""
-    limits = SQLLimits(timeout_s=20)
+    limits = UNTIMED
     assert sql_executor.worker_memory_bytes(limits) < 1024 * 1024 * 1024
     for run in (lambda sql: run_query(db, sql, limits=limits), lambda sql: run_in_rollback(db, sql, limits)):
         result = run("SELECT " + ", ".join(["randomblob(8000000)"] * 300))
@@ -261,47 +260,64 @@ def test_killing_a_worker_mid_write_leaves_the_file_intact(db):
     """The worker runs a long write; it is killed from outside (as the time limit does): the
     statement reports the crash, the file is unchanged, and the next statement works."""
     before = digest(db)
-    pool = sql_executor._pool(sql_executor.worker_memory_bytes(LIMITS))
-    run_in_rollback(db, "SELECT 1", LIMITS)  # one idle worker now exists
+    pool = sql_executor._pool(sql_executor.worker_memory_bytes(UNTIMED))
+    run_in_rollback(db, "SELECT 1", UNTIMED)  # one idle worker now exists
     [worker] = pool._idle[-1:]
     slow_write = "UPDATE t SET name = (SELECT count(*) FROM t AS a, t AS b WHERE a.id > t.id)"  # minutes
     results = []
-    thread = threading.Thread(target=lambda: results.append(run_in_rollback(db, slow_write, SQLLimits(timeout_s=20))))
+    thread = threading.Thread(target=lambda: results.append(run_in_rollback(db, slow_write, UNTIMED)))
     thread.start()
-    time.sleep(1.0)
+    _wait_until_busy(worker.proc.pid)  # it is inside the write
     os.kill(worker.proc.pid, signal.SIGKILL)
-    thread.join(30)
+    thread.join(HANG_GUARD_S)
     [result] = results
     assert result.failure == "crashed" and "died" in result.error
     assert digest(db) == before and not any(name.endswith("-journal") for name in os.listdir(db.parent))
     assert run_in_rollback(db, "SELECT count(*) FROM t", LIMITS).rows == [(2000,)]
 
 
+# one SQLite call that runs for hours (a quadratic instr over 8 MB), with no time limit it could reach
 WORKER_ORPHAN_SCRIPT = """
-import sys, threading
+import sys
 from ridgeline.envs import sql_executor
 from ridgeline.envs.sql_executor import SQLLimits, run_query
-run_query(sys.argv[1], "SELECT 1")
+limits = SQLLimits(timeout_s=float(sys.argv[3]))
+run_query(sys.argv[1], "SELECT 1", limits=limits)
 [pool] = sql_executor._pools.values()
 print(pool._idle[0].proc.pid, flush=True)
-run_query(sys.argv[1], "SELECT length(printf('%.*c', 2000000000, 'x'))", limits=SQLLimits(timeout_s=60))
+run_query(sys.argv[1], sys.argv[2], limits=limits)
 """
 
 
 def test_workers_die_with_the_trainer(db):
-    """A trainer killed with -9 while its worker is inside one long call: the worker exits within
-    about a second (it watches its parent), not when the call ends."""
+    """A trainer killed with -9 while its worker is inside one call that would run for hours: the
+    worker exits (it watches its parent) instead of finishing the call."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", WORKER_ORPHAN_SCRIPT, str(db)], env=env, stdout=subprocess.PIPE,
-                            text=True)
+    endless = next(sql for name, sql, _ in BOMBS if name == "one call: instr")
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_ORPHAN_SCRIPT, str(db), endless, str(HANG_GUARD_S)], env=env,
+                            stdout=subprocess.PIPE, text=True)
     worker_pid = int(proc.stdout.readline())
-    time.sleep(0.5)
+    _wait_until_busy(worker_pid)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_GUARD_S  # a hang guard: the call it is in lasts hours
     while time.monotonic() < deadline and _alive(worker_pid):
         time.sleep(0.1)
     assert not _alive(worker_pid)
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _wait_until_busy(pid: int, ticks: int = 20) -> None:
+    """Return once worker ``pid`` has spent ``ticks`` clock ticks of CPU since the call (an idle
+    worker spends none): it is running the statement it was sent, however slow the machine."""
+    start, deadline = _cpu_ticks(pid), time.monotonic() + HANG_GUARD_S
+    while _cpu_ticks(pid) - start < ticks:
+        assert time.monotonic() < deadline, "the worker never started the statement"
+        time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:
@@ -332,14 +348,16 @@ def test_concurrent_statements_each_get_a_worker(db):
     results: dict[int, object] = {}
 
     def query(index: int) -> None:
-        sql = "SELECT count(*) FROM t" if index % 2 else "SELECT length(printf('%.*c', 2000000000, 'x'))"
-        results[index] = run_query(db, sql, limits=LIMITS)
+        if index % 2:  # not the bound under test: no clock it could reach on a busy machine
+            results[index] = run_query(db, "SELECT count(*) FROM t", limits=UNTIMED)
+        else:
+            results[index] = run_query(db, "SELECT length(printf('%.*c', 2000000000, 'x'))", limits=LIMITS)
 
     threads = [threading.Thread(target=query, args=(i,)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(60)
+        thread.join(HANG_GUARD_S)
     assert all(results[i].rows == [(2000,)] for i in range(1, 8, 2))
     assert all(results[i].failure == "timeout" for i in range(0, 8, 2))
 
@@ -382,9 +400,8 @@ def test_text2sql_env_scores_bombs_zero_and_counts_them(zoo, monkeypatch):
     assert "SQL Timeout" in out.observations[0]["content"]
     out = env.step(f"{think}<sql>ATTACH 'x.sqlite' AS x</sql>")
     assert "not allowed: ATTACH" in out.observations[0]["content"]
-    started = time.monotonic()
     out = env.step(f"{think}<solution>{numbers()} SELECT n FROM r</solution>")
-    assert out.done and out.reward == 0.0 and time.monotonic() - started < WALL_BOUND
+    assert out.done and out.reward == 0.0
     assert env.get_metrics() == {"sql_calls": 4.0, "sql_errors": 4.0, "timeouts": 2.0, "refused": 1.0,
                                  "too_large": 1.0, "crashed": 0.0}
     env = make("text2sql", env_config={"db_path": str(zoo), "max_value_bytes": 1024}, extras=row)
@@ -430,7 +447,7 @@ def test_text2sql_exploration_rows_are_a_preview_cut_in_the_worker(zoo):
     sql = f"{numbers(7)} SELECT n, printf('%.*c', 8000000, 'x') AS big FROM r"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", EXPLORE_SCRIPT, str(zoo), sql], env=env, capture_output=True,
-                         text=True, timeout=300, check=True)
+                         text=True, timeout=HANG_GUARD_S, check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     observation = report["observation"]
     assert observation.startswith("\n\n<observation>Truncated to 50 lines since returned response too long: ")
@@ -490,7 +507,9 @@ def test_a_frame_cannot_name_a_class():
 # --- parsers: linear time on hostile responses ----------------------------------------------------
 
 MB = 1024 * 1024
-PARSER_BOUND_S = 1.0  # generous: each call below takes milliseconds; the old code took seconds to minutes
+# CPU seconds of the calling thread (time.thread_time: what the parser costs, not how busy the
+# machine is); generous: each call below takes milliseconds, the old code seconds to minutes
+PARSER_BOUND_S = 1.0
 
 LENIENT_BOMBS = {
     "unclosed thinks": "<think>" * (MB // 7) + "<sql>SELECT 1</sql>",
@@ -515,9 +534,10 @@ STATEMENT_BOMBS = {
 
 
 def timed(call) -> float:
-    started = time.monotonic()
+    """CPU seconds ``call`` costs this thread (an SQL worker's time is its own process's)."""
+    started = time.thread_time()
     call()
-    return time.monotonic() - started
+    return time.thread_time() - started
 
 
 @pytest.mark.parametrize("name", LENIENT_BOMBS)
@@ -538,14 +558,14 @@ def test_statement_checks_are_linear(db, name):
 
     sql = STATEMENT_BOMBS[name]
     assert timed(lambda: statement_refusal(strip_terminators(sql))) < PARSER_BOUND_S
-    result = run_query(db, sql, limits=SQLLimits(timeout_s=5))
+    result = run_query(db, sql, limits=UNTIMED)
     assert result.failure in ("sql_error", "refused") or result.ok
 
 
 def test_lenient_env_steps_on_hostile_responses_quickly(db):
     env = env_for(db, "SELECT 1", max_turns=len(LENIENT_BOMBS) + 1)
     for text in LENIENT_BOMBS.values():
-        assert timed(lambda: env.step(text)) < PARSER_BOUND_S + WALL_BOUND
+        assert timed(lambda: env.step(text)) < PARSER_BOUND_S
 
 
 # The reading rules, written the old way (regular expressions that backtrack): the linear

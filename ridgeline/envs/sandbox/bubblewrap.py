@@ -21,7 +21,11 @@ RLIMIT_NPROC, set by the bootstrap inside the fresh user namespace, bounds the w
 the kernel exempts uid 0 from it, so when the trainer runs as root (containers), a first bwrap
 (mount and PID namespaces, as root) shows the same runtime, mounts the two tmpfs with an inode
 bound (``nr_inodes``, which bwrap 0.8's own ``--tmpfs`` cannot set), and ``setpriv`` drops to uid
-65534 before the sandbox's own bwrap starts: the program never runs as host root.
+65534 before the sandbox's own bwrap starts: the program never runs as host root. A trainer that is
+not root gets the same first bwrap inside a user namespace of its own (uid 0 there, with the
+capabilities to mount a tmpfs and to map that uid into the sandbox's nested user namespace, both
+dropped by the sandbox's bwrap); where the host forbids that nesting (AppArmor's restriction of
+unprivileged user namespaces), one bwrap mounts tmpfs bounded in size only, and the log says so.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import dataclasses
 from dataclasses import dataclass
 
 from .bootstrap import bootstrap_source
@@ -175,6 +180,8 @@ class Bubblewrap:
     mount: str | None = None
     version: tuple[int, ...] = MIN_VERSION
     packages: tuple[str, ...] = ()
+    # why the tmpfs have no inode bound (a non-root trainer where the first bwrap cannot run), or ""
+    no_inode_bound: str = ""
 
     name = "bwrap"
 
@@ -182,7 +189,7 @@ class Bubblewrap:
     def layers(self) -> tuple[str, ...]:
         base = ("bwrap", "userns", "pidns", "netns", "ipcns", "mountns", "readonly_root", "tmpfs_work", "no_caps",
                 "no_nested_userns", "seccomp")
-        return base + (("unprivileged_uid", "tmpfs_inodes") if self.setpriv else ())
+        return base + (("unprivileged_uid",) if self.setpriv else ()) + (("tmpfs_inodes",) if self.mount else ())
 
     @classmethod
     def detect(cls, packages: tuple[str, ...] = ()) -> "Bubblewrap":
@@ -199,20 +206,36 @@ class Bubblewrap:
             seccomp = filter_program()
         except UnsupportedArchitecture as exc:
             raise BubblewrapUnusable(str(exc)) from None
-        setpriv = mount = None
+        setpriv = None
+        mount = shutil.which("mount")
         if os.geteuid() == 0:
-            setpriv, mount = shutil.which("setpriv"), shutil.which("mount")
+            setpriv = shutil.which("setpriv")
             missing = " and ".join(name for name, path in (("setpriv", setpriv), ("mount", mount)) if path is None)
             if setpriv is None or mount is None:
                 raise BubblewrapUnusable(f"this process runs as root and {missing}, with which programs drop to an "
                                          "unprivileged user in size- and inode-bounded tmpfs, is not installed "
                                          "(util-linux)")
-            setpriv, mount = os.path.realpath(setpriv), os.path.realpath(mount)
+            setpriv = os.path.realpath(setpriv)
         interpreter = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
         isolation = cls(bwrap=bwrap, interpreter=interpreter, mounts=runtime_mounts(interpreter, packages),
-                        seccomp=seccomp, setpriv=setpriv, mount=mount, version=version, packages=packages)
-        isolation.probe()
-        return isolation
+                        seccomp=seccomp, setpriv=setpriv, mount=mount and os.path.realpath(mount), version=version,
+                        packages=packages)
+        if setpriv is None:  # not root: the inode-bounded tmpfs need a user namespace of our own first
+            if mount is None:
+                return isolation.without_inode_bound("`mount` (util-linux) is not installed").probed()
+            try:
+                return isolation.probed()
+            except BubblewrapUnusable as exc:
+                return isolation.without_inode_bound(str(exc)).probed()
+        return isolation.probed()
+
+    def without_inode_bound(self, reason: str) -> "Bubblewrap":
+        """The single-bwrap path of a non-root trainer: tmpfs bounded in size only (bwrap 0.8's own)."""
+        return dataclasses.replace(self, mount=None, no_inode_bound=reason)
+
+    def probed(self) -> "Bubblewrap":
+        self.probe()
+        return self
 
     def probe(self) -> None:
         """Start one sandbox that prints "ok"; raises :class:`BubblewrapUnusable` with bwrap's reason."""
@@ -235,23 +258,28 @@ class Bubblewrap:
         ``command``; ``program_fd`` is copied into ``/work/main.py``, ``seccomp_fd`` holds the filter."""
         disk = int(limits.disk_mb) * _MIB
         setpriv, mount_tool = self.setpriv, self.mount
-        as_root = setpriv is not None and mount_tool is not None
-        if not as_root:
+        two_levels = mount_tool is not None
+        if not two_levels:
             # bwrap 0.8 mounts its tmpfs with size= only (no inode bound: docs/security.md)
             scratch = ["--size", str(disk), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                        "--size", str(disk), "--tmpfs", WORK]
         else:
             scratch = ["--bind", _ROOT_SHM, "/dev/shm", "--remount-ro", "/dev", "--bind", _ROOT_WORK, WORK]
+        # Not root, two levels: this bwrap starts as uid 0 of the first one's user namespace, with
+        # the capabilities it got there; it drops them and maps the trainer's own ids inside, so the
+        # program sees what the single-bwrap path shows it.
+        own_ids = (["--cap-drop", "ALL", "--uid", str(os.getuid()), "--gid", str(os.getgid())]
+                   if two_levels and setpriv is None else [])
         sandbox = [
             self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--as-pid-1", "--hostname", "sandbox", "--seccomp", str(seccomp_fd),
-            *_mount_args(self.mounts, from_view=as_root),
+            "--as-pid-1", "--hostname", "sandbox", "--seccomp", str(seccomp_fd), *own_ids,
+            *_mount_args(self.mounts, from_view=two_levels),
             "--proc", "/proc", "--dev", "/dev", *scratch,
             "--file", str(program_fd), f"{WORK}/main.py",
             "--symlink", WORK, "/tmp", "--chdir", WORK, "--remount-ro", "/",
             "--", *command,
         ]
-        if setpriv is None or mount_tool is None:
+        if mount_tool is None:
             return sandbox
         # Root: a mount namespace with the same runtime (plus the tools, a full /proc for the inner
         # bwrap to mount its own, and /tmp it mounts its root on); there, as root, the two tmpfs
@@ -263,17 +291,27 @@ class Bubblewrap:
         # check, so it cannot be the link after setpriv.) The shell also passes the CPU time of
         # what it waited for up to the trainer's wait4.
         tools = tuple(Mount("ro-bind", path, path) for path in (self.bwrap, setpriv, mount_tool)
-                      if not _covered(path, list(self.mounts)))
-        uid = str(SANDBOX_UID)
+                      if path is not None and not _covered(path, list(self.mounts)))
+        # as root the tmpfs belong to SANDBOX_UID; otherwise to uid 0 of the first bwrap's user
+        # namespace, which is the trainer's uid outside and the program's inside
+        uid = str(SANDBOX_UID) if setpriv is not None else "0"
         options = f"size={disk},nr_inodes={int(limits.disk_mb) * INODES_PER_MIB},mode=0755,uid={uid},gid={uid}"
         mount = f"{mount_tool} -t tmpfs -o {options} tmpfs"
+        if setpriv is not None:
+            level = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--bind", "/proc", "/proc"]
+            drop = [setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--"]
+        else:
+            # a user namespace of the trainer's own, where it is uid 0: CAP_SYS_ADMIN mounts the
+            # tmpfs, CAP_SETFCAP lets the sandbox's bwrap map that uid 0 into its nested namespace
+            # (the kernel asks for it when a map names the parent namespace's root)
+            level = ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "CAP_SETFCAP", "--proc", "/proc"]
+            drop = []
         return [
-            self.bwrap, "--die-with-parent", "--unshare-pid", "--as-pid-1", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID",
-            "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SYS_ADMIN",
-            *_mount_args(self.mounts + tools, from_view=False),
-            "--bind", "/proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--dir", _ROOT_WORK, "--dir", _ROOT_SHM,
+            self.bwrap, "--die-with-parent", "--unshare-pid", "--as-pid-1", "--cap-drop", "ALL",
+            "--cap-add", "CAP_SYS_ADMIN", *level, *_mount_args(self.mounts + tools, from_view=False),
+            "--dev", "/dev", "--dir", "/tmp", "--dir", _ROOT_WORK, "--dir", _ROOT_SHM,
             "--", "/bin/sh", "-c", f'{mount} {_ROOT_WORK} && {mount} {_ROOT_SHM} && "$@"; exit $?', "sh",
-            setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--", *sandbox,
+            *drop, *sandbox,
         ]
 
     def prepare(self, source: str, report_fd: int, limits: SandboxLimits) -> Launch:

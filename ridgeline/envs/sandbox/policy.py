@@ -90,6 +90,10 @@ def _announce(isolation: Isolation, settings: SandboxSettings) -> None:
         log.info("code sandbox: bubblewrap %s (own user/pid/net/mount namespaces, seccomp filter, read-only runtime, "
                  "tmpfs work dir, %sthe audit hook as a second layer); packages: %s",
                  ".".join(map(str, isolation.version)), who, packages)
+        if isolation.no_inode_bound:
+            log.warning("code sandbox: its tmpfs are bounded in size but not in inodes (%s): a program can hold "
+                        "about 1 KiB of kernel memory per empty file or folder until its wall-time limit "
+                        "(docs/security.md)", isolation.no_inode_bound)
         return
     reason = isolation.reason if isinstance(isolation, ProcessOnly) else isolation.name
     log.warning("%s=true and bubblewrap cannot run here (%s): model-written code runs WITHOUT isolation, with only "

@@ -26,7 +26,8 @@ class SandboxLimits:
     ``2 + max_processes + max_threads`` tasks (RLIMIT_NPROC in the sandbox's own user namespace:
     the sandbox's init, the program, its children and threads); the audit hook additionally refuses
     process creation past ``max_processes``. ``disk_mb``: size of the writable work dir (a tmpfs)
-    and of ``/dev/shm`` each (as root, also ``64 x disk_mb`` inodes each); ``file_size_mb``: the largest file (RLIMIT_FSIZE).
+    and of ``/dev/shm`` each (and ``64 x disk_mb`` inodes each where the host allows it:
+    docs/security.md); ``file_size_mb``: the largest file (RLIMIT_FSIZE).
     ``use_audit_hook``: the in-process second layer; off only to test the kernel layers alone.
     """
 
