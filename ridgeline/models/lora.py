@@ -29,7 +29,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -251,7 +251,7 @@ class AdapterLayout:
 
     # merged weights ---------------------------------------------------------------------------
     @torch.no_grad()
-    def merged(self, state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    def merged(self, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         """`state` (the worker model's full weights) as the plain model's: adapter tensors dropped,
         every adapted weight W + delta in a new tensor, computed one at a time; the rest as it is."""
         for name, tensor in state.items():

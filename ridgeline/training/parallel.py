@@ -19,9 +19,17 @@ class DataParallel(Protocol):
     """Where a worker's model lives and how its ranks talk. Methods marked collective must be
     called on every rank of the group at once."""
 
-    device: torch.device   # where the worker computes (cuda:LOCAL_RANK on a GPU rank)
-    rank: int
-    world_size: int
+    # read-only: a rank's place is fixed (FSDPGroup reads it from torch.distributed)
+    @property
+    def device(self) -> torch.device:
+        """Where the worker computes (cuda:LOCAL_RANK on a GPU rank)."""
+        ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
 
     def all_sum(self, values: list[float]) -> list[float]:
         """Collective: the element-wise sum over ranks (float64)."""

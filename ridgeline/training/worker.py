@@ -26,7 +26,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, TYPE_CHECKING
+from typing import Iterator, Mapping, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -396,7 +396,7 @@ class PolicyWorker(TrainedWorker):
         return batch_logprobs(self.model, batch, c.micro_forward_batch_size, c.temperature, c.autocast_dtype,
                               self.parallel, c.forward_options)
 
-    def engine_weights(self, state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    def engine_weights(self, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         """What an engine loads, from this model's full weights `state` (`full_state_dict`): every
         parameter under the plain model's names, tied weights once; with LoRA the merged weights
         W + scaling * B @ A, computed one tensor at a time without touching the training weights
