@@ -51,6 +51,7 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      training_autocast_dtype, training_precision)
 from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
+from ridgeline.training.protocols import Worker
 from ridgeline.training.worker import ModelWorker, PolicyTrainConfig, PolicyWorker, RefWorker, TrainedWorker
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
@@ -521,8 +522,10 @@ class RayRefGroup(_RankGroup):
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         return self.gather_rows("compute_logprobs", batch)
 
-    def load_from(self, policy: RayPolicyGroup) -> None:
+    def load_from(self, policy: Worker) -> None:
         """`update_ref_every_epoch`: the policy's current weights."""
+        if not isinstance(policy, RayPolicyGroup):  # the ranks pass the weights actor to actor
+            raise TypeError(f"a Ray reference group loads from the Ray policy group, not a {type(policy).__name__}")
         refs = [a.full_state_dict.remote() for a in policy.actors]  # collective over the policy ranks
         self.call("load_full_state_dict", refs[0])  # Ray passes rank 0's weights actor to actor, not via here
         self.ray.get(refs[1:])
@@ -537,7 +540,7 @@ class RayBaseModelRefGroup(_RankGroup):
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         return self.gather_rows("compute_ref_logprobs", batch)
 
-    def load_from(self, policy: RayPolicyGroup) -> None:
+    def load_from(self, policy: Worker) -> None:
         raise RuntimeError("a LoRA policy's reference is its frozen base model and cannot take the policy's weights "
                            "(trainer.update_ref_every_epoch=true is refused with trainer.policy.model.lora.rank > 0)")
 

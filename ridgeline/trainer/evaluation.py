@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 
 from ridgeline.data import PromptRow
+from ridgeline.data.dataset import decode_text
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward, total_reward
@@ -221,6 +222,7 @@ def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: R
         out = generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "eval", b))
         out.rewards = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
                                               out.loss_masks, policy, training=False).rewards
-        acc.add([label for label, _ in batch for _ in range(n)], inp, out, generator.tokenizer.decode)
+        acc.add([label for label, _ in batch for _ in range(n)], inp, out,
+                lambda ids: decode_text(generator.tokenizer, ids))
         log.info("eval batch %d/%d: %d prompts x %d samples", b + 1, num_batches, len(batch), n)
     return {**acc.metrics(), "timing/eval": time.perf_counter() - t0}, acc

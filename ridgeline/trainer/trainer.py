@@ -30,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from ridgeline.config.loader import save_config
 from ridgeline.allocator import active_allocator
 from ridgeline.algorithms import load_algorithm_modules
-from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
+from ridgeline.algorithms.kl_control import KLController, build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
 from ridgeline.data import DatasetError, PromptDataset, PromptRow
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
@@ -67,7 +67,7 @@ from ridgeline.trainer.metrics import reward_metrics, rollout_metrics
 from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.run_record import start_run_info
 from ridgeline.trainer.state import AlgorithmState, RunState
-from ridgeline.training.batch import build_training_batch
+from ridgeline.training.batch import TrainingBatch, build_training_batch
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import NonFiniteLossError
 
@@ -471,6 +471,8 @@ class Trainer:
 
     def update_ref(self) -> None:
         """`update_ref_every_epoch`: the reference becomes the current policy (cast to its dtype)."""
+        if self.workers.ref is None:
+            raise RuntimeError("update_ref: this run has no reference model")
         self.workers.ref.load_from(self.workers.policy)
         self.run.ref_updated = True
         log.info("reference model set to the policy after epoch %d (update_ref_every_epoch)",
@@ -606,9 +608,10 @@ class Trainer:
                     batch.ref_logprobs = self.workers.ref.compute_logprobs(batch)
                 if self.workers.critic is not None:
                     batch.values = self.workers.critic.compute_values(batch)
-            if self.run.algorithm.kl_controller is not None:
+            controller = self.run.algorithm.kl_controller
+            if controller is not None:
                 with timer.phase("apply_reward_kl_penalty"):
-                    metrics.update(self._apply_reward_kl_penalty(batch))
+                    metrics.update(self._apply_reward_kl_penalty(batch, controller))
             with timer.phase("compute_advantages_and_returns"):
                 metrics.update(compute_advantages(batch, alg, self.run.algorithm.reward_std))
             try:
@@ -650,13 +653,14 @@ class Trainer:
         engine also keeps them waiting from its sleep on: `SharedEngine`)."""
         return self.endpoint.hold() if self.endpoint is not None else contextlib.nullcontext()
 
-    def _apply_reward_kl_penalty(self, batch) -> dict[str, float]:
+    def _apply_reward_kl_penalty(self, batch: TrainingBatch, controller: KLController) -> dict[str, float]:
         """`use_kl_in_reward`: `batch.rewards` lowered by beta * KL(pi_old || ref) per loss token, then
         the controller steered by the batch KL; SkyRL's `loss/avg_kl`, `loss/avg_kl_max` and
         `loss/kl_loss_coef` (the beta applied). With `on_policy_distillation` the environment's reward
         is dropped and -beta * KL to the teacher is the reward (SkyRL's OnPolicyDistillationTrainer);
         `distill/teacher_kl` is then that KL's mean over the loss tokens."""
-        controller = self.run.algorithm.kl_controller
+        if batch.old_logprobs is None or batch.ref_logprobs is None:  # phase 5 computes both for a KL reward
+            raise RuntimeError("use_kl_in_reward: the batch lacks its old-policy or reference logprobs")
         beta = controller.value
         distill = bool(self.cfg.trainer.algorithm.on_policy_distillation)
         penalty = kl_penalized_rewards(batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask,
@@ -671,6 +675,8 @@ class Trainer:
     # --------------------------------------------------------------------------------- eval
     def evaluate(self) -> dict[str, float]:
         cfg = self.cfg
+        if self.val_data is None:
+            raise RuntimeError("evaluate: the run has no data.val_data")
         metrics, acc = run_eval(self.generator, [(row.data_source, row) for row in self.val_data], cfg,
                                 env_override=self.env_override, global_step=self.run.global_step)
         if cfg.trainer.dump_eval_results:

@@ -26,7 +26,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, TYPE_CHECKING
+from typing import Iterator, Mapping, Protocol, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -88,6 +88,13 @@ def state_from_folder(folder: Path, prefix: str = "", keep_prefixed: tuple[str, 
     state = {prefix + k: v for k, v in read_safetensors([f for f in files if f.name not in keep_prefixed]).items()}
     state.update(read_safetensors([f for f in files if f.name in keep_prefixed]))
     return state
+
+
+class WeightsSource(Protocol):
+    """What a reference takes the policy's weights from (`load_from`): a worker of this process, or
+    the trainer's `protocols.Worker`."""
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 class ModelWorker:
@@ -354,7 +361,7 @@ class RefWorker(ModelWorker):
         return batch_logprobs(self.model, batch, self.micro, self.temperature, self.autocast_dtype, self.parallel,
                               self.forward_options)
 
-    def load_from(self, policy: "PolicyWorker") -> None:  # collective over both groups
+    def load_from(self, policy: WeightsSource) -> None:  # collective over both groups
         """`update_ref_every_epoch`: the policy's current weights (cast to the reference's dtype)."""
         self.parallel.load_full_state_dict(self.model, policy.full_state_dict())
 
@@ -378,7 +385,7 @@ class BaseModelRefWorker(RefWorker):
         with adapters_disabled(self.model):
             return super().compute_logprobs(batch)
 
-    def load_from(self, policy: "PolicyWorker") -> None:
+    def load_from(self, policy: WeightsSource) -> None:
         raise RuntimeError("a LoRA policy's reference is its frozen base model and cannot take the policy's weights "
                            "(trainer.update_ref_every_epoch=true is refused with trainer.policy.model.lora.rank > 0)")
 
