@@ -50,7 +50,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
 
 from ridgeline.models.device import device_kind, resolve_device
 from ridgeline.models.lora import plain
-from ridgeline.training.parallel import check_trainable_names
+from ridgeline.training.parallel import M, check_trainable_names
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -96,9 +96,9 @@ def build_mesh(fsdp_size: int | None = None) -> DeviceMesh:
     return init_device_mesh(_device_type(), (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
 
 
-def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None, fsdp_size: int | None = None,
+def shard_model(model: M, *, mesh: DeviceMesh | None = None, fsdp_size: int | None = None,
                 reshard_after_forward: bool = True, cpu_offload: bool = False,
-                mixed_precision: MixedPrecisionPolicy | None = None) -> nn.Module:
+                mixed_precision: MixedPrecisionPolicy | None = None) -> M:
     """Apply FSDP2 to every decoder layer, then to the root (embeddings, final norm, tied head);
     in place, and the model is returned. Call on every rank, after the process group exists and
     before building the optimizer (the optimizer must hold the sharded DTensor parameters).
@@ -226,7 +226,7 @@ class FSDPGroup:
     def all_max(self, values: list[float]) -> list[float]:
         return _all_reduce(values, dist.ReduceOp.MAX)
 
-    def place(self, model: nn.Module) -> nn.Module:
+    def place(self, model: M) -> M:
         if not self.cpu_offload:
             model = model.to(self.device)  # with CPU offload the shards stay on the host
         policy = (MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ridgeline.distributed.fsdp import FSDPGroup, GatheredState, rank_device
 from ridgeline.distributed.launch import free_port
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
-W = TypeVar("W", bound=ModelWorker)
+W = TypeVar("W", bound="ModelWorker[Any]")
 Role = Literal["policy", "ref", "critic"]
 
 
@@ -205,7 +206,8 @@ class TrainingRank:
 
     def _model_to_device(self) -> None:
         if self._offloads_model():
-            self.worker.model.to(self.group.device)
+            model: nn.Module = self.worker.model   # nn.Module.to: transformers' wrapped `to` confuses mypy
+            model.to(self.group.device)
 
     def _hand_back(self) -> None:
         """Give the GPU back to the engine that shares it (SkyRL's offload under colocate_all): the
@@ -219,7 +221,8 @@ class TrainingRank:
         if isinstance(self.worker, TrainedWorker):
             self.worker.optimizer.zero_grad(set_to_none=True)
         if self._offloads_model():
-            self.worker.model.to("cpu")
+            model: nn.Module = self.worker.model
+            model.to("cpu")
         release_device_memory(self.group.device)
 
     def skipped_steps(self) -> int:

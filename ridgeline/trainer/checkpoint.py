@@ -894,7 +894,7 @@ def _export_critic_adapters(folder: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder / "critic")
     critic = load_value_model(spec, torch.float32, tokenizer,
                               value_head_prefix=cfg.trainer.algorithm.value_head_prefix)
-    critic.backbone = lora.load_merged(critic.backbone, folder / "critic")
+    critic.backbone = lora.load_merged(lora.plain(critic.backbone), folder / "critic")  # fresh: plain is itself
     critic.head.load_state_dict({k.split(".", 1)[1]: v for k, v in
                                  read_safetensors([folder / "critic" / VALUE_HEAD_FILE]).items()})
     critic.save_pretrained(out)
