@@ -302,7 +302,7 @@ class TrainingRank:
 
     @_model_on_device
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)
-        return probe_logprobs(self.worker.model, self.tokenizer, device=self.group.device)
+        return probe_logprobs(self._role_worker(PolicyWorker).model, self.tokenizer, device=self.group.device)
 
     # -- checkpoints: the worker's own methods, world-size-free files ---------------------------
     @_model_on_device

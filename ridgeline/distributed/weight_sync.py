@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from ridgeline.inference.weight_transport import (DEFAULT_CHUNK_BYTES, GroupSpec
 from ridgeline.inference.types import InferenceEngine
 from ridgeline.training.logprobs import response_logprobs
 from ridgeline.training.worker import PolicyWorker
+
+if TYPE_CHECKING:
+    from ridgeline.models.lora import MaybeAdapted
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES", "GroupSpec", "SyncHeader", "SyncStats", "TensorBroadcaster", "TensorMeta",
@@ -96,7 +99,7 @@ def probe_tokens(tokenizer, text: str = PROBE_TEXT, response_tokens: int = 8) ->
 
 
 @torch.no_grad()
-def probe_logprobs(model: nn.Module, tokenizer=None, prompt_ids: list[int] | None = None,
+def probe_logprobs(model: MaybeAdapted, tokenizer=None, prompt_ids: list[int] | None = None,
                    response_ids: list[int] | None = None, device: torch.device | None = None) -> torch.Tensor:
     """Teacher-forced fp32 logprobs of `response_ids` after `prompt_ids` (the fixed probe of
     `tokenizer` when not given) — the same computation on the trainer's policy and on an engine's

@@ -295,7 +295,7 @@ class SGLangEngine(LibraryEngine):
     (`+generator.engine_init_kwargs.enable_deterministic_inference=true`); otherwise sampling is
     seeded once per engine (`random_seed` <- trainer.seed)."""
 
-    engine_kwargs = staticmethod(sglang_engine_kwargs)
+    kwargs_from_config = staticmethod(sglang_engine_kwargs)
     model_key, length_key, sleep_kwarg = "model_path", "context_length", "enable_memory_saver"
 
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Sequence[int] = ()):

@@ -67,15 +67,15 @@ def stacked_chart(title: str, parts: dict[str, Points], total: tuple[str, Points
                   extra: dict[str, Points] | None = None, ylabel: str = "") -> str | None:
     """`parts` stacked as areas over the union of their steps (a missing value counts as 0),
     `total` as a line on top (e.g. the whole step), `extra` as markers (e.g. eval time)."""
-    parts = {name: dict(points) for name, points in parts.items() if points}
+    by_step = {name: dict(points) for name, points in parts.items() if points}
     extra = {name: points for name, points in (extra or {}).items() if points}
-    if not parts and not extra and not (total and total[1]):
+    if not by_step and not extra and not (total and total[1]):
         return None
     fig, ax = _axes(title, ylabel)
-    if parts:
-        steps = sorted({s for values in parts.values() for s in values})
-        ax.stackplot(steps, [[values.get(s, 0.0) for s in steps] for values in parts.values()],
-                     labels=[_label(n) for n in parts], alpha=0.8)
+    if by_step:
+        steps = sorted({s for values in by_step.values() for s in values})
+        ax.stackplot(steps, [[values.get(s, 0.0) for s in steps] for values in by_step.values()],
+                     labels=[_label(n) for n in by_step], alpha=0.8)
     if total and total[1]:
         xs, ys = zip(*total[1])
         ax.plot(xs, ys, color="black", linewidth=1, label=_label(total[0]))
