@@ -175,6 +175,9 @@ class AlgorithmConfig(Section):
     eps_clip_low: float = setting(0.2)
     eps_clip_high: float = setting(0.2)
     clip_ratio_c: float = setting(3.0)   # read only by the dual_clip policy loss
+    # read only by the dro policy loss: beta of its penalty beta/2 (log p - log q)^2, which holds the
+    # policy near the sampler q (Ridgeline's key; policy_loss.DRO_BETA, the Tinker API's `beta`)
+    dro_beta: float = setting(0.05)
     value_clip: float = setting(0.2)
     normalize_reward: bool = setting(True)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
@@ -222,6 +225,9 @@ class AlgorithmConfig(Section):
         if not 0 <= self.eps_clip_low < 1:
             report.add(f"{at}.eps_clip_low={show(self.eps_clip_low)} must be in [0, 1): the ratio is clipped below "
                        f"at 1 - eps_clip_low, which must stay positive. Fix: e.g. {at}.eps_clip_low=0.2.")
+        if self.dro_beta < 0:
+            report.add(f"{at}.dro_beta={show(self.dro_beta)} must not be negative: the dro loss would push the "
+                       f"policy away from the sampler. Fix: e.g. {at}.dro_beta=0.05.")
         if self.eps_clip_high < 0:
             report.add(f"{at}.eps_clip_high={show(self.eps_clip_high)} must be 0 or more: the ratio is clipped above "
                        f"at 1 + eps_clip_high. Fix: e.g. {at}.eps_clip_high=0.2 (0.28 for clip-higher).")
