@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
 
-    from ridgeline.inference.remote import RemoteSettings
+    from ridgeline.inference.remote import RemoteEngine, RemoteSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,6 +106,7 @@ class TrainingRank:
         self.ipc_sender: IPCSender | None = None
         self.ipc_transfer: IPCTransfer | None = None
         self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand it back
+        self.remote: RemoteEngine | None = None   # rank 0's client to remote servers (init_remote_push)
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
@@ -296,9 +297,13 @@ class TrainingRank:
             self.remote = RemoteEngine(settings)
 
     @_model_on_device
-    def push_remote(self, version: int) -> dict | None:  # collective
+    def push_remote(self, version: int) -> dict[str, float] | None:  # collective
         weights = self._engine_weights()
-        return None if weights is None else self.remote.update_weights(weights, version)
+        if weights is None:
+            return None
+        if self.remote is None:
+            raise RuntimeError(f"policy rank {self.rank}: push_remote before init_remote_push")
+        return self.remote.push_weights(weights, version)
 
     @_model_on_device
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)

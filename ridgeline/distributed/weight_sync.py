@@ -165,7 +165,7 @@ class RemoteWeightSync:
     `trainer_probe()`, since a server that silently kept old weights would otherwise go unnoticed
     for the whole run. `engine` is the driver's `RemoteEngine` (`score_all`, `urls`, `retried`)."""
 
-    def __init__(self, engine, tokenizer, push: Callable[[int], dict], trainer_probe: Callable[[], torch.Tensor]):
+    def __init__(self, engine, tokenizer, push: Callable[[int], dict[str, float]], trainer_probe: Callable[[], torch.Tensor]):
         self.engine, self.push, self.trainer_probe = engine, push, trainer_probe
         self.probe_ids = probe_tokens(tokenizer)
         self.tolerance = probe_tolerance(engine.dtype)
@@ -174,6 +174,6 @@ class RemoteWeightSync:
         stats = self.push(version)
         t0 = time.perf_counter()
         worst = probe_engines(self.trainer_probe(), self.engine.score_all(*self.probe_ids), self.tolerance, version)
-        metrics = sync_report(version, stats["bytes"], stats["seconds"], worst, time.perf_counter() - t0,
+        metrics = sync_report(version, int(stats["bytes"]), stats["seconds"], worst, time.perf_counter() - t0,
                               f"{len(self.engine.urls)} remote engine(s)", self.tolerance)
         return {**metrics, "remote/retries": float(self.engine.retried)}

@@ -227,8 +227,9 @@ class Trainer:
             engine = build_engine(cfg, tokenizer, policy.model)
             weight_sync: WeightSync = InProcessWeightSync(policy, engine)
             if isinstance(engine, RemoteEngine):
+                remote = engine
                 weight_sync = RemoteWeightSync(
-                    engine, tokenizer, push=lambda version: engine.update_weights(policy.named_weights(), version),
+                    engine, tokenizer, push=lambda version: remote.push_weights(policy.named_weights(), version),
                     trainer_probe=lambda: probe_logprobs(policy.model, tokenizer, device=device))
             shutdown = engine.close
             # an embedded engine on the trainer's GPU releases it while the trainer trains (sleep / wake)
