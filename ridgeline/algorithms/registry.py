@@ -109,8 +109,10 @@ LOSS_REDUCTIONS: Registry[Callable[..., Any]] = Registry("loss reduction")
 
 def _decorator(registry: Registry[Callable[..., Any]], name: str) -> Callable[[F], F]:
     """`@register_*(name)`: registers the function and gives it back with its own type."""
+    register = registry.register(name)   # a taken name is refused here, before the function exists
+
     def decorator(fn: F) -> F:
-        registry.register(name, fn)
+        register(fn)
         return fn
     return decorator
 
