@@ -175,11 +175,12 @@ def evaluate_model(cfg: RidgelineConfig, checkpoint: Path | None = None, output:
 
         engine = build_engine(cfg, tokenizer := engine_tokenizer(cfg, checkpoint))
     configure_chat_template(tokenizer, g)
-    prepare_data(cfg)
+    prepare_data(cfg.data, cfg.environment)
     datasets = val_datasets(cfg, tokenizer)
     env_override = load_environments(cfg.environment)
     # every row's env builds and starts before any sample is generated (as before training)
-    check_environments(cfg, {f"data.val_data ({file})": data for file, data in datasets.items()}, env_override)
+    check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
+                       {f"data.val_data ({file})": data for file, data in datasets.items()}, env_override)
     labelled = labelled_rows(datasets)
     endpoint = None
     try:
@@ -187,7 +188,7 @@ def evaluate_model(cfg: RidgelineConfig, checkpoint: Path | None = None, output:
             endpoint = HttpEndpoint(engine, tokenizer, EndpointSettings.from_config(cfg))
             engine = endpoint.engine
             endpoint.start()
-        generator = build_generator(cfg, engine, tokenizer)
+        generator = build_generator(cfg.generator, cfg.environment, engine, tokenizer)
         metrics, acc = run_eval(generator, labelled, cfg, env_override=env_override)
     finally:
         if endpoint is not None:

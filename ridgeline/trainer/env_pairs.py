@@ -53,14 +53,16 @@ class EnvPairs:
                                   config_key="data.val_data") if cfg.data.val_data else None)
         self.env_override = load_environments(cfg.environment)
         datasets = {"data.train_data": self.train, "data.val_data": self.val}
-        check_environments(cfg, {key: data for key, data in datasets.items() if data is not None}, self.env_override)
+        check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
+                           {key: data for key, data in datasets.items() if data is not None}, self.env_override)
         self._sampling: _Sampling | None = None
         self.close = lambda: None
 
     def start(self, tokenizer, policy: PolicyWorker) -> None:
         """The engine (`generator.*`, in this process) on the policy's weights, and its generator."""
         engine = build_engine(self.cfg, tokenizer, policy.model)
-        self._sampling = _Sampling(build_generator(self.cfg, engine, tokenizer), InProcessWeightSync(policy, engine))
+        generator = build_generator(self.cfg.generator, self.cfg.environment, engine, tokenizer)
+        self._sampling = _Sampling(generator, InProcessWeightSync(policy, engine))
         self.close = engine.close
 
     def _started(self) -> _Sampling:
@@ -80,7 +82,8 @@ class EnvPairs:
                               mode="train", env_override=self.env_override, global_step=step)
         out = self._started().generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "dpo", step))
         shaped = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
-                                         out.loss_masks, truncation_policy(cfg), training=True)
+                                         out.loss_masks, truncation_policy(cfg.generator, cfg.trainer.algorithm),
+                                         training=True)
         out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
         pairs, tied = best_worst_pairs(out)
         rewards = [total_reward(r) for r in out.rewards]

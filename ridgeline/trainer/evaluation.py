@@ -212,7 +212,7 @@ def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: R
     params = SamplingParams.from_config(cfg.generator.eval_sampling_params)
     n = cfg.generator.eval_n_samples_per_prompt
     batch_size = cfg.trainer.eval_batch_size
-    policy = truncation_policy(cfg)
+    policy = truncation_policy(cfg.generator, cfg.trainer.algorithm)
     acc = EvalAccumulator()
     num_batches = -(-len(rows) // batch_size)
     for b in range(num_batches):

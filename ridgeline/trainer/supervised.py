@@ -172,7 +172,7 @@ class SupervisedTrainer:
         check_model_paths(cfg)
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
-        prepare_data(cfg)  # data.prepare writes the files first, as for RL runs
+        prepare_data(cfg.data, cfg.environment)  # data.prepare writes the files first, as for RL runs
         envs = None
         if objective is DPO and cfg.dpo.pairs == "env":
             envs = EnvPairs(cfg, tokenizer)

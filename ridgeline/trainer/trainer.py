@@ -194,7 +194,7 @@ class Trainer:
 
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
-        prepare_data(cfg)
+        prepare_data(cfg.data, cfg.environment)
         default_env = cfg.environment.env_class
         train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
                                    max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
@@ -209,7 +209,8 @@ class Trainer:
                                "trainer.train_batch_size")
         # environments before any model loads: a row whose env cannot be built stops the run here
         env_override = load_environments(cfg.environment)
-        check_environments(cfg, {"data.train_data": train_data, **({"data.val_data": val_data} if val_data else {})},
+        check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
+                           {"data.train_data": train_data, **({"data.val_data": val_data} if val_data else {})},
                            env_override)
         fingerprint = checkpoint.run_fingerprint(cfg, train_data)
         resume_from = checkpoint.find_resume_checkpoint(cfg)
@@ -260,7 +261,7 @@ class Trainer:
                 kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
                                                    alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
                 reward_std=RunningRewardStd() if workers.critic is not None and alg.normalize_reward else None))
-            generator = build_generator(cfg, engine, tokenizer)
+            generator = build_generator(cfg.generator, cfg.environment, engine, tokenizer)
             loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
             log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s; memory allocator %s)",
                      t.policy.model.path, parameters / 1e6, compute, engine.dtype,
@@ -506,7 +507,8 @@ class Trainer:
         out = self.generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "train", step, round_index))
         metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, out.uids)
         shaped = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
-                                         out.loss_masks, truncation_policy(cfg), training=True)
+                                         out.loss_masks, truncation_policy(cfg.generator, cfg.trainer.algorithm),
+                                         training=True)
         out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
         metrics.update(shaped.metrics)
         if cfg.trainer.algorithm.zero_variance_filter:
