@@ -14,13 +14,10 @@ import logging
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .schema import DatasetError, PromptRow, validate_row
 from .sources import SourceDigest, file_digest, is_data_file, read_rows, rows_digest
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["PromptDataset", "epoch_order", "write_parquet"]
 
@@ -31,14 +28,6 @@ def encode_chat_prompt(tokenizer: Any, prompt: list[dict[str, str]]) -> list[int
     """Token ids of the chat-templated prompt with the assistant turn opened: exactly what the
     generator sends to the engine, so length checks here agree with generation."""
     return chat_template_ids(tokenizer, prompt, add_generation_prompt=True)
-
-
-def decode_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-    """One sequence of token ids as text (`decode` is typed for batches of sequences too)."""
-    text = tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-    if not isinstance(text, str):
-        raise TypeError(f"{type(tokenizer).__name__}.decode of one sequence returned {type(text).__name__}, not text")
-    return text
 
 
 def chat_template_ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:

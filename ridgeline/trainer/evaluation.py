@@ -31,11 +31,11 @@ from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 
 from ridgeline.data import PromptRow
-from ridgeline.data.dataset import decode_text
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward, total_reward
 from ridgeline.inference.types import SamplingParams
+from ridgeline.models.text import decode_text
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.dumps import DumpOwner, write_eval_dump
 from ridgeline.trainer.builders import generator_input, truncation_policy
