@@ -95,10 +95,13 @@ def examples_batch(objective: Objective, examples: Sequence[Any], pad_id: int, t
     """`examples` in the batch layout; example k's rows are trajectory k."""
     rows = samples_of(objective, examples)
     per = objective.rows_per_example
-    return build_training_batch([r.prompt_ids for r in rows], [r.response_ids for r in rows],
-                                [r.loss_mask for r in rows], [0.0] * len(rows),
-                                [f"{tag}-{i // per}" for i in range(len(rows))], None, pad_id,
-                                trajectory_index=[i // per for i in range(len(rows))])
+    batch = build_training_batch([r.prompt_ids for r in rows], [r.response_ids for r in rows],
+                                 [r.loss_mask for r in rows], [0.0] * len(rows),
+                                 [f"{tag}-{i // per}" for i in range(len(rows))], None, pad_id,
+                                 trajectory_index=[i // per for i in range(len(rows))])
+    # the policy worker passes advantages to every loss; the sft and dpo losses do not read them
+    batch.advantages = torch.zeros_like(batch.rewards)
+    return batch
 
 
 def worker_config(cfg: RidgelineConfig, objective: Objective, *, with_reference: bool = False) -> RidgelineConfig:
