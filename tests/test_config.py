@@ -1127,3 +1127,9 @@ def test_the_hydra_app_composes_the_schema_defaults():
     assert out.returncode == 0, out.stderr
     composed = OmegaConf.create(out.stdout)
     assert composed.trainer.epochs == 3 and composed.trainer.policy.optimizer_config.lr > 0
+
+
+def test_dro_beta_is_a_schema_key_and_a_negative_one_is_refused():
+    assert load_config(RUNNABLE).trainer.algorithm.dro_beta == 0.05   # the Tinker docs' example value
+    assert "trainer.algorithm.dro_beta=-0.1 must not be negative" in str(
+        _error([*RUNNABLE, "trainer.algorithm.dro_beta=-0.1"]))
