@@ -91,7 +91,7 @@ class PolicyLoraConfig(LoraConfig):
 
 @dataclass
 class PolicyModelConfig(Section):
-    # the policy model: a hub id, a folder, pkg://, tiny:// or random:// (docs/models.md)
+    # the policy model: a hub id, a folder, pkg://, tiny:// or random:// (docs/config.md)
     path: str = setting("Qwen/Qwen2.5-1.5B-Instruct")
     gguf_file: Optional[str] = setting(None)  # Ridgeline extension: a GGUF file inside the folder `path` names
     lora: PolicyLoraConfig = field(default_factory=PolicyLoraConfig)
