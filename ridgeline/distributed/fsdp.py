@@ -41,8 +41,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, ValueType, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard,
@@ -137,7 +138,22 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     A collective: every rank must call it. Keys and values are those of the unsharded model's
     `state_dict()`, so it loads into a fresh model of the same config."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
+    return _tensors(get_model_state_dict(model, options=options))
+
+
+def _tensors(state: dict[str, ValueType]) -> dict[str, torch.Tensor]:
+    """DCP's model state dict as what it holds: a model's state dict is all tensors."""
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"model state {name} is a {type(value).__name__}, not a tensor")
+        out[name] = value
+    return out
+
+
+def _values(state: Mapping[str, torch.Tensor]) -> dict[str, ValueType]:
+    """Tensors as DCP's value type (its dict is typed for every state, not only a model's)."""
+    return {name: value for name, value in state.items()}
 
 
 class GatheredState(Mapping[str, torch.Tensor]):
@@ -177,7 +193,7 @@ def _reduction_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _all_reduce(values: list[float], op: dist.ReduceOp) -> list[float]:
+def _all_reduce(values: list[float], op: dist.ReduceOp.RedOpType) -> list[float]:
     if not values:
         return []
     t = torch.tensor(values, dtype=torch.float64, device=_reduction_device())  # float64: exact token counts
@@ -241,17 +257,17 @@ class FSDPGroup:
         missing = set(model.state_dict()) - set(state)
         if missing - _tied_names(model):
             raise ValueError(f"missing {sorted(missing)[:5]}")
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(model, _values(state), options=StateDictOptions(full_state_dict=True, strict=False))
 
     def trainable_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # DCP's ignore_frozen_params still returns a frozen weight tied to another (a tied LM head)
         trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return {k: v for k, v in get_model_state_dict(model, options=options).items() if k in trainable}
+        return {k: v for k, v in _tensors(get_model_state_dict(model, options=options)).items() if k in trainable}
 
     def load_trainable_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         check_trainable_names(model, state)
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(model, _values(state), options=StateDictOptions(full_state_dict=True, strict=False))
 
     def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
