@@ -253,6 +253,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.algorithm.kl_cov.ppo_kl_coef", 1.0),
     ("trainer.algorithm.sapo.tau_pos", 1.0),
     ("trainer.algorithm.sapo.tau_neg", 1.05),
+    ("trainer.algorithm.dro_beta", 0.05),   # Ridgeline's: the dro loss's beta (the Tinker API's)
     ("trainer.algorithm.overlong_buffer_len", None),
     ("trainer.algorithm.overlong_buffer_penalty_factor", 1.0),
     # user-registered algorithms and on-policy distillation (docs/algorithms.md)
