@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 __all__ = ["DEBUG_ENV", "DiskFullError", "UserError", "debug_enabled", "disk_full_error", "is_disk_full",
@@ -46,12 +46,13 @@ def debug_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _chain(exc: BaseException):
+def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 def is_disk_full(exc: BaseException, path: str | Path | None = None) -> bool:
@@ -85,11 +86,12 @@ def disk_full_error(path: str | Path, what: str, consequence: str, fix: str) -> 
 
 
 def _size(n: int) -> str:
+    size = float(n)
     for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+        if size < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
 
 
 def report_user_errors(command: Callable[[], int], prog: str, debug: bool = False) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import overload
 
 SEED_BITS = 63  # fits a signed 64-bit integer: torch, vLLM and SGLang all take it
 
@@ -32,10 +33,15 @@ def derive_seed(base: int, *components: str | int) -> int:
     return int.from_bytes(digest, "big") >> (64 - SEED_BITS)
 
 
-def request_seeds(seed: int | None, n: int) -> list[int | None]:
+@overload
+def request_seeds(seed: int, n: int) -> list[int]: ...
+@overload
+def request_seeds(seed: int | None, n: int) -> list[int | None]: ...
+def request_seeds(seed: int | None, n: int) -> list[int | None] | list[int]:
     """One seed per request of a batch, `derive_seed(seed, "request", i)`: the batch is
     reproducible and the samples of one prompt (GRPO sends it n_samples_per_prompt times) differ.
     No seed: None for every request (the engine draws its own)."""
     if seed is None:
-        return [None] * n
+        unseeded: list[int | None] = [None] * n
+        return unseeded
     return [derive_seed(seed, "request", i) for i in range(n)]

@@ -253,6 +253,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.algorithm.kl_cov.ppo_kl_coef", 1.0),
     ("trainer.algorithm.sapo.tau_pos", 1.0),
     ("trainer.algorithm.sapo.tau_neg", 1.05),
+    ("trainer.algorithm.dro_beta", 0.05),   # Ridgeline's: the dro loss's beta (the Tinker API's)
     ("trainer.algorithm.overlong_buffer_len", None),
     ("trainer.algorithm.overlong_buffer_penalty_factor", 1.0),
     # user-registered algorithms and on-policy distillation (docs/algorithms.md)
@@ -1141,3 +1142,9 @@ def test_main_base_cfg_job_reads_skyrl_0_4_names():
     assert out.returncode == 0, out.stderr
     trainer = OmegaConf.create(out.stdout)
     assert trainer.max_training_steps == 3 and "generator" not in trainer
+
+
+def test_dro_beta_is_a_schema_key_and_a_negative_one_is_refused():
+    assert load_config(RUNNABLE).trainer.algorithm.dro_beta == 0.05   # the Tinker docs' example value
+    assert "trainer.algorithm.dro_beta=-0.1 must not be negative" in str(
+        _error([*RUNNABLE, "trainer.algorithm.dro_beta=-0.1"]))

@@ -83,7 +83,9 @@ def test_1_a_chosen_env_class_no_row_uses_is_said(tmp_path, shout_module, caplog
     files = prepare_arithmetic(tmp_path / "data", num_train=16, num_val=4)  # rows name arithmetic
     given = tiny(tmp_path, f"environment.env_modules=[{shout_module}]", "environment.env_class=shout",
                  "data.prepare=null", f"data.train_data=[{files['train']}]", f"data.val_data=[{files['validation']}]")
-    check_environments(load_config(given), {"data.train_data": PromptDataset([files["train"]])}, None)
+    cfg = load_config(given)
+    check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
+                       {"data.train_data": PromptDataset([files["train"]])}, None)
     assert caplog.messages == [
         f"environment.env_class=shout applies to no row: every row of {files['train']} names its own env_class "
         "(arithmetic), and a row's env_class wins, as in SkyRL (environment.env_class is the env of rows without "
@@ -92,7 +94,8 @@ def test_1_a_chosen_env_class_no_row_uses_is_said(tmp_path, shout_module, caplog
     assert re.search(r"\nwarn +environments: environment.env_class=shout applies to no row", capsys.readouterr().out)
     # SkyRL's default is no choice: rows of other envs with env_class left at gsm8k run without a word
     caplog.clear()
-    check_environments(load_config(tiny(tmp_path, "environment.env_class=gsm8k")),
+    cfg = load_config(tiny(tmp_path, "environment.env_class=gsm8k"))
+    check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
                        {"data.train_data": PromptDataset([files["train"]])}, None)
     assert caplog.messages == []
 
@@ -110,15 +113,20 @@ def test_3_max_steps_must_be_a_positive_number_of_steps(tmp_path):
         load_config(tiny(tmp_path, "trainer.max_steps=0"))
 
 
+def _prepare(overrides: list[str]) -> None:
+    cfg = load_config(overrides)
+    prepare_data(cfg.data, cfg.environment)
+
+
 def test_3_a_changed_data_prepare_is_applied_and_said(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ridgeline.data.prepare_run")
     train = tmp_path / "tiny" / "data" / "train.parquet"
-    prepare_data(load_config(tiny(tmp_path, "data.prepare.num_train=32")))
+    _prepare(tiny(tmp_path, "data.prepare.num_train=32"))
     assert pq.read_metadata(train).num_rows == 32
     written = train.stat().st_mtime_ns
-    prepare_data(load_config(tiny(tmp_path, "data.prepare.num_train=32")))  # same settings: kept
+    _prepare(tiny(tmp_path, "data.prepare.num_train=32"))  # same settings: kept
     assert train.stat().st_mtime_ns == written
-    prepare_data(load_config(tiny(tmp_path, "data.prepare.num_train=48")))
+    _prepare(tiny(tmp_path, "data.prepare.num_train=48"))
     assert pq.read_metadata(train).num_rows == 48
     assert (f"data.prepare changed since the files in {tmp_path}/tiny/data were written "
             "(num_train: 32 -> 48): writing them again") in caplog.text
@@ -126,9 +134,9 @@ def test_3_a_changed_data_prepare_is_applied_and_said(tmp_path, caplog):
 
 
 def test_3_files_not_written_by_data_prepare_are_kept_with_a_warning(tmp_path, caplog):
-    prepare_data(load_config(tiny(tmp_path, "data.prepare.num_train=32")))
+    _prepare(tiny(tmp_path, "data.prepare.num_train=32"))
     (tmp_path / "tiny" / "data" / MANIFEST).unlink()  # as an older Ridgeline or the user left them
-    prepare_data(load_config(tiny(tmp_path, "data.prepare.num_train=48")))
+    _prepare(tiny(tmp_path, "data.prepare.num_train=48"))
     assert pq.read_metadata(tmp_path / "tiny" / "data" / "train.parquet").num_rows == 32
     assert "data.prepare (dataset arithmetic) was not applied: the data files exist already" in caplog.text
     assert "Fix: delete them" in caplog.text
@@ -138,7 +146,7 @@ def test_3_an_option_the_dataset_does_not_take_is_refused(tmp_path):
     from ridgeline.data import DatasetError
 
     with pytest.raises(DatasetError, match=r"data.prepare.num_trian is not an option of the arithmetic dataset"):
-        prepare_data(load_config(tiny(tmp_path, "+data.prepare.num_trian=32")))
+        _prepare(tiny(tmp_path, "+data.prepare.num_trian=32"))
 
 
 # ---------------------------------------------------------------------------------- friction 5

@@ -108,6 +108,19 @@ def test_rope_overrides_that_cannot_act_are_refused():
                                                             {"rope_type": "yarn"})])
 
 
+def test_rope_overrides_of_the_wrong_type_are_refused_naming_the_key():
+    from transformers import LlamaConfig
+
+    key = "trainer.policy.model_config_kwargs.rope_theta"
+    with pytest.raises(ConfigOverrideError, match=rf"{key}=\[1\]: rope_theta must be a number"):
+        apply_overrides(LlamaConfig(), [ConfigOverride(key, "rope_theta", [1])])
+    with pytest.raises(ConfigOverrideError, match=r"trainer.rope_scaling=2.0: rope_scaling must be a dict"):
+        apply_overrides(LlamaConfig(), [ConfigOverride("trainer.rope_scaling", "rope_scaling", 2.0)])
+    config = LlamaConfig()
+    apply_overrides(config, [ConfigOverride(key, "rope_theta", "5e5")])   # a number YAML reads as a string
+    assert config.rope_parameters["rope_theta"] == 500000.0
+
+
 def test_each_role_gets_its_own_kwargs_and_the_trainers_rope():
     cfg = tiny("trainer.policy.model_config_kwargs.attention_dropout=0.1", *CRITIC,
                "trainer.critic.model_config_kwargs.rms_norm_eps=0.001",

@@ -209,7 +209,7 @@ def test_8_files_from_ridgeline_prepare_are_the_presets_own_preparation(tmp_path
     cfg = load_config(["+experiment=example_gsm8k", f"data.prepare.output_dir={out}",
                        f"data.train_data=[{out}/train.parquet]", f"data.val_data=[{out}/validation.parquet]"])
     caplog.set_level(logging.INFO, logger="ridgeline.data.prepare_run")
-    prepare_data(cfg)
+    prepare_data(cfg.data, cfg.environment)
     assert caplog.records == []
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.parquet")} == written
 

@@ -106,7 +106,7 @@ def test_weight_update_over_a_gloo_group_is_applied(server, local):
         before = client.score(prompt, response)
         for version, seed in ((1, 1), (2, 2)):  # the group is built once and reused
             model = _perturbed(seed)
-            stats = client.update_weights(model.named_parameters(), version)
+            stats = client.push_weights(model.named_parameters(), version)
             assert stats["bytes"] == sum(p.numel() * 4 for p in model.parameters())
             want = probe_logprobs(model, prompt_ids=prompt, response_ids=response)
             got = torch.tensor(client.score(prompt, response))
@@ -121,7 +121,7 @@ def test_weight_update_over_a_gloo_group_is_applied(server, local):
         other = _client(server)
         try:
             model = build_tiny_model("llama", build_char_tokenizer(), seed=SEED)
-            other.update_weights(model.named_parameters(), 3)
+            other.push_weights(model.named_parameters(), 3)
             assert torch.allclose(torch.tensor(other.score(prompt, response)), torch.tensor(before), atol=1e-5)
         finally:
             other.close()
@@ -133,9 +133,9 @@ def test_disabled_override_refuses_an_existing_group(server):
     first, second = _client(server), _client(server, override_existing_update_group="disable")
     try:
         model = build_tiny_model("llama", build_char_tokenizer(), seed=SEED)
-        first.update_weights(model.named_parameters(), 1)
+        first.push_weights(model.named_parameters(), 1)
         with pytest.raises(EngineError, match="already exists"):
-            second.update_weights(model.named_parameters(), 1)
+            second.push_weights(model.named_parameters(), 1)
     finally:
         first.close()
         second.close()

@@ -263,7 +263,7 @@ def test_skyrl_search_rows_build_with_skyrls_default_search_settings(tmp_path):
     from ridgeline.generation.generator import build_env
 
     cfg = load_config(["trainer.strategy=single", "generator.backend=hf", "trainer.logger=console"])
-    settings = per_env_settings(cfg)
+    settings = per_env_settings(cfg.environment)
     assert settings["search"] == {"log_requests": False, "search_url": "http://127.0.0.1:8000/retrieve", "topk": 3,
                                   "timeout": 30}
     assert settings["llm_as_a_judge"] == {"model": "gpt-4o-mini", "base_url": None}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ridgeline.errors import UserError
 from ridgeline.tracking.trackers import (TRACKER_NAMES, GuardedTracker, build_trackers, disabled_trackers,
                                          read_metrics)
 
@@ -207,6 +208,9 @@ def test_wandb_mode_defaults_to_offline_without_a_key(tmp_path, monkeypatch):
     assert resolve_wandb_mode(home) == "offline"
     assert resolve_wandb_mode({**home, "WANDB_MODE": "disabled"}) == "disabled"
     assert resolve_wandb_mode({**home, "WANDB_MODE": "online"}) == "online"
+    assert resolve_wandb_mode({**home, "WANDB_MODE": "dryrun"}) == "offline"   # wandb's older name
+    with pytest.raises(UserError, match="WANDB_MODE='onlin' is not a W&B mode"):
+        resolve_wandb_mode({**home, "WANDB_MODE": "onlin"})
     (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
     monkeypatch.setattr(wandb_tracker, "_reachable", lambda host, port, timeout: False)
     assert resolve_wandb_mode(home) == "offline"          # a key but no network

@@ -107,20 +107,30 @@ KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("KL estimator")
 LOSS_REDUCTIONS: Registry[Callable[..., Any]] = Registry("loss reduction")
 
 
+def _decorator(registry: Registry[Callable[..., Any]], name: str) -> Callable[[F], F]:
+    """`@register_*(name)`: registers the function and gives it back with its own type."""
+    register = registry.register(name)   # a taken name is refused here, before the function exists
+
+    def decorator(fn: F) -> F:
+        register(fn)
+        return fn
+    return decorator
+
+
 def register_advantage_estimator(name: str) -> Callable[[F], F]:
-    return ADVANTAGE_ESTIMATORS.register(name)
+    return _decorator(ADVANTAGE_ESTIMATORS, name)
 
 
 def register_policy_loss(name: str) -> Callable[[F], F]:
-    return POLICY_LOSSES.register(name)
+    return _decorator(POLICY_LOSSES, name)
 
 
 def register_kl_estimator(name: str) -> Callable[[F], F]:
-    return KL_ESTIMATORS.register(name)
+    return _decorator(KL_ESTIMATORS, name)
 
 
 def register_loss_reduction(name: str) -> Callable[[F], F]:
-    return LOSS_REDUCTIONS.register(name)
+    return _decorator(LOSS_REDUCTIONS, name)
 
 
 def load_algorithm_modules(modules: Iterable[str]) -> None:

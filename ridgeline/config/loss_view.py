@@ -18,11 +18,13 @@ __all__ = ["LossConfig", "loss_config"]
 LossConfig = DictConfig  # the type a policy loss's `config` has (attribute reads are AlgorithmConfig's keys)
 
 
-def loss_config(algorithm: AlgorithmConfig, max_seq_len: int, dpo: DPOConfig | None = None) -> LossConfig:
+def loss_config(algorithm: AlgorithmConfig, max_seq_len: int | None, dpo: DPOConfig | None = None) -> LossConfig:
     """``algorithm`` plus ``max_seq_len`` as a read-only map (a loss written for SkyRL reads
-    ``config.max_seq_len``), and for the `dpo` loss of `ridgeline dpo` the ``dpo`` section."""
+    ``config.max_seq_len``; None: no such constant, as for the Tinker losses' sums), and for the
+    `dpo` loss of `ridgeline dpo` the ``dpo`` section."""
     section = OmegaConf.create(dataclasses.asdict(algorithm))
-    section.max_seq_len = max_seq_len
+    if max_seq_len is not None:
+        section.max_seq_len = max_seq_len
     if dpo is not None:
         section.dpo = dataclasses.asdict(dpo)
     OmegaConf.set_readonly(section, True)

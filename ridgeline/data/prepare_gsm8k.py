@@ -86,7 +86,7 @@ def _rows(records: Iterable[Mapping[str, Any]], *, split: str, source: str, env_
 def _read_jsonl_records(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DatasetError(f"GSM8K input file not found: {path}", file=str(path))
-    records = []
+    records: list[dict[str, Any]] = []
     with path.open("r", encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():

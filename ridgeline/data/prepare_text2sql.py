@@ -140,7 +140,8 @@ def _shop_data() -> ShopData:
     orderable = [p[0] for p in products if p[1] not in _NEVER_ORDERED]
     # The last two customers never order, so LEFT JOIN / zero-count questions mean something.
     buyers = [c[0] for c in customers[:-2]]
-    orders, items = [], []
+    orders: list[tuple[int, int, str, str]] = []
+    items: list[tuple[int, int, int, int]] = []
     for order_id in range(1, _NUM_ORDERS + 1):
         date = dt.date(2024, rng.randint(1, 12), rng.randint(1, 28)).isoformat()
         status = rng.choices(_STATUSES, weights=(6, 3, 2))[0]

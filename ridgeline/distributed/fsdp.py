@@ -41,8 +41,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, ValueType, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard,
@@ -50,7 +51,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
 
 from ridgeline.models.device import device_kind, resolve_device
 from ridgeline.models.lora import plain
-from ridgeline.training.parallel import check_trainable_names
+from ridgeline.training.parallel import M, check_trainable_names
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -96,9 +97,9 @@ def build_mesh(fsdp_size: int | None = None) -> DeviceMesh:
     return init_device_mesh(_device_type(), (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
 
 
-def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None, fsdp_size: int | None = None,
+def shard_model(model: M, *, mesh: DeviceMesh | None = None, fsdp_size: int | None = None,
                 reshard_after_forward: bool = True, cpu_offload: bool = False,
-                mixed_precision: MixedPrecisionPolicy | None = None) -> nn.Module:
+                mixed_precision: MixedPrecisionPolicy | None = None) -> M:
     """Apply FSDP2 to every decoder layer, then to the root (embeddings, final norm, tied head);
     in place, and the model is returned. Call on every rank, after the process group exists and
     before building the optimizer (the optimizer must hold the sharded DTensor parameters).
@@ -137,7 +138,22 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     A collective: every rank must call it. Keys and values are those of the unsharded model's
     `state_dict()`, so it loads into a fresh model of the same config."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
+    return _tensors(get_model_state_dict(model, options=options))
+
+
+def _tensors(state: dict[str, ValueType]) -> dict[str, torch.Tensor]:
+    """DCP's model state dict as what it holds: a model's state dict is all tensors."""
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"model state {name} is a {type(value).__name__}, not a tensor")
+        out[name] = value
+    return out
+
+
+def _values(state: Mapping[str, torch.Tensor]) -> dict[str, ValueType]:
+    """Tensors as DCP's value type (its dict is typed for every state, not only a model's)."""
+    return {name: value for name, value in state.items()}
 
 
 class GatheredState(Mapping[str, torch.Tensor]):
@@ -177,7 +193,7 @@ def _reduction_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _all_reduce(values: list[float], op: dist.ReduceOp) -> list[float]:
+def _all_reduce(values: list[float], op: dist.ReduceOp.RedOpType) -> list[float]:
     if not values:
         return []
     t = torch.tensor(values, dtype=torch.float64, device=_reduction_device())  # float64: exact token counts
@@ -226,7 +242,7 @@ class FSDPGroup:
     def all_max(self, values: list[float]) -> list[float]:
         return _all_reduce(values, dist.ReduceOp.MAX)
 
-    def place(self, model: nn.Module) -> nn.Module:
+    def place(self, model: M) -> M:
         if not self.cpu_offload:
             model = model.to(self.device)  # with CPU offload the shards stay on the host
         policy = (MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
@@ -241,17 +257,17 @@ class FSDPGroup:
         missing = set(model.state_dict()) - set(state)
         if missing - _tied_names(model):
             raise ValueError(f"missing {sorted(missing)[:5]}")
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(model, _values(state), options=StateDictOptions(full_state_dict=True, strict=False))
 
     def trainable_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # DCP's ignore_frozen_params still returns a frozen weight tied to another (a tied LM head)
         trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return {k: v for k, v in get_model_state_dict(model, options=options).items() if k in trainable}
+        return {k: v for k, v in _tensors(get_model_state_dict(model, options=options)).items() if k in trainable}
 
     def load_trainable_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         check_trainable_names(model, state)
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(model, _values(state), options=StateDictOptions(full_state_dict=True, strict=False))
 
     def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,

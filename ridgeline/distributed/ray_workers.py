@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ridgeline.distributed.fsdp import FSDPGroup, GatheredState, rank_device
 from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementConfigError, PlacementPlan, bundle_index, plan_placement
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
 from ridgeline.distributed.weight_sync import (GroupSpec, ProbeTolerance, SyncStats, WeightReceiver, WeightSender,
-                                               probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
+                                               WeightSync, probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
                                                sync_report)
 from ridgeline.inference.ipc_transport import GIB, IPCBucket, IPCReceiver, IPCSender, IPCTransfer
 from ridgeline.inference.parallelism import EngineParallelism
@@ -51,19 +52,24 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      training_autocast_dtype, training_precision)
 from ridgeline.training.critic_worker import CriticWorker
 from ridgeline.training.forward_path import PLAIN
-from ridgeline.training.worker import PolicyTrainConfig, PolicyWorker, RefWorker, TrainedWorker
+from ridgeline.training.protocols import Worker
+from ridgeline.training.worker import ModelWorker, PolicyTrainConfig, PolicyWorker, RefWorker, TrainedWorker
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
     from ridgeline.config.schema import RidgelineConfig
+    from ridgeline.config.schema.trainer import FSDPConfig
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
     from ray.actor import ActorHandle
 
-    from ridgeline.inference.remote import RemoteSettings
+    from ridgeline.inference.remote import RemoteEngine, RemoteSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
+W = TypeVar("W", bound="ModelWorker[Any]")
+Role = Literal["policy", "ref", "critic"]
 
 
 # ------------------------------------------------------------------------------------- actors
@@ -89,16 +95,18 @@ class TrainingRank:
     worker class the single process uses, in an `FSDPGroup`. Methods marked "collective" must be
     called on every rank of the group at once."""
 
-    def __init__(self, cfg: RidgelineConfig, role: str, rank: int, world_size: int, training_batches: int):
+    def __init__(self, cfg: RidgelineConfig, role: Role, rank: int, world_size: int, training_batches: int):
         self.cfg = cfg
         self.role, self.rank, self.world_size = role, rank, world_size
         self.training_batches = training_batches  # the run's trainer steps: the schedule's length
-        self.worker: PolicyWorker | RefWorker | CriticWorker | None = None
+        self._worker: PolicyWorker | RefWorker | CriticWorker | None = None   # built by `setup`
+        self._group: FSDPGroup | None = None
         self.base_ref: RefWorker | None = None   # a LoRA policy rank's reference: its base, adapters off
         self.sender: WeightSender | None = None
         self.ipc_sender: IPCSender | None = None
         self.ipc_transfer: IPCTransfer | None = None
         self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand it back
+        self.remote: RemoteEngine | None = None   # rank 0's client to remote servers (init_remote_push)
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
@@ -118,7 +126,8 @@ class TrainingRank:
                                 timeout=datetime.timedelta(seconds=float(t.placement.timeout_s)))
         seed_everything(t.seed)
         self.tokenizer = load_tokenizer(policy_spec(self.cfg))
-        fsdp = {"policy": t.policy, "ref": t.ref, "critic": t.critic}[self.role].fsdp_config
+        fsdp: FSDPConfig = {"policy": t.policy.fsdp_config, "ref": t.ref.fsdp_config,
+                            "critic": t.critic.fsdp_config}[self.role]
         compute = training_autocast_dtype(training_precision(t), device)
         # SkyRL 0.4's fsdp_config.mixed_precision on GPU ranks; a run in fp32 (trainer.mixed_precision=fp32,
         # or bf16=false) gathers fp32 whatever param_dtype says, as SkyRL's bf16=false does
@@ -127,45 +136,79 @@ class TrainingRank:
         group = FSDPGroup(device, fsdp_size=fsdp.fsdp_size, reshard_after_forward=fsdp.reshard_after_forward,
                           cpu_offload=fsdp.cpu_offload, param_dtype=param if device.type == "cuda" else None,
                           reduce_dtype=FSDP_TORCH_DTYPES[mp.reduce_dtype])
+        self._group = group
+        worker: PolicyWorker | RefWorker | CriticWorker | None
         if self.role == "policy":
-            self.worker = build_policy_worker(self.cfg, self.tokenizer, group, training_batches=self.training_batches)
+            worker = build_policy_worker(self.cfg, self.tokenizer, group, training_batches=self.training_batches)
             if ref_is_policy_base(self.cfg):
-                self.base_ref = build_ref_worker(self.cfg, self.tokenizer, policy=self.worker, parallel=group)
+                self.base_ref = build_ref_worker(self.cfg, self.tokenizer, policy=worker, parallel=group)
         elif self.role == "critic":
             # the padded forward: the packed one calls the backbone around the FSDP root's hooks
-            self.worker = build_critic(self.cfg, self.tokenizer, training_batches=self.training_batches, parallel=group,
-                                       options=PLAIN)
+            worker = build_critic(self.cfg, self.tokenizer, training_batches=self.training_batches, parallel=group,
+                                  options=PLAIN)
         else:
-            self.worker = build_ref_worker(self.cfg, self.tokenizer, parallel=group)
-        parameters = float(sum(p.numel() for p in self.worker.model.parameters()))
+            worker = build_ref_worker(self.cfg, self.tokenizer, parallel=group)
+        if worker is None:  # the plan makes ranks only for the roles the config needs
+            raise RuntimeError(f"a {self.role} rank was started, but the config needs no {self.role} model")
+        self._worker = worker
+        parameters = float(sum(p.numel() for p in worker.model.parameters()))
         self._hand_back()  # the engine's first wake (the sync of the start weights) follows
         return {"parameters": parameters}
 
+    # -- this rank's worker, by what the call needs (the driver calls each role's own methods) --
+    @property
+    def worker(self) -> PolicyWorker | RefWorker | CriticWorker:
+        if self._worker is None:
+            raise RuntimeError(f"{self.role} rank {self.rank}: setup() has not run")
+        return self._worker
+
+    @property
+    def group(self) -> FSDPGroup:
+        if self._group is None:
+            raise RuntimeError(f"{self.role} rank {self.rank}: setup() has not run")
+        return self._group
+
+    def _role_worker(self, kind: type[W]) -> W:
+        """The worker as `kind` (the driver calls only a role's own methods: a mismatch is a bug)."""
+        worker = self.worker
+        if not isinstance(worker, kind):
+            raise TypeError(f"{self.role} rank {self.rank} holds a {type(worker).__name__}, not a {kind.__name__}")
+        return worker
+
     # -- training --------------------------------------------------------------------------
     @_model_on_device
-    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective
-        return self.worker.compute_logprobs(batch)
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective (policy, ref)
+        worker = self.worker
+        if isinstance(worker, CriticWorker):
+            raise TypeError(f"critic rank {self.rank} computes values, not logprobs")
+        return worker.compute_logprobs(batch)
 
     @_model_on_device
     def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:  # collective (a LoRA policy's ranks)
+        if self.base_ref is None:
+            raise TypeError(f"{self.role} rank {self.rank} holds no base-model reference (not a LoRA policy's rank)")
         return self.base_ref.compute_logprobs(batch)
 
     @_model_on_device
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:  # collective (critic)
-        return self.worker.compute_values(batch)
+        return self._role_worker(CriticWorker).compute_values(batch)
 
     @_model_on_device
-    def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective
-        return self.worker.train(batch)
+    def train(self, batch: TrainingBatch) -> dict[str, float]:  # collective (policy, critic)
+        worker = self.worker
+        if isinstance(worker, RefWorker):
+            raise TypeError(f"ref rank {self.rank} does not train")
+        return worker.train(batch)
 
     def _offloads_model(self) -> bool:
         """The parameters wait on the host between calls: the rank shares its GPU with an engine and
         FSDP2 does not keep them on the host already (`fsdp_config.cpu_offload`)."""
-        return self.shares_gpu and not self.worker.parallel.cpu_offload
+        return self.shares_gpu and not self.group.cpu_offload
 
     def _model_to_device(self) -> None:
         if self._offloads_model():
-            self.worker.model.to(self.worker.parallel.device)
+            model: nn.Module = self.worker.model   # nn.Module.to: transformers' wrapped `to` confuses mypy
+            model.to(self.group.device)
 
     def _hand_back(self) -> None:
         """Give the GPU back to the engine that shares it (SkyRL's offload under colocate_all): the
@@ -179,14 +222,15 @@ class TrainingRank:
         if isinstance(self.worker, TrainedWorker):
             self.worker.optimizer.zero_grad(set_to_none=True)
         if self._offloads_model():
-            self.worker.model.to("cpu")
-        release_device_memory(self.worker.parallel.device)
+            model: nn.Module = self.worker.model
+            model.to("cpu")
+        release_device_memory(self.group.device)
 
     def skipped_steps(self) -> int:
-        return self.worker.skipped_steps
+        return self._role_worker(TrainedWorker).skipped_steps
 
     def set_skipped_steps(self, value: int) -> None:
-        self.worker.skipped_steps = value
+        self._role_worker(TrainedWorker).skipped_steps = value
 
     # -- weights ---------------------------------------------------------------------------
     @_model_on_device
@@ -195,7 +239,7 @@ class TrainingRank:
 
     @_model_on_device
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # collective
-        self.worker.parallel.load_full_state_dict(self.worker.model, state)
+        self.group.load_full_state_dict(self.worker.model, state)
 
     def init_weight_sender(self, spec: GroupSpec) -> None:
         self.sender = WeightSender(spec)
@@ -204,12 +248,16 @@ class TrainingRank:
         """The gathered weights as engines take them (tied weights once; with LoRA merged, from
         the gathered base and adapters) on rank 0; None elsewhere."""
         state = self.full_state_dict()
-        return list(self.worker.engine_weights(state)) if self.rank == 0 else None
+        return list(self._role_worker(PolicyWorker).engine_weights(state)) if self.rank == 0 else None
 
     @_model_on_device
     def send_weights(self, dtype: str, version: int) -> SyncStats | None:  # collective
         weights = self._engine_weights()
-        return None if weights is None else self.sender.send(weights, DTYPES[dtype], version=version)
+        if weights is None:
+            return None
+        if self.sender is None:
+            raise RuntimeError(f"policy rank {self.rank}: send_weights before init_weight_sender")
+        return self.sender.send(weights, DTYPES[dtype], version=version)
 
     # -- CUDA IPC to the engine on this rank's GPU (RayIPCWeightSync) ---------------------------
     def start_ipc(self, dtype: str, threshold_bytes: int, version: int) -> int:  # collective
@@ -218,17 +266,20 @@ class TrainingRank:
         tensors from the shards as it is packed (on the device: no host round trip), so the rank
         holds one bucket and the tensor being packed, never the full model (every rank packs
         every bucket: its engine pulls them all, so the all-gathers meet)."""
-        device = self.worker.parallel.device
+        device = self.group.device
+        policy = self._role_worker(PolicyWorker)
         if self.ipc_sender is None:
             self.ipc_sender = IPCSender(DTYPES[dtype], threshold_bytes, device)
-        state = GatheredState(self.worker.model, device)
+        state = GatheredState(policy.model, device)
         # engines name tied weights once; a LoRA policy's are merged (shapes from meta tensors)
-        specs = [(name, tuple(t.shape), t.dtype) for name, t in self.worker.engine_weights(state.specs())]
-        self.ipc_transfer = self.ipc_sender.start(self.worker.engine_weights(state), version, specs=specs)
+        specs = [(name, tuple(t.shape), t.dtype) for name, t in policy.engine_weights(state.specs())]
+        self.ipc_transfer = self.ipc_sender.start(policy.engine_weights(state), version, specs=specs)
         return self.ipc_transfer.nbytes
 
     def ipc_bucket(self, index: int) -> IPCBucket:
         """Pack bucket `index` for the engine (bucket `index - 1`, which it finished reading, goes)."""
+        if self.ipc_transfer is None:
+            raise RuntimeError(f"policy rank {self.rank}: ipc_bucket({index}) before start_ipc")
         return self.ipc_transfer.bucket(index)
 
     def finish_ipc(self) -> None:
@@ -246,13 +297,17 @@ class TrainingRank:
             self.remote = RemoteEngine(settings)
 
     @_model_on_device
-    def push_remote(self, version: int) -> dict | None:  # collective
+    def push_remote(self, version: int) -> dict[str, float] | None:  # collective
         weights = self._engine_weights()
-        return None if weights is None else self.remote.update_weights(weights, version)
+        if weights is None:
+            return None
+        if self.remote is None:
+            raise RuntimeError(f"policy rank {self.rank}: push_remote before init_remote_push")
+        return self.remote.push_weights(weights, version)
 
     @_model_on_device
     def probe(self) -> torch.Tensor:  # collective (a sharded forward)
-        return probe_logprobs(self.worker.model, self.tokenizer, device=self.worker.parallel.device)
+        return probe_logprobs(self._role_worker(PolicyWorker).model, self.tokenizer, device=self.group.device)
 
     # -- checkpoints: the worker's own methods, world-size-free files ---------------------------
     @_model_on_device
@@ -269,23 +324,23 @@ class TrainingRank:
 
     @_model_on_device
     def save_optimizer(self, path: str) -> None:  # collective; rank 0 writes
-        self.worker.save_optimizer(Path(path))
+        self._role_worker(TrainedWorker).save_optimizer(Path(path))
 
     @_model_on_device
     def load_optimizer(self, path: str) -> None:  # collective; every rank reads the file
-        self.worker.load_optimizer(Path(path))
+        self._role_worker(TrainedWorker).load_optimizer(Path(path))
 
     # -- this process's generators (checkpoints: the driver opens no CUDA context, ranks save their own)
     def rng_state(self) -> dict[str, torch.Tensor]:
         state = {"torch": torch.get_rng_state()}
-        device = self.worker.parallel.device
+        device = self.group.device
         if device.type == "cuda":
             state["cuda"] = torch.cuda.get_rng_state(device)
         return state
 
     def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
         torch.set_rng_state(state["torch"])
-        device = self.worker.parallel.device
+        device = self.group.device
         if device.type == "cuda" and "cuda" in state:
             torch.cuda.set_rng_state(state["cuda"], device)
 
@@ -319,6 +374,8 @@ class EngineRank:
         self.receiver = WeightReceiver(spec)
 
     def receive_weights(self) -> int:
+        if self.receiver is None:
+            raise RuntimeError("receive_weights before init_weight_receiver")
         self.engine.update_weights(self.receiver.receive())
         return self.receiver.version
 
@@ -327,7 +384,11 @@ class EngineRank:
         (`load_ipc`, each bucket asked of the rank by Ray). Returns the version received."""
         import ray
 
-        return self.load_ipc(lambda index: ray.get(sender.ipc_bucket.remote(index)))
+        def fetch(index: int) -> IPCBucket:
+            ref: ObjectRef[IPCBucket] = sender.ipc_bucket.remote(index)  # TrainingRank.ipc_bucket
+            return ray.get(ref)
+
+        return self.load_ipc(fetch)
 
     def load_ipc(self, fetch: Callable[[int], IPCBucket]) -> int:
         """Load a CUDA IPC handoff whose bucket k `fetch(k)` asks of the sending rank: the buckets
@@ -348,6 +409,12 @@ class EngineRank:
         return torch.tensor(self.engine.score(*probe_tokens(self.tokenizer)))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The embedded engine's weights (tests compare them with the policy's)."""
+        from ridgeline.inference.hf_engine import HFEngine
+
+        if not isinstance(self.engine, HFEngine):
+            raise TypeError(f"state_dict: only the embedded hf engine holds its weights here, "
+                            f"not {type(self.engine).__name__}")
         return {k: v.clone() for k, v in self.engine.model.state_dict().items()}
 
     def sleep(self, level: int = 1) -> None:
@@ -463,8 +530,10 @@ class RayRefGroup(_RankGroup):
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         return self.gather_rows("compute_logprobs", batch)
 
-    def load_from(self, policy: RayPolicyGroup) -> None:
+    def load_from(self, policy: Worker) -> None:
         """`update_ref_every_epoch`: the policy's current weights."""
+        if not isinstance(policy, RayPolicyGroup):  # the ranks pass the weights actor to actor
+            raise TypeError(f"a Ray reference group loads from the Ray policy group, not a {type(policy).__name__}")
         refs = [a.full_state_dict.remote() for a in policy.actors]  # collective over the policy ranks
         self.call("load_full_state_dict", refs[0])  # Ray passes rank 0's weights actor to actor, not via here
         self.ray.get(refs[1:])
@@ -479,7 +548,7 @@ class RayBaseModelRefGroup(_RankGroup):
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         return self.gather_rows("compute_ref_logprobs", batch)
 
-    def load_from(self, policy: RayPolicyGroup) -> None:
+    def load_from(self, policy: Worker) -> None:
         raise RuntimeError("a LoRA policy's reference is its frozen base model and cannot take the policy's weights "
                            "(trainer.update_ref_every_epoch=true is refused with trainer.policy.model.lora.rank > 0)")
 
@@ -621,7 +690,7 @@ class RayWorkers:
     ref: RayRefGroup | RayBaseModelRefGroup | None
     critic: RayCriticGroup | None
     engine: Any   # RayEngineGroup, or a RemoteEngine client (generator.run_engines_locally=false)
-    weight_sync: RayWeightSync | RayIPCWeightSync
+    weight_sync: WeightSync   # RayWeightSync, RayIPCWeightSync, or RemoteWeightSync to remote servers
     plan: PlacementPlan
     groups: dict[str, Any]
     parameters: int = 0   # of the policy
@@ -721,6 +790,7 @@ def build_ray_workers(cfg: RidgelineConfig, tokenizer, training_batches: int) ->
                                     int(infos[0]["parameters"]))
     engines = RayEngineGroup(ray, engine_actors)
     g = cfg.generator
+    sync: RayIPCWeightSync | RayWeightSync
     if weight_sync_kind("cuda" if plan.device == "GPU" else "cpu", bool(t.placement.colocate_all)) == "cuda_ipc":
         sync = RayIPCWeightSync(ray, policy, engines, int(float(g.weight_transfer_threshold_cuda_ipc_GB) * GIB))
     else:

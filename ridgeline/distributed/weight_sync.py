@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from ridgeline.inference.weight_transport import (DEFAULT_CHUNK_BYTES, GroupSpec
 from ridgeline.inference.types import InferenceEngine
 from ridgeline.training.logprobs import response_logprobs
 from ridgeline.training.worker import PolicyWorker
+
+if TYPE_CHECKING:
+    from ridgeline.models.lora import MaybeAdapted
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES", "GroupSpec", "SyncHeader", "SyncStats", "TensorBroadcaster", "TensorMeta",
@@ -96,7 +99,7 @@ def probe_tokens(tokenizer, text: str = PROBE_TEXT, response_tokens: int = 8) ->
 
 
 @torch.no_grad()
-def probe_logprobs(model: nn.Module, tokenizer=None, prompt_ids: list[int] | None = None,
+def probe_logprobs(model: MaybeAdapted, tokenizer=None, prompt_ids: list[int] | None = None,
                    response_ids: list[int] | None = None, device: torch.device | None = None) -> torch.Tensor:
     """Teacher-forced fp32 logprobs of `response_ids` after `prompt_ids` (the fixed probe of
     `tokenizer` when not given) — the same computation on the trainer's policy and on an engine's
@@ -162,7 +165,7 @@ class RemoteWeightSync:
     `trainer_probe()`, since a server that silently kept old weights would otherwise go unnoticed
     for the whole run. `engine` is the driver's `RemoteEngine` (`score_all`, `urls`, `retried`)."""
 
-    def __init__(self, engine, tokenizer, push: Callable[[int], dict], trainer_probe: Callable[[], torch.Tensor]):
+    def __init__(self, engine, tokenizer, push: Callable[[int], dict[str, float]], trainer_probe: Callable[[], torch.Tensor]):
         self.engine, self.push, self.trainer_probe = engine, push, trainer_probe
         self.probe_ids = probe_tokens(tokenizer)
         self.tolerance = probe_tolerance(engine.dtype)
@@ -171,6 +174,6 @@ class RemoteWeightSync:
         stats = self.push(version)
         t0 = time.perf_counter()
         worst = probe_engines(self.trainer_probe(), self.engine.score_all(*self.probe_ids), self.tolerance, version)
-        metrics = sync_report(version, stats["bytes"], stats["seconds"], worst, time.perf_counter() - t0,
+        metrics = sync_report(version, int(stats["bytes"]), stats["seconds"], worst, time.perf_counter() - t0,
                               f"{len(self.engine.urls)} remote engine(s)", self.tolerance)
         return {**metrics, "remote/retries": float(self.engine.retried)}

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ridgeline.entrypoints.doctor_facts import FAIL, NOT_CHECKED, OK, WARN, Check, Gpu, MachineFacts, Package
@@ -126,11 +127,13 @@ def disk_paths(cfg: RidgelineConfig | None) -> dict[str, str]:
 
 def gather_facts(paths: dict[str, str] | None = None) -> MachineFacts:
     """Look at this machine once: versions, GPUs, packages, free space under ``paths``, Ray."""
+    torch: ModuleType | None
     try:
         import torch
     except ImportError:
         torch = None
-    facts = MachineFacts(python=tuple(sys.version_info[:3]),
+    major, minor, micro = sys.version_info[:3]
+    facts = MachineFacts(python=(major, minor, micro),
                          torch=torch.__version__ if torch else None,
                          cuda_build=torch.version.cuda if torch else None)
     if torch is not None:

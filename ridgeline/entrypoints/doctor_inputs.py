@@ -108,10 +108,11 @@ def environment_check(cfg: RidgelineConfig, datasets: dict[str, Any]) -> Check:
         return Check(name, NOT_CHECKED, "no data rows could be read here (yet): the run checks them at start")
     try:
         override = load_environments(cfg.environment)
-        check_environments(cfg, datasets, override)
+        check_environments(cfg.environment, cfg.data, cfg.generator.max_turns, datasets, override)
     except UserError as exc:
         return Check(name, FAIL, str(exc))
     classes = sorted({override or row.env_class for data in datasets.values() for row in data})
-    note = None if override else unused_env_class_note(cfg, datasets)
+    note = None if override else unused_env_class_note(cfg.environment, datasets,
+                                                       prepared=cfg.data.prepare is not None)
     return Check(name, WARN, note) if note else Check(name, OK, f"{', '.join(classes)}: each builds, starts and "
                                                                 "closes on the rows read")

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ridgeline.config.schema import RidgelineConfig
 
     from ridgeline.data import PromptDataset, PromptRow
+    from ridgeline.inference.types import InferenceEngine
 
 log = logging.getLogger("ridgeline.eval")
 
@@ -163,6 +164,7 @@ def evaluate_model(cfg: RidgelineConfig, checkpoint: Path | None = None, output:
     seed_everything(t.seed)
     output = Path(output) if output is not None else eval_dump_folder(t.export_path, None)
     cfg = copy.deepcopy(cfg)  # a copy; the caller's stays as it is
+    engine: InferenceEngine
     if g.run_engines_locally and g.backend == "hf":
         tokenizer, model = load_policy(cfg, checkpoint)
         engine = HFEngine(model, tokenizer, dtype=next(model.parameters()).dtype, max_num_seqs=g.max_num_seqs,
@@ -173,11 +175,12 @@ def evaluate_model(cfg: RidgelineConfig, checkpoint: Path | None = None, output:
 
         engine = build_engine(cfg, tokenizer := engine_tokenizer(cfg, checkpoint))
     configure_chat_template(tokenizer, g)
-    prepare_data(cfg)
+    prepare_data(cfg.data, cfg.environment)
     datasets = val_datasets(cfg, tokenizer)
     env_override = load_environments(cfg.environment)
     # every row's env builds and starts before any sample is generated (as before training)
-    check_environments(cfg, {f"data.val_data ({file})": data for file, data in datasets.items()}, env_override)
+    check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
+                       {f"data.val_data ({file})": data for file, data in datasets.items()}, env_override)
     labelled = labelled_rows(datasets)
     endpoint = None
     try:
@@ -185,7 +188,7 @@ def evaluate_model(cfg: RidgelineConfig, checkpoint: Path | None = None, output:
             endpoint = HttpEndpoint(engine, tokenizer, EndpointSettings.from_config(cfg))
             engine = endpoint.engine
             endpoint.start()
-        generator = build_generator(cfg, engine, tokenizer)
+        generator = build_generator(cfg.generator, cfg.environment, engine, tokenizer)
         metrics, acc = run_eval(generator, labelled, cfg, env_override=env_override)
     finally:
         if endpoint is not None:
@@ -297,7 +300,9 @@ def load_policy(cfg: RidgelineConfig, checkpoint: Path | None) -> tuple:
     if lora.is_adapter_folder(checkpoint):  # a LoRA run's checkpoint: its adapters merged into the base
         tokenizer = load_tokenizer(_folder_spec(cfg, checkpoint) if has_tokenizer else base)
         log.info("scoring %s with the LoRA adapters of %s merged in", base.path, checkpoint)
-        return tokenizer, lora.load_merged(load_model(base, torch.float32, tokenizer), checkpoint).to(dtype)
+        merged = lora.load_merged(load_model(base, torch.float32, tokenizer), checkpoint)
+        # transformers wraps PreTrainedModel.to with functools.wraps: mypy reads the bound call as unbound
+        return tokenizer, merged.to(dtype)  # type: ignore[arg-type]
     shards = sorted(checkpoint.glob("*.safetensors"))
     if not shards:
         raise CheckpointArgumentError(f"--checkpoint {checkpoint}: holds neither a Hugging Face model "

@@ -8,7 +8,7 @@ cannot solve anything yet a gradient toward answering in the expected form.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import SingleTurnEnv
 from .rewards import ground_truth_from_extras
@@ -18,7 +18,7 @@ class AnswerMatchEnv(SingleTurnEnv):
     """Subclasses set `name` and implement `parse(action) -> normalised number string | None`."""
 
     name = "answer_match"
-    accepted_settings = ("format_score", "correct_score")
+    accepted_settings: ClassVar[tuple[str, ...]] = ("format_score", "correct_score")
 
     def __init__(self, extras: dict[str, Any] | None = None, *, format_score: float = 0.0,
                  correct_score: float = 1.0, **settings: Any) -> None:

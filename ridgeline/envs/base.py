@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -195,7 +196,7 @@ class SingleTurnEnv(Env):
         return {}
 
 
-def mean_of_numbers(episodes: list[dict[str, Any]]) -> dict[str, float]:
+def mean_of_numbers(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Per key, the mean of the finite numbers (bools as 0/1) the episodes report under it."""
     values: dict[str, list[float]] = {}
     for episode in episodes:

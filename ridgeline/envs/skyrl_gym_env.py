@@ -135,8 +135,10 @@ class SkyRLGymEnv(Env):
                                          "reward, done, metadata). Fix: return BaseTextEnvStepOutput(...).")
         self.turns += 1
         metadata = out.get("metadata")
-        if out.get("postprocessed_action") is not None and isinstance(metadata, (Mapping, type(None))):
-            metadata = {**(metadata or {}), "postprocessed_action": out["postprocessed_action"]}
+        if metadata is None:  # skyrl-gym's default; the generator reads None as no metadata too
+            metadata = {}
+        if out.get("postprocessed_action") is not None and isinstance(metadata, Mapping):
+            metadata = {**metadata, "postprocessed_action": out["postprocessed_action"]}
             if not self._warned_postprocessed:
                 self._warned_postprocessed = True
                 log.warning("skyrl-gym env %r returned a postprocessed_action; Ridgeline keeps the sampled "

@@ -176,7 +176,8 @@ def verified_solution(episode: str) -> str | None:
     for end in _OBSERVATION_END.finditer(before):
         # skyrl-gym: before[end:].lstrip().lower().startswith("<think>"). lower() maps one
         # character to one or more, so the first 7 characters after the spaces decide it.
-        start = _SPACE.match(before, end.end()).end()
+        space = _SPACE.match(before, end.end())
+        start = space.end() if space is not None else end.end()  # `\s*` always matches
         if not before[start:start + len("<think>")].lower().startswith("<think>"):
             return None
     return solution.strip()

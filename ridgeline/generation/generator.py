@@ -231,11 +231,11 @@ class Generator:
             desc="env init")
         trajectories = []
         encoded: dict[str, list[int]] = {}   # a GRPO group's samples share one prompt: template it once
-        for slot, env_class, prompt, messages in zip(slots, inp.env_classes, inp.prompts, started):
-            failure = messages if isinstance(messages, EnvCallFailure) else None
+        for slot, env_class, prompt, init_out in zip(slots, inp.env_classes, inp.prompts, started):
+            failure = init_out if isinstance(init_out, EnvCallFailure) else None
+            messages = prompt if isinstance(init_out, EnvCallFailure) else init_out
             if failure is not None:
                 self._failure(env_class, "init", failure, counts)
-                messages = prompt
             key = json.dumps(messages, sort_keys=True, default=str)
             if key not in encoded:
                 encoded[key] = self.encode_prompt(messages)
@@ -285,19 +285,19 @@ class Generator:
                 engine_seconds: float, total_seconds: float) -> GeneratorOutput:
         """Each env's `get_metrics`, each env class's `aggregate_metrics`, then every env's `close`,
         all on the runner (a hung `close` costs one time limit, never the run)."""
-        started = [t for t in trajectories if t.env is not None]
+        started = [(t, t.env) for t in trajectories if t.env is not None]
         episodes: dict[str, list[dict[str, Any]]] = defaultdict(list)
         aggregators: dict[str, envs.Env] = {}   # per env class, one of its envs: it knows how they combine
-        reported = self.runner.run([functools.partial(_get_metrics, t.env) for t in started], desc="env metrics")
-        for traj, metrics in zip(started, reported):
+        reported = self.runner.run([functools.partial(_get_metrics, env) for _, env in started], desc="env metrics")
+        for (traj, env), metrics in zip(started, reported):
             if isinstance(metrics, EnvCallFailure):
                 self._failure(traj.env_class, "get_metrics", metrics, counts, score=False)
                 continue
             episodes[traj.env_class].append(metrics)
-            aggregators.setdefault(traj.env_class, traj.env)
+            aggregators.setdefault(traj.env_class, env)
         per_class = self._class_metrics(episodes, aggregators, counts)
-        closed = self.runner.run([functools.partial(_close, t.env) for t in started], desc="env close")
-        for traj, outcome in zip(started, closed):
+        closed = self.runner.run([functools.partial(_close, env) for _, env in started], desc="env close")
+        for (traj, _), outcome in zip(started, closed):
             if isinstance(outcome, EnvCallFailure):
                 self._failure(traj.env_class, "close", outcome, counts, score=False)
         metrics = {

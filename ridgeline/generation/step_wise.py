@@ -78,8 +78,8 @@ def step_rewards(reward: Reward, spans: list[tuple[int, int]]) -> list[Reward]:
     slice over its own tokens, with reward on a token outside every span moved to the last
     sampled token before it; a number goes to the last step (0.0 on the others)."""
     if not isinstance(reward, list):
-        return [0.0] * (len(spans) - 1) + [reward]
-    steps = [list(reward[start:end]) for start, end in spans]
+        return [*([0.0] * (len(spans) - 1)), reward]
+    steps: list[list[float]] = [list(reward[start:end]) for start, end in spans]
     inside = {p for start, end in spans for p in range(start, end)}
     for position, value in enumerate(reward):
         if value == 0.0 or position in inside:
@@ -89,7 +89,7 @@ def step_rewards(reward: Reward, spans: list[tuple[int, int]]) -> list[Reward]:
             raise ValueError(f"a reward of {value} sits at response token {position}, before any token the "
                              "model sampled: no step can carry it")
         steps[before[-1]][-1] += value
-    return steps
+    return [*steps]  # as list[Reward] (list is invariant)
 
 
 __all__ = ["TrainingSamples", "training_samples", "step_rewards"]

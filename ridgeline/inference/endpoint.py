@@ -60,7 +60,10 @@ class EndpointSettings:
 
         g = cfg.generator
         length_key = {"vllm": "max_model_len", "sglang": "context_length"}.get(str(g.backend))
-        context = int(engine_init_kwargs(cfg).get(length_key, max_model_len(cfg))) if g.run_engines_locally else None
+        context = None   # remote servers judge themselves
+        if g.run_engines_locally:
+            given = engine_init_kwargs(cfg)
+            context = int(given[length_key] if length_key is not None and length_key in given else max_model_len(cfg))
         return cls(host=str(g.http_endpoint_host), port=int(g.http_endpoint_port), model_name=str(g.model_name),
                    model_path=str(cfg.trainer.policy.model.path),
                    chat_max_tokens=int(g.sampling_params.max_generate_length), context_length=context,

@@ -28,6 +28,7 @@ from ridgeline.inference.types import (
     EngineRequest,
     MemoryTag,
     SamplingParams,
+    StopReason,
     Steps,
     TopLogprobs,
     run_steps,
@@ -44,7 +45,10 @@ class HFEngine:
         """`model` is copied (the trainer keeps training its own) and cast to `dtype`, on `device`
         (default: where `model` is)."""
         self.device = device or next(model.parameters()).device
-        self.model = copy.deepcopy(model).to(device=self.device, dtype=dtype).eval()
+        self.model = copy.deepcopy(model)
+        module: torch.nn.Module = self.model   # nn.Module.to (in place): transformers' wrapped `to` confuses mypy
+        module.to(device=self.device, dtype=dtype)
+        self.model.eval()
         self.model.requires_grad_(False)
         self.dtype = dtype
         if attn_implementation is not None:
@@ -170,7 +174,11 @@ class HFEngine:
     @property
     def vocab_size(self) -> int:
         """Token ids the model embeds: 0 .. vocab_size - 1."""
-        return int(self.model.get_input_embeddings().num_embeddings)
+        embeddings = self.model.get_input_embeddings()
+        if not isinstance(embeddings, torch.nn.Embedding):
+            raise TypeError(f"{type(self.model).__name__}: its input embedding is a {type(embeddings).__name__}, "
+                            "not an nn.Embedding: the embedded engine cannot tell its vocabulary size")
+        return int(embeddings.num_embeddings)
 
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
         return run_steps(self.generate_steps(requests, seed))
@@ -235,7 +243,7 @@ class HFEngine:
         responses: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         tops: list[list[TopLogprobs]] = [[] for _ in prompts]
-        reasons = ["length"] * len(prompts)
+        reasons: list[StopReason] = ["length"] * len(prompts)
         matched: list[str | None] = [None] * len(prompts)
         for step in range(params.max_generate_length):
             sampled = sample_next(logits, params, generator, seen)
@@ -248,7 +256,7 @@ class HFEngine:
                     reasons[row] = "stop"
                 elif matcher is not None and (hit := matcher.push(row, tok)) is not None:
                     reasons[row], matched[row], finished[slot] = "stop", hit, True
-            if sampled.top_ids is not None:
+            if sampled.top_ids is not None and sampled.top_logprobs is not None:
                 for row, ids, lps in zip(live.tolist(), sampled.top_ids.tolist(), sampled.top_logprobs.tolist()):
                     tops[row].append(list(zip(ids, lps)))
             if step == params.max_generate_length - 1 or all(finished):

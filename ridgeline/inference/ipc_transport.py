@@ -196,14 +196,17 @@ class IPCTransfer:
         plan = self.plan[index]
         # at least one byte: an empty shared-memory file cannot be mapped
         buffer = torch.empty(max(plan.nbytes, 1), dtype=torch.uint8, device=self._device)
+        source = self._source
+        if source is None:
+            raise WeightSyncError(f"weight version {self.version}: bucket {index} asked for after the transfer closed")
         for meta in plan.tensors:
-            name, tensor = next(self._source, (None, None))
-            if name != meta.name or tuple(tensor.shape) != meta.shape:
-                got = "nothing" if name is None else f"{name} {tuple(tensor.shape)}"
+            item = next(source, None)
+            if item is None or item[0] != meta.name or tuple(item[1].shape) != meta.shape:
+                got = "nothing" if item is None else f"{item[0]} {tuple(item[1].shape)}"
                 raise WeightSyncError(f"weight version {self.version}: bucket {index} expected {meta.name} "
                                       f"{meta.shape} from the weights, got {got}")
-            _slot(buffer, meta).copy_(tensor)
-            del tensor
+            _slot(buffer, meta).copy_(item[1])
+            del item
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)  # written before another process reads it
         self._buffer = buffer

@@ -68,7 +68,10 @@ class ServerProcess:
         self.proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         # drain the output so the child never blocks on a full pipe; keep it for error messages
-        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
+        output = self.proc.stdout
+        if output is None:  # stdout=PIPE above
+            raise RuntimeError("the server process has no output pipe")
+        threading.Thread(target=lambda: self.log.extend(output), daemon=True).start()
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -208,8 +208,11 @@ class LibraryEngine:
     # whose calls also run (freeing nothing) on a CPU (SGLang's)
     _can_sleep: bool = False
 
+    engine_kwargs: dict[str, Any]   # what the engine was built with (after the subclass's adjustments)
+
     @staticmethod
-    def engine_kwargs(cfg: RidgelineConfig) -> dict[str, Any]:
+    def kwargs_from_config(cfg: RidgelineConfig) -> dict[str, Any]:
+        """The engine's kwargs for `cfg` (the subclass's pure config mapping)."""
         raise NotImplementedError
 
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Iterable[int] = ()):
@@ -218,7 +221,7 @@ class LibraryEngine:
     @classmethod
     def from_config(cls, cfg: RidgelineConfig, tokenizer=None):
         """The engine `cfg` asks for; the tokenizer (if given) adds its eos token to the stop ids."""
-        kwargs = cls.engine_kwargs(cfg)
+        kwargs = cls.kwargs_from_config(cfg)
         check_context_fits(cfg, cls.length_key, kwargs[cls.model_key])
         return cls(kwargs, eos_token_ids=eos_token_ids(kwargs[cls.model_key], tokenizer))
 

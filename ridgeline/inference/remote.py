@@ -25,13 +25,14 @@ has a timeout; the servers' health is checked at start, naming any URL that does
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, TYPE_CHECKING
+from typing import Any, Callable, Iterable, Sequence, TYPE_CHECKING
 
 import requests
 import torch
@@ -265,9 +266,13 @@ class RemoteEngine:
         return self._map(lambda u: self.score(prompt_ids, response_ids, u), self.urls)
 
     # -- weights and memory -------------------------------------------------------------------
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> dict:
-        """Push the weights to every server (cast to the servers' dtype); returns bytes / seconds.
-        Servers this client put to sleep get their weights' memory back first."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.push_weights(named_tensors, None)
+
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None) -> dict[str, float]:
+        """Push the weights to every server (cast to the servers' dtype) as weight version `version`
+        (None: the next one); returns bytes / seconds. Servers this client put to sleep get their
+        weights' memory back first."""
         self.wake_up(("weights",))
         if self._group is None:
             self._group = self._open_group()
@@ -411,7 +416,7 @@ class _UpdateGroup:
         return GroupSpec(port=free_port(), rank=0, world_size=world, backend=s.weight_sync_backend,
                          host=s.trainer_host, timeout_s=s.weight_sync_timeout_s, group_name=GROUP_NAME)
 
-    def _together(self, calls: list[Callable[[], Any]], local: Callable[[], Any]) -> Any:
+    def _together(self, calls: Sequence[Callable[[], Any]], local: Callable[[], Any]) -> Any:
         """Run the servers' HTTP calls while this process does its part of a collective. A server
         that refuses (e.g. "group already exists") fails the call at once instead of leaving this
         side waiting for the group's timeout (its thread then gives up on its own)."""
@@ -420,12 +425,17 @@ class _UpdateGroup:
         mine = pool.submit(local)
         wait([*futures, mine], return_when=FIRST_EXCEPTION)
         for f in futures:
-            if f.done() and f.exception() is not None:
-                raise f.exception()
+            error = f.exception() if f.done() else None
+            if error is not None:
+                raise error
         result = mine.result()
         for f in futures:
             f.result()
         return result
+
+    def push(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict[str, float]:
+        """Send weight version `version` (None: the next) to every server; bytes / seconds."""
+        raise NotImplementedError
 
     def close(self) -> None: ...
 
@@ -450,12 +460,12 @@ class _SGLangUpdateGroup(_UpdateGroup):
                     pass  # none existed
         bodies = [{"master_address": spec.host, "master_port": spec.port, "rank_offset": off, "world_size": world,
                    "group_name": GROUP_NAME, "backend": spec.backend} for off in offsets]
-        calls = [lambda u=u, b=b: c.request("POST", u, "/init_weights_update_group", b)
+        calls = [functools.partial(c.request, "POST", u, "/init_weights_update_group", b)
                  for u, b in zip(c.urls, bodies)]
         self.endpoint: TensorBroadcaster = self._together(calls, lambda: TensorBroadcaster(spec))
         log.info("weight-update group %s: trainer + %d server rank(s) over %s", GROUP_NAME, world - 1, spec.backend)
 
-    def push(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict:
+    def push(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict[str, float]:
         t0 = time.perf_counter()
         self.version = self.version + 1 if version is None else int(version)
         dtype = self.client.dtype
@@ -465,7 +475,7 @@ class _SGLangUpdateGroup(_UpdateGroup):
                 "weight_version": str(self.version)}
         c = self.client
         opened = [u for u, has in zip(c.urls, c._map(self._begin, c.urls)) if has]
-        calls = [lambda u=u: c.request("POST", u, "/update_weights_from_distributed", body) for u in c.urls]
+        calls = [functools.partial(c.request, "POST", u, "/update_weights_from_distributed", body) for u in c.urls]
         try:
             sent = self._together(calls, lambda: self.endpoint.send_tensors(tensors))
         except BaseException:
@@ -515,8 +525,7 @@ class _VLLMUpdateGroup(_UpdateGroup):
                                   "disable. Fix: restart those servers, or override_existing_update_group=auto")
         offsets, world = self._world(sizes)
         spec = self._spec(world)
-        calls = [lambda u=u, off=off: self._rpc(u, "ridgeline_init_receiver",
-                                                json.dumps({**asdict(spec), "rank": off}))
+        calls = [functools.partial(self._rpc, u, "ridgeline_init_receiver", json.dumps({**asdict(spec), "rank": off}))
                  for u, off in zip(c.urls, offsets)]
         self.sender: WeightSender = self._together(calls, lambda: WeightSender(spec))
 
@@ -529,9 +538,9 @@ class _VLLMUpdateGroup(_UpdateGroup):
                               "server's environment); see docs/engines.md") from e
         return (answer or {}).get("results", [])
 
-    def push(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict:
+    def push(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict[str, float]:
         t0 = time.perf_counter()
-        calls = [lambda u=u: self._rpc(u, "ridgeline_receive_weights") for u in self.client.urls]
+        calls = [functools.partial(self._rpc, u, "ridgeline_receive_weights") for u in self.client.urls]
         stats = self._together(calls, lambda: self.sender.send(named, self.client.dtype, version))
         self.version = stats.version
         self.client.reset_prefix_cache()

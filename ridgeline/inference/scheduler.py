@@ -150,6 +150,8 @@ class EngineScheduler:
 
     def _run_exclusive(self, job: _Job) -> None:
         try:
+            if job.call is None:  # queued as shared work: the loop never hands it here
+                raise RuntimeError(f"{job.what}: not exclusive work")
             job.finish(result=job.call())
         except Exception as e:  # noqa: BLE001 - the caller gets the error
             job.finish(error=e)
@@ -160,6 +162,8 @@ class EngineScheduler:
             return self._retire(job, error=self._timed_out(job, "running"))
         try:
             if job.steps is None:
+                if job.start is None:  # queued as exclusive work: the loop never hands it here
+                    raise RuntimeError(f"{job.what}: not shared work")
                 job.steps = job.start()
             next(job.steps)
         except StopIteration as end:

@@ -461,12 +461,16 @@ def _group_name(body: dict) -> str:
     return name
 
 
+def _entries(body: dict, key: str) -> list[Any]:
+    value = body.get(key)
+    if not isinstance(value, list):
+        raise RequestError(f"{key} must be a list with one entry per tensor", key)
+    return value
+
+
 def _tensor_list(body: dict) -> tuple[list[str], list[str], list[list[int]]]:
     """`names`, `dtypes` and `shapes` of a weight update: one entry per tensor, in broadcast order."""
-    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
-    for key, value in (("names", names), ("dtypes", dtypes), ("shapes", shapes)):
-        if not isinstance(value, list):
-            raise RequestError(f"{key} must be a list with one entry per tensor", key)
+    names, dtypes, shapes = (_entries(body, "names"), _entries(body, "dtypes"), _entries(body, "shapes"))
     if not len(names) == len(dtypes) == len(shapes):
         raise RequestError("names, dtypes and shapes must have the same length", "names")
     if not all(isinstance(n, str) for n in names):

@@ -295,7 +295,7 @@ class SGLangEngine(LibraryEngine):
     (`+generator.engine_init_kwargs.enable_deterministic_inference=true`); otherwise sampling is
     seeded once per engine (`random_seed` <- trainer.seed)."""
 
-    engine_kwargs = staticmethod(sglang_engine_kwargs)
+    kwargs_from_config = staticmethod(sglang_engine_kwargs)
     model_key, length_key, sleep_kwarg = "model_path", "context_length", "enable_memory_saver"
 
     def __init__(self, engine_kwargs: dict[str, Any], *, eos_token_ids: Sequence[int] = ()):
@@ -371,7 +371,7 @@ class SGLangEngine(LibraryEngine):
         Tensors stay on their device: SGLang hands CUDA tensors to its scheduler by IPC handle, so
         each batch is a copy this process owns (the colocated handoff gives views of another
         process's buffer, which torch refuses to share on); the copy lives until SGLang loaded it."""
-        self.wake_up((WEIGHTS,))
+        self.wake_up(("weights",))   # Ridgeline's tag (MemoryTag), not SGLang's WEIGHTS
         batches = tensor_batches(named_tensors, self.dtype, self.update_batch_bytes, device=None, copy=True)
         with self._weight_update_session():
             batch = next(batches, None)
@@ -410,7 +410,7 @@ class SGLangEngine(LibraryEngine):
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str | torch.dtype],
                                         shapes: list[list[int]], group_name: str, flush_cache: bool = True) -> None:
-        self.wake_up((WEIGHTS,))
+        self.wake_up(("weights",))   # Ridgeline's tag (MemoryTag), not SGLang's WEIGHTS
         dtype_names = [str(d).removeprefix("torch.") for d in dtypes]
         with self._weight_update_session():
             self._checked("update_weights_from_distributed", self.engine.update_weights_from_distributed(

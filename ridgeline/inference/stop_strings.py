@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from ridgeline.models.text import decode_text
+
 INCOMPLETE = "\ufffd"  # what a decoder prints for a byte sequence that is not a whole character yet
 
 
@@ -54,9 +56,8 @@ class StopStringMatcher:
         return None
 
     def _new_text(self, state: _RowText) -> str:
-        decode = self.tokenizer.decode
-        before = decode(state.ids[state.prefix:state.read], skip_special_tokens=True)
-        after = decode(state.ids[state.prefix:], skip_special_tokens=True)
+        before = decode_text(self.tokenizer, state.ids[state.prefix:state.read], skip_special_tokens=True)
+        after = decode_text(self.tokenizer, state.ids[state.prefix:], skip_special_tokens=True)
         if len(after) <= len(before) or after.endswith(INCOMPLETE):
             return ""  # a special token, or part of a character: wait for more tokens
         new = after[len(before):]

@@ -251,7 +251,7 @@ class VLLMEngine(LibraryEngine):
       device memory to free: both are bookkeeping only, like the embedded engine on CPU.
     """
 
-    engine_kwargs = staticmethod(vllm_engine_kwargs)
+    kwargs_from_config = staticmethod(vllm_engine_kwargs)
     model_key, length_key = "model", "max_model_len"
 
     @classmethod

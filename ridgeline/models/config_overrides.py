@@ -101,8 +101,18 @@ def _set_rope_parameters(config: PretrainedConfig, override: ConfigOverride) -> 
             f"({', '.join(current)}), which one {override.attribute} cannot address. Fix: set the whole dict "
             "with model_config_kwargs.rope_parameters instead")
     elif override.attribute == "rope_theta":
-        config.rope_parameters = {**current, "rope_theta": float(value)}
+        try:
+            theta = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            theta = None
+        if theta is None:
+            raise ConfigOverrideError(f"{override.key}={override.value!r}: rope_theta must be a number. "
+                                      "Fix: e.g. 1000000.0")
+        config.rope_parameters = {**current, "rope_theta": theta}
     else:
+        if not isinstance(value, dict):
+            raise ConfigOverrideError(f"{override.key}={override.value!r}: {override.attribute} must be a dict such "
+                                      "as {rope_type: linear, factor: 2.0}. Fix: give it as a dict")
         scaling = dict(value)
         if "type" in scaling:   # the legacy spelling of rope_type
             scaling.setdefault("rope_type", scaling.pop("type"))

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
+
+if TYPE_CHECKING:
+    from ridgeline.models.lora import MaybeAdapted
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ def forward_last_logits(model: PreTrainedModel, keep: int, **inputs: Any) -> For
     return ForwardOutput(logits=logits, cache=output_cache(out))
 
 
-def enable_activation_checkpointing(model: PreTrainedModel, use_reentrant: bool = False) -> None:
+def enable_activation_checkpointing(model: MaybeAdapted, use_reentrant: bool = False) -> None:
     """Recompute each decoder layer's activations in backward; `use_reentrant` is passed to
     torch.utils.checkpoint (`trainer.gradient_checkpointing_use_reentrant`, SkyRL's key; the
     non-reentrant variant is PyTorch's recommendation). transformers 5 renamed gradient
@@ -72,7 +75,7 @@ def enable_activation_checkpointing(model: PreTrainedModel, use_reentrant: bool 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def activation_checkpointing_on(model: PreTrainedModel) -> bool:
+def activation_checkpointing_on(model: torch.nn.Module) -> bool:
     flag = getattr(model, "is_activation_checkpointing", None)
     return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))
 

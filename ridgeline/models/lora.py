@@ -29,7 +29,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Mapping, TypeGuard, overload
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from ridgeline.config.schema.trainer import LoraConfig as LoraSection
     from peft.tuners.lora import LoraLayer
     from transformers import PreTrainedModel
+
+    # a transformers model, or peft's LoRA wrapper of one (`wrap`): what a policy (or a critic's
+    # backbone) is once built; peft's wrapper forwards every attribute to the model it wraps
+    MaybeAdapted = PreTrainedModel | PeftModel
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +119,15 @@ def reference_is_base(trainer: TrainerConfig) -> bool:
             and trainer.ref.model_config_kwargs == trainer.policy.model_config_kwargs)
 
 
-def is_lora(model: torch.nn.Module) -> bool:
+def is_lora(model: torch.nn.Module) -> TypeGuard[PeftModel]:
     peft = sys.modules.get("peft")  # no peft imported: no model is a PeftModel
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+@overload
+def plain(model: MaybeAdapted) -> PreTrainedModel: ...
+@overload
+def plain(model: torch.nn.Module) -> torch.nn.Module: ...
 def plain(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model under a PeftModel (its adapted layers still in place), else `model`:
     what names the plain weights and writes a Hugging Face folder of them."""
@@ -184,9 +192,11 @@ def _quiet_peft() -> Iterator[None]:
         yield
 
 
-def adapters_disabled(model: PeftModel):
+def adapters_disabled(model: MaybeAdapted) -> contextlib.AbstractContextManager[None]:
     """Context in which `model` computes the frozen base model (peft's `disable_adapter`: every
     LoRA layer runs its base layer alone, so the numbers are the base model's bit for bit)."""
+    if not is_lora(model):
+        raise ValueError(f"{type(model).__name__} has no LoRA adapters to switch off")
     return model.disable_adapter()
 
 
@@ -251,7 +261,7 @@ class AdapterLayout:
 
     # merged weights ---------------------------------------------------------------------------
     @torch.no_grad()
-    def merged(self, state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    def merged(self, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         """`state` (the worker model's full weights) as the plain model's: adapter tensors dropped,
         every adapted weight W + delta in a new tensor, computed one at a time; the rest as it is."""
         for name, tensor in state.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from ridgeline.models.architectures import seeded_model
 
@@ -69,5 +69,5 @@ def tiny_config(name: str, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
     )
 
 
-def build_tiny_model(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
+def build_tiny_model(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> PreTrainedModel:
     return seeded_model(tiny_config(name, tokenizer), seed)

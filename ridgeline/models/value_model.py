@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -26,6 +27,9 @@ from ridgeline.models.loading import ModelSpec, is_built_locally, load_model, mo
 from ridgeline.models.lora import plain
 from ridgeline.models.source import ModelLoadError
 
+if TYPE_CHECKING:
+    from ridgeline.models.lora import MaybeAdapted
+
 log = logging.getLogger(__name__)
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -34,12 +38,12 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 class ValueModel(torch.nn.Module):
     """backbone(input) -> hidden [B, S, H] -> head -> values [B, S] (float32)."""
 
-    def __init__(self, backbone: PreTrainedModel, head: torch.nn.Linear, value_head_prefix: str = "value_head"):
+    def __init__(self, backbone: MaybeAdapted, head: torch.nn.Linear, value_head_prefix: str = "value_head"):
         super().__init__()
         if not value_head_prefix.isidentifier() or value_head_prefix == "backbone":
             raise ValueError(f"value_head_prefix must be a Python identifier other than 'backbone', "
                              f"got {value_head_prefix!r}")
-        self.backbone = backbone
+        self.backbone: MaybeAdapted = backbone   # a LoRA critic's: wrapped by peft (ridgeline.models.lora.wrap)
         self.value_head_prefix = value_head_prefix
         setattr(self, value_head_prefix, head)
 

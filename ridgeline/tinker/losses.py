@@ -15,14 +15,13 @@ client and reach the server as `cross_entropy` with the loss's gradient as weigh
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from ridgeline.algorithms.calling import PolicyLoss
+from ridgeline.config.loss_view import LossConfig, loss_config
 from ridgeline.config.schema import AlgorithmConfig
 from ridgeline.inference.request_fields import RequestError
 
@@ -51,7 +50,7 @@ class BoundLoss:
 
     name: str
     loss: PolicyLoss
-    config: DictConfig
+    config: LossConfig
     inputs: tuple[str, ...]
 
     def __call__(self, log_probs: Tensor, inputs: dict[str, Tensor]) -> Tensor:
@@ -86,9 +85,10 @@ def bind(name: str, options: dict[str, float | str]) -> BoundLoss:
         raise RequestError(f"loss_fn_config: need 0 <= clip_low_threshold ({lo}) <= 1 <= clip_high_threshold ({hi})",
                            "loss_fn_config.clip_low_threshold")
     # every other key at trainer.algorithm's default (no off-policy correction, the old-policy anchor)
-    base = dataclasses.asdict(AlgorithmConfig())
-    base.update({"loss_reduction": SUM, "use_tis": False, "eps_clip_low": 1.0 - lo, "eps_clip_high": hi - 1.0,
-                 "dro_beta": values.get("beta", 0.05)})
-    base["cispo"].update({"cispo_eps_clip_low": 1.0 - lo, "cispo_eps_clip_high": hi - 1.0})
-    config = OmegaConf.create(base)
-    return BoundLoss(name, PolicyLoss.bind(builtin.registered), config, builtin.inputs)
+    default = AlgorithmConfig()
+    algorithm = replace(default, loss_reduction=SUM, use_tis=False, eps_clip_low=1.0 - lo, eps_clip_high=hi - 1.0,
+                        dro_beta=values.get("beta", 0.05),
+                        cispo=replace(default.cispo, cispo_eps_clip_low=1.0 - lo, cispo_eps_clip_high=hi - 1.0))
+    # a sum over the datum's positions: no max_seq_len constant to divide by
+    return BoundLoss(name, PolicyLoss.bind(builtin.registered), loss_config(algorithm, max_seq_len=None),
+                     builtin.inputs)

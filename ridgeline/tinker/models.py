@@ -102,7 +102,7 @@ class BaseModels:
             return self._loaded[name]
 
 
-def build(base: Base, meta: ModelMeta) -> torch.nn.Module:
+def build(base: Base, meta: ModelMeta) -> PreTrainedModel | PeftModel:
     """The trainable model of `meta` on `base`: a copy, with LoRA adapters when the rank is > 0."""
     model = copy.deepcopy(base.model)
     if meta.lora_rank > 0:

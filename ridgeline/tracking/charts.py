@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Sequence
+from typing import Mapping, Sequence
 
 Points = Sequence[tuple[float, float]]
 
@@ -43,7 +43,7 @@ def _axes(title: str, ylabel: str, xlabel: str = "step"):
     return fig, ax
 
 
-def line_chart(title: str, series: dict[str, Points], ylabel: str = "",
+def line_chart(title: str, series: Mapping[str, Points], ylabel: str = "",
                ylim: tuple[float, float] | None = None, dashed: Sequence[str] = (),
                xlabel: str = "step", faint: Sequence[str] = ()) -> str | None:
     """Lines (with point markers when there are few points, so a single eval shows), one per
@@ -63,19 +63,19 @@ def line_chart(title: str, series: dict[str, Points], ylabel: str = "",
     return _png(fig)
 
 
-def stacked_chart(title: str, parts: dict[str, Points], total: tuple[str, Points] | None = None,
+def stacked_chart(title: str, parts: Mapping[str, Points], total: tuple[str, Points] | None = None,
                   extra: dict[str, Points] | None = None, ylabel: str = "") -> str | None:
     """`parts` stacked as areas over the union of their steps (a missing value counts as 0),
     `total` as a line on top (e.g. the whole step), `extra` as markers (e.g. eval time)."""
-    parts = {name: dict(points) for name, points in parts.items() if points}
+    by_step = {name: dict(points) for name, points in parts.items() if points}
     extra = {name: points for name, points in (extra or {}).items() if points}
-    if not parts and not extra and not (total and total[1]):
+    if not by_step and not extra and not (total and total[1]):
         return None
     fig, ax = _axes(title, ylabel)
-    if parts:
-        steps = sorted({s for values in parts.values() for s in values})
-        ax.stackplot(steps, [[values.get(s, 0.0) for s in steps] for values in parts.values()],
-                     labels=[_label(n) for n in parts], alpha=0.8)
+    if by_step:
+        steps = sorted({s for values in by_step.values() for s in values})
+        ax.stackplot(steps, [[values.get(s, 0.0) for s in steps] for values in by_step.values()],
+                     labels=[_label(n) for n in by_step], alpha=0.8)
     if total and total[1]:
         xs, ys = zip(*total[1])
         ax.plot(xs, ys, color="black", linewidth=1, label=_label(total[0]))

@@ -70,20 +70,23 @@ class Progress:
     def update(self, n: int = 1, **values: Any) -> None:
         """Count `n` more done; `values` (e.g. reward=0.42) are shown after the bar."""
         self.n += n
-        if self._display is not None:
-            self._display.bars.update(self._task, advance=n, **_postfix(values))
+        self._show(n, values)
 
     def set_postfix(self, **values: Any) -> None:
         """Short live values after the bar (e.g. reward=0.42); ignored when no bar is drawn."""
-        if self._display is not None:
-            self._display.bars.update(self._task, **_postfix(values))
+        self._show(0, values)
+
+    def _show(self, advance: int, values: dict[str, Any]) -> None:
+        if self._display is None:
+            return
+        if values:  # no values leave the shown ones as they are
+            self._display.bars.update(self._task, advance=advance, postfix=_postfix(values))
+        else:
+            self._display.bars.update(self._task, advance=advance)
 
 
-def _postfix(values: dict[str, Any]) -> dict[str, str]:
-    if not values:
-        return {}
-    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items() if v is not None]
-    return {"postfix": " ".join(shown)}
+def _postfix(values: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items() if v is not None)
 
 
 class _Display:
@@ -114,7 +117,8 @@ class _Display:
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream in real:
                 old = handler.setStream(sys.stderr if handler.stream is real[1] else sys.stdout)
-                self._handlers.append((handler, old))
+                if old is not None:  # None: the handler had that stream already
+                    self._handlers.append((handler, old))
 
     def stop(self) -> None:
         for handler, old in self._handlers:

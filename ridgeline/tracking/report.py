@@ -135,6 +135,12 @@ def _matching(data: RunData, pattern: str) -> list[str]:
     return [k for k in data.keys() if regex.search(k)]
 
 
+def _eval_sources(data: RunData) -> list[tuple[str, str]]:
+    """(key, data source) of every `eval/<source>/pass_at_1` series, eval/all first."""
+    found = [(key, match.group(1)) for key in data.keys() if (match := _PASS_AT_1.match(key))]
+    return sorted(found, key=lambda pair: (pair[0] != "eval/all/pass_at_1", pair[0]))
+
+
 def _reward_series(data: RunData, series: Callable[[str], Points]) -> dict[str, Points]:
     out = {"train reward (mean)": series("reward/avg_raw_reward")}
     # beside the raw line once there is something to smooth
@@ -157,7 +163,7 @@ def _specs(data: RunData) -> list[ChartSpec]:
     span = max((x for points in timed.values() for x, _ in points), default=0.0)
     xlabel, unit = _time_axis(span)
     timed = {name: [(x / unit, y) for x, y in points] for name, points in timed.items()}
-    eval_keys = sorted(_matching(data, _PASS_AT_1.pattern), key=lambda k: (k != "eval/all/pass_at_1", k))
+    eval_sources = _eval_sources(data)
     timing = {k.split("/", 1)[1]: s(k) for k in PHASES if s(k)}
     total, evals = s("timing/step"), s("timing/eval")
     memory = {k.split("/", 1)[1]: s(k) for k in _matching(data, r"^memory/")}
@@ -165,7 +171,7 @@ def _specs(data: RunData) -> list[ChartSpec]:
         line("Reward and accuracy", reward, "reward / accuracy", dashed=["held-out pass@1"], faint=faint),
         line("Reward and accuracy over time", timed, "reward / accuracy", dashed=["held-out pass@1"],
              faint=faint, xlabel=xlabel),
-        line("Held-out pass@1 by data source", {_PASS_AT_1.match(k).group(1): s(k) for k in eval_keys}, "pass@1",
+        line("Held-out pass@1 by data source", {source: s(k) for k, source in eval_sources}, "pass@1",
              ylim=(-0.02, 1.02)),
         line("KL", {k: s(k) for k in ("policy/policy_kl", "policy/ppo_kl", "loss/avg_kl")}, "KL estimate"),
         line("Entropy", {"policy/policy_entropy": s("policy/policy_entropy")}, "nats / token"),
@@ -293,12 +299,11 @@ def _notes(data: RunData) -> list[str]:
 
 
 def _eval_context(data: RunData) -> dict[str, Any] | None:
-    keys = sorted(_matching(data, _PASS_AT_1.pattern), key=lambda k: (k != "eval/all/pass_at_1", k))
-    if not keys and not data.eval_dumps and not data.foreign_dumps:
+    sources_of = _eval_sources(data)
+    if not sources_of and not data.eval_dumps and not data.foreign_dumps:
         return None
     sources = []
-    for key in keys:
-        source = _PASS_AT_1.match(key).group(1)
+    for key, source in sources_of:
         points, score = data.series(key), data.series(f"eval/{source}/avg_score")
         sources.append({"source": source, "first": points[0][1] if points else None,
                         "last": points[-1][1] if points else None,

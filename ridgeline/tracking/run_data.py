@@ -16,7 +16,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -32,7 +32,7 @@ ELAPSED = "timing/elapsed"     # seconds since the run's first start, in every r
 Points = list[tuple[float, float]]
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -92,7 +92,7 @@ class RunData:
         previous = None
         for row in self.samples:
             step = row.get("step")
-            if not is_number(step):
+            if not isinstance(step, int) or isinstance(step, bool):  # steps are written as integers
                 continue
             if step != previous:
                 out[step] = []   # a step's rows are written together: a new run of them starts afresh

@@ -14,14 +14,19 @@ import netrc
 import os
 import socket
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 from urllib.parse import urlparse
 
+from ridgeline.errors import UserError
 from ridgeline.tracking.scalars import scalars
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.wandb.ai"
+WandbMode = Literal["online", "offline", "disabled", "shared"]
+# WANDB_MODE values `wandb.init`'s settings take besides those: its older names
+_MODES: dict[str, WandbMode] = {"online": "online", "offline": "offline", "disabled": "disabled", "shared": "shared",
+                                "dryrun": "offline", "run": "online"}
 
 
 def _api_key_configured(environ: Mapping[str, str], host: str) -> bool:
@@ -43,12 +48,16 @@ def _reachable(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def resolve_wandb_mode(environ: Mapping[str, str] | None = None, timeout: float = 3.0) -> str:
+def resolve_wandb_mode(environ: Mapping[str, str] | None = None, timeout: float = 3.0) -> WandbMode:
     """The `mode` for `wandb.init`: `WANDB_MODE` if set, else online when a key is configured
     and the W&B host answers within `timeout` seconds, else offline."""
     environ = os.environ if environ is None else environ
     if environ.get("WANDB_MODE"):
-        return environ["WANDB_MODE"]
+        mode = _MODES.get(environ["WANDB_MODE"].strip().lower())
+        if mode is None:
+            raise UserError(f"WANDB_MODE={environ['WANDB_MODE']!r} is not a W&B mode. Fix: one of "
+                             f"{', '.join(_MODES)}, or unset it")
+        return mode
     if environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
         return "disabled"
     url = urlparse(environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL)

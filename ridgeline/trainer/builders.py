@@ -32,7 +32,8 @@ from ridgeline.training.build import (build_critic, build_policy_worker, build_r
                                      training_precision)
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
-    from ridgeline.config.schema import EnvironmentConfig, RidgelineConfig
+    from ridgeline.config.schema import (AlgorithmConfig, DataConfig, EnvironmentConfig, GeneratorConfig,
+                                         RidgelineConfig)
 
 __all__ = ["EnvironmentCheckError", "build_critic", "check_environments", "check_model_paths",
            "forward_options", "build_generator", "build_policy_worker", "build_ref_worker",
@@ -43,26 +44,27 @@ __all__ = ["EnvironmentCheckError", "build_critic", "check_environments", "check
 log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------- builders
-def prepare_data(cfg: RidgelineConfig) -> None:
+def prepare_data(data: DataConfig, env: EnvironmentConfig) -> None:
     """`data.prepare` (Ridgeline extension): write the dataset files first when they are missing or
     `data.prepare` changed since they were written (`ridgeline.data.prepare_run`). The rows name
     `data.prepare.env_class` when given, else `environment.env_class` when the config chose one
     (`chosen_env_class`), else the dataset's own env: the config's env is the one the prepared rows
     name, so `environment.env_class=shout` on a preset trains on shout."""
-    if cfg.data.prepare is None:
+    if data.prepare is None:
         return
-    spec = dict(cfg.data.prepare)
-    if chosen_env_class(cfg) is not None:
-        spec.setdefault("env_class", chosen_env_class(cfg))
+    spec = dict(data.prepare)
+    chosen = chosen_env_class(env)
+    if chosen is not None:
+        spec.setdefault("env_class", chosen)
     # files only: a dataset folder or hub name (sources.py) is not something a preparer writes
-    wanted = [Path(p) for p in list(cfg.data.train_data) + list(cfg.data.val_data) if is_data_file(p)]
+    wanted = [Path(p) for p in list(data.train_data) + list(data.val_data) if is_data_file(p)]
     prepare_dataset(spec, wanted)
 
 
-def chosen_env_class(cfg: RidgelineConfig) -> str | None:
+def chosen_env_class(env: EnvironmentConfig) -> str | None:
     """`environment.env_class` when the config (a preset, the command line) chose it; None at
     SkyRL's default (gsm8k), which every SkyRL config carries whether it means it or not."""
-    value = cfg.environment.env_class
+    value = env.env_class
     return None if value == envs.DEFAULT_ENV_CLASS else value
 
 
@@ -104,7 +106,8 @@ class EnvironmentCheckError(UserError, ValueError):
     before any model loads)."""
 
 
-def check_environments(cfg: RidgelineConfig, datasets: Mapping[str, PromptDataset], env_override: str | None) -> None:
+def check_environments(env: EnvironmentConfig, data: DataConfig, max_turns: int,
+                       datasets: Mapping[str, PromptDataset], env_override: str | None) -> None:
     """Before any model loads, refuse what would give a run of zero rewards with every trajectory in
     `generate/env_errors`: an `environment.env_class` (the rows' default) or an
     `environment.skyrl_gym.<name>` settings block naming an env that neither Ridgeline nor skyrl-gym
@@ -115,26 +118,27 @@ def check_environments(cfg: RidgelineConfig, datasets: Mapping[str, PromptDatase
 
     One build per distinct (env_class, shape of the row's extras: keys and value types, nested):
     rows of one shape carry the same fields, so a large dataset costs a handful of builds.
-    `datasets`: config key (`data.train_data`) -> its rows.
+    `datasets`: config key (`data.train_data`) -> its rows; `max_turns`: `generator.max_turns`;
+    `data`: read for `data.prepare`, which the unused env_class note names in its advice.
     """
-    env_settings = per_env_settings(cfg)
-    _check_env_names(cfg, env_settings, env_override)
-    note = unused_env_class_note(cfg, datasets)
+    env_settings = per_env_settings(env)
+    _check_env_names(env, env_settings, env_override)
+    note = unused_env_class_note(env, datasets, prepared=data.prepare is not None)
     if note is not None:
         log.warning("%s", note)
     # on a worker thread under the step time limit, so an env that hangs stops the check, not the run
-    timeout_s, max_turns = float(cfg.environment.step_timeout_s), int(cfg.generator.max_turns)
+    timeout_s = float(env.step_timeout_s)
     runner = EnvRunner(max_workers=1, timeout_s=timeout_s)
     seen: set[tuple[str, object]] = set()
-    for key, data in datasets.items():
-        for i, row in enumerate(data):
+    for key, rows in datasets.items():
+        for i, row in enumerate(rows):
             env_class = env_override or row.env_class
             shape = (env_class, _shape(row.extras))
             if shape in seen:
                 continue
             seen.add(shape)
             outcome = runner.run([_start_and_stop(env_class, row, env_settings, max_turns)], desc="env check")[0]
-            file, index = data.origin(i)
+            file, index = rows.origin(i)
             if isinstance(outcome, EnvCallFailure):   # a timeout: building it, init or close hung
                 raise EnvironmentCheckError(
                     f"{key}: {file} row {index}: environment {env_class!r} did not start and stop within "
@@ -177,13 +181,13 @@ def _start_and_stop(env_class: str, row: PromptRow, env_settings: Mapping[str, A
     return call
 
 
-def _check_env_names(cfg: RidgelineConfig, env_settings: Mapping[str, Any], env_override: str | None) -> None:
+def _check_env_names(env: EnvironmentConfig, env_settings: Mapping[str, Any], env_override: str | None) -> None:
     """`environment.env_class` and each `environment.skyrl_gym.<name>` must name a known env; SkyRL's
     default blocks (search, text2sql, llm_as_a_judge) are there whether or not their env is installed
     or registered (llm_as_a_judge is an example's own env)."""
     named = {f"environment.skyrl_gym.{name}": name for name in env_settings if name not in SKYRL_GYM_DEFAULTS}
     if env_override is None:  # with environment.reward_fn the rows' env (and its default) is not used
-        named = {"environment.env_class": cfg.environment.env_class, **named}
+        named = {"environment.env_class": env.env_class, **named}
     for key, name in named.items():
         try:
             envs.check_env_name(name)
@@ -191,18 +195,20 @@ def _check_env_names(cfg: RidgelineConfig, env_settings: Mapping[str, Any], env_
             raise EnvironmentCheckError(f"{key}: {exc}") from exc
 
 
-def unused_env_class_note(cfg: RidgelineConfig, datasets: Mapping[str, PromptDataset]) -> str | None:
+def unused_env_class_note(env: EnvironmentConfig, datasets: Mapping[str, PromptDataset], *,
+                          prepared: bool) -> str | None:
     """A chosen `environment.env_class` that no row uses changes nothing: a row's own env_class wins,
     as in SkyRL (environment.env_class is the env of rows without one). The sentence that says so,
-    with the ways to make it apply (logged at start, a doctor warning), or None."""
-    chosen = chosen_env_class(cfg)
-    if chosen is None or cfg.environment.reward_fn is not None:
+    with the ways to make it apply (logged at start, a doctor warning), or None. `prepared`: the
+    files are written by `data.prepare`."""
+    chosen = chosen_env_class(env)
+    if chosen is None or env.reward_fn is not None:
         return None
     if any(row.env_class == chosen for data in datasets.values() for row in data):
         return None
     named = sorted({row.env_class for data in datasets.values() for row in data})
     files = sorted({file for data in datasets.values() for file in data.files})
-    how = (f"+data.prepare.env_class={chosen} (or delete the prepared files)" if cfg.data.prepare
+    how = (f"+data.prepare.env_class={chosen} (or delete the prepared files)" if prepared
            else f"an env_class column saying {chosen} in the data")
     return (f"environment.env_class={chosen} applies to no row: every row of {', '.join(files)} names its own "
             f"env_class ({', '.join(named)}), and a row's env_class wins, as in SkyRL (environment.env_class is the "
@@ -216,17 +222,16 @@ def _shape(value: Any) -> object:
     return type(value).__name__
 
 
-def per_env_settings(cfg: RidgelineConfig) -> dict[str, dict[str, Any]]:
+def per_env_settings(env: EnvironmentConfig) -> dict[str, dict[str, Any]]:
     """`environment.skyrl_gym` by env name, without `max_env_workers` (SkyRL keeps it beside them)."""
-    return {name: dict(value) for name, value in cfg.environment.skyrl_gym.items() if name != "max_env_workers"}
+    return {name: dict(value) for name, value in env.skyrl_gym.items() if name != "max_env_workers"}
 
 
-def build_generator(cfg: RidgelineConfig, engine: InferenceEngine, tokenizer) -> Generator:
+def build_generator(g: GeneratorConfig, env: EnvironmentConfig, engine: InferenceEngine, tokenizer) -> Generator:
     """The agent loop over `engine`, from `generator.*` and `environment.*`."""
-    g, env = cfg.generator, cfg.environment
     return Generator(
         engine, tokenizer,
-        env_settings=per_env_settings(cfg),
+        env_settings=per_env_settings(env),
         max_turns=g.max_turns, max_input_length=g.max_input_length, conversation_mode=g.use_conversation_multi_turn,
         append_eos_after_stop_str=g.append_eos_token_after_stop_str_in_multi_turn,
         runner=EnvRunner(int(env.skyrl_gym["max_env_workers"]), env.step_timeout_s),
@@ -245,10 +250,9 @@ def generator_input(rows: list[PromptRow], n: int, params: SamplingParams, *, ui
                           sampling_params=params, global_step=global_step, mode=mode)
 
 
-def truncation_policy(cfg: RidgelineConfig) -> TruncationPolicy:
+def truncation_policy(g: GeneratorConfig, alg: AlgorithmConfig) -> TruncationPolicy:
     """What truncated trajectories cost (`generation.truncation`), from `generator.*` and the DAPO
     keys of `trainer.algorithm`."""
-    g, alg = cfg.generator, cfg.trainer.algorithm
     return TruncationPolicy(zero_reward_on_non_stop=bool(g.zero_reward_on_non_stop),
                             apply_overlong_filtering=bool(g.apply_overlong_filtering),
                             overlong_buffer_len=None if alg.overlong_buffer_len is None else int(alg.overlong_buffer_len),

@@ -59,7 +59,7 @@ from ridgeline.tracking.samples import SAMPLES_FILE
 from ridgeline.trainer.scheduled import batch_from_json, batch_to_json
 from ridgeline.trainer.state import RunState
 from ridgeline.training.build import needs_ref
-from ridgeline.training.protocols import Workers
+from ridgeline.training.protocols import ValueWorker, Workers
 from ridgeline.training.worker import WeightsMismatchError
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
@@ -90,6 +90,14 @@ def checkpoint_step(folder: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _listed_step(folder: Path) -> int:
+    """The step of a folder known to be a checkpoint (listed or pointed at: its name matched)."""
+    step = checkpoint_step(folder)
+    if step is None:
+        raise ValueError(f"{folder} is not named as a checkpoint ({CKPT_PREFIX}<step>)")
+    return step
+
+
 def is_complete(folder: Path) -> bool:
     folder = Path(folder)
     return checkpoint_step(folder) is not None and (folder / COMPLETE).is_file()
@@ -101,7 +109,7 @@ def list_checkpoints(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
-    return sorted(found, key=checkpoint_step)
+    return sorted(found, key=_listed_step)
 
 
 def pointed_step(root: Path) -> int | None:
@@ -173,8 +181,8 @@ def latest_checkpoint(root: Path) -> Path | None:
     newest = _pointed_checkpoint(root)
     if newest is None:
         return None
-    step = checkpoint_step(newest)
-    candidates = [newest, *reversed([c for c in list_checkpoints(root) if checkpoint_step(c) < step])]
+    step = _listed_step(newest)
+    candidates = [newest, *reversed([c for c in list_checkpoints(root) if _listed_step(c) < step])]
     damaged: list[str] = []
     for folder in candidates:
         damage = checkpoint_damage(folder)
@@ -305,7 +313,7 @@ def run_fingerprint(cfg: RidgelineConfig, train_data: "PromptDataset") -> dict[s
     `trainer.resume_ignore_config_changes`). Data is compared by content (`PromptDataset.digests`),
     not by path."""
     t = cfg.trainer
-    fingerprint = {
+    fingerprint: dict[str, Any] = {
         "trainer.policy.model.path": t.policy.model.path,
         "trainer.policy.model.gguf_file": t.policy.model.gguf_file,
         "trainer.critic.model.path": t.critic.model.path,
@@ -334,9 +342,10 @@ def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
     for key in [*current, *(k for k in saved if k not in current)]:
         before, now = saved.get(key), current.get(key)
         if key == "data.train_data":
-            if [(d["size"], d["sha256"]) for d in before or []] != [(d["size"], d["sha256"]) for d in now]:
+            before, now = before or [], now or []
+            if [(d["size"], d["sha256"]) for d in before] != [(d["size"], d["sha256"]) for d in now]:
                 changes.append(f"data.train_data: the training files' contents differ "
-                               f"(checkpoint: {[d['file'] for d in before or []]}, now: {[d['file'] for d in now]})")
+                               f"(checkpoint: {[d['file'] for d in before]}, now: {[d['file'] for d in now]})")
         elif before != now:
             why = " (trainer.max_prompt_length or the data changed)" if key == "usable training rows" else ""
             changes.append(f"{key}: {before!r} -> {now!r}{why}")
@@ -506,7 +515,9 @@ def _remove(folder: Path) -> None:
 
 def _rng_state() -> dict[str, Any]:
     version, mt, gauss = random.getstate()
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    if not isinstance(np_state, tuple):  # legacy=True gives the tuple unless the generator is not MT19937
+        raise TypeError(f"numpy's global generator is not MT19937: its state cannot be checkpointed ({np_state})")
     state = {
         "python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
         "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
@@ -754,14 +765,14 @@ class Checkpointer:
         tokenizer; a LoRA policy has its adapters merged in."""
         self._write_policy(workers, out / "policy")
         if workers.critic is not None:
-            self._write_critic(workers, out / "critic")
+            self._write_critic(workers.critic, out / "critic")
 
     def _write_policy(self, workers: Workers, folder: Path) -> None:
         workers.policy.export_weights(folder)
         self.tokenizer.save_pretrained(folder)
 
-    def _write_critic(self, workers: Workers, folder: Path) -> None:
-        workers.critic.export_weights(folder)
+    def _write_critic(self, critic: ValueWorker, folder: Path) -> None:
+        critic.export_weights(folder)
         self.tokenizer.save_pretrained(folder)
 
     def export(self, workers: Workers, out: Path, step: int) -> Path:
@@ -785,8 +796,8 @@ class Checkpointer:
                        f"Training is over, but the final model is not saved: nothing half-written is left at {out}.",
                        fix)
         if workers.critic is not None:
-            critic = Path(run_dir) / FINAL_FOLDERS[1]
-            publish_folder(critic, lambda tmp: self._write_critic(workers, tmp), "the final critic",
+            critic, worker = Path(run_dir) / FINAL_FOLDERS[1], workers.critic
+            publish_folder(critic, lambda tmp: self._write_critic(worker, tmp), "the final critic",
                            f"Training is over and {out} is written, but the critic is not: nothing half-written is "
                            f"left at {critic}.", fix)
         return out
@@ -876,10 +887,14 @@ def _export_critic_adapters(folder: Path, out: Path) -> None:
     from transformers import AutoTokenizer
 
     cfg = saved_config(folder / "config.yaml")
+    spec = critic_spec(cfg)
+    if spec is None:
+        raise CheckpointError(f"{folder / 'critic'} holds critic adapters, but the checkpoint's config.yaml names no "
+                              "trainer.critic.model.path to merge them into")
     tokenizer = AutoTokenizer.from_pretrained(folder / "critic")
-    critic = load_value_model(critic_spec(cfg), torch.float32, tokenizer,
+    critic = load_value_model(spec, torch.float32, tokenizer,
                               value_head_prefix=cfg.trainer.algorithm.value_head_prefix)
-    critic.backbone = lora.load_merged(critic.backbone, folder / "critic")
+    critic.backbone = lora.load_merged(lora.plain(critic.backbone), folder / "critic")  # fresh: plain is itself
     critic.head.load_state_dict({k.split(".", 1)[1]: v for k, v in
                                  read_safetensors([folder / "critic" / VALUE_HEAD_FILE]).items()})
     critic.save_pretrained(out)

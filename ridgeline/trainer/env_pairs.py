@@ -8,12 +8,13 @@ the RL eval through the generator (`eval/<source>/pass_at_1`, ...), which SFT ru
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence, TYPE_CHECKING
-
 
 from ridgeline.data import PromptDataset, PromptRow
 from ridgeline.data.supervised import PreferencePair, TokenizedChat
 from ridgeline.distributed.weight_sync import InProcessWeightSync
+from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorOutput, total_reward
 from ridgeline.inference.build import build_engine
@@ -26,6 +27,14 @@ from ridgeline.training.worker import PolicyWorker
 
 if TYPE_CHECKING:  # the schema's types (ridgeline.config sits above this layer)
     from ridgeline.config.schema import RidgelineConfig
+
+
+@dataclass
+class _Sampling:
+    """What `EnvPairs.start` builds: the generator on the engine, and the engine's weight sync."""
+
+    generator: Generator
+    weight_sync: InProcessWeightSync
 
 
 class EnvPairs:
@@ -44,16 +53,26 @@ class EnvPairs:
                                   config_key="data.val_data") if cfg.data.val_data else None)
         self.env_override = load_environments(cfg.environment)
         datasets = {"data.train_data": self.train, "data.val_data": self.val}
-        check_environments(cfg, {key: data for key, data in datasets.items() if data is not None}, self.env_override)
-        self.generator = self.weight_sync = None
+        check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
+                           {key: data for key, data in datasets.items() if data is not None}, self.env_override)
+        self._sampling: _Sampling | None = None
         self.close = lambda: None
 
     def start(self, tokenizer, policy: PolicyWorker) -> None:
         """The engine (`generator.*`, in this process) on the policy's weights, and its generator."""
         engine = build_engine(self.cfg, tokenizer, policy.model)
-        self.weight_sync = InProcessWeightSync(policy, engine)
-        self.generator = build_generator(self.cfg, engine, tokenizer)
+        generator = build_generator(self.cfg.generator, self.cfg.environment, engine, tokenizer)
+        self._sampling = _Sampling(generator, InProcessWeightSync(policy, engine))
         self.close = engine.close
+
+    def _started(self) -> _Sampling:
+        if self._sampling is None:
+            raise RuntimeError("EnvPairs: start(tokenizer, policy) has not run")
+        return self._sampling
+
+    def sync(self, step: int) -> None:
+        """The engine takes the policy's current weights (version `step`)."""
+        self._started().weight_sync.sync(step)
 
     def pairs(self, rows: Sequence[PromptRow], step: int) -> tuple[list[PreferencePair], dict[str, float]]:
         """Step `step`'s pairs from `rows`, and what sampling them measured."""
@@ -61,9 +80,10 @@ class EnvPairs:
         params = SamplingParams.from_config(cfg.generator.sampling_params)
         inp = generator_input(list(rows), int(cfg.generator.n_samples_per_prompt), params, uid_prefix=f"{step}-dpo",
                               mode="train", env_override=self.env_override, global_step=step)
-        out = self.generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "dpo", step))
+        out = self._started().generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "dpo", step))
         shaped = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
-                                         out.loss_masks, truncation_policy(cfg), training=True)
+                                         out.loss_masks, truncation_policy(cfg.generator, cfg.trainer.algorithm),
+                                         training=True)
         out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
         pairs, tied = best_worst_pairs(out)
         rewards = [total_reward(r) for r in out.rewards]
@@ -72,8 +92,10 @@ class EnvPairs:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """The RL eval of the held-out prompts with the policy's current weights."""
-        self.weight_sync.sync(step)
-        return run_eval(self.generator, [(row.data_source, row) for row in self.val], self.cfg,
+        if self.val is None:
+            raise RuntimeError("EnvPairs.evaluate: no data.val_data")
+        self.sync(step)
+        return run_eval(self._started().generator, [(row.data_source, row) for row in self.val], self.cfg,
                         env_override=self.env_override, global_step=step)[0]
 
 

@@ -35,6 +35,7 @@ from ridgeline.generation.generator import Generator
 from ridgeline.generation.truncation import apply_truncation_policy
 from ridgeline.generation.types import GeneratorInput, GeneratorOutput, Reward, total_reward
 from ridgeline.inference.types import SamplingParams
+from ridgeline.models.text import decode_text
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.dumps import DumpOwner, write_eval_dump
 from ridgeline.trainer.builders import generator_input, truncation_policy
@@ -211,7 +212,7 @@ def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: R
     params = SamplingParams.from_config(cfg.generator.eval_sampling_params)
     n = cfg.generator.eval_n_samples_per_prompt
     batch_size = cfg.trainer.eval_batch_size
-    policy = truncation_policy(cfg)
+    policy = truncation_policy(cfg.generator, cfg.trainer.algorithm)
     acc = EvalAccumulator()
     num_batches = -(-len(rows) // batch_size)
     for b in range(num_batches):
@@ -221,6 +222,7 @@ def run_eval(generator: Generator, rows: Sequence[tuple[str, PromptRow]], cfg: R
         out = generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "eval", b))
         out.rewards = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
                                               out.loss_masks, policy, training=False).rewards
-        acc.add([label for label, _ in batch for _ in range(n)], inp, out, generator.tokenizer.decode)
+        acc.add([label for label, _ in batch for _ in range(n)], inp, out,
+                lambda ids: decode_text(generator.tokenizer, ids))
         log.info("eval batch %d/%d: %d prompts x %d samples", b + 1, num_batches, len(batch), n)
     return {**acc.metrics(), "timing/eval": time.perf_counter() - t0}, acc

@@ -63,10 +63,10 @@ def start_run_info(cfg: RidgelineConfig, run_dir: Path, run_id: str, placement: 
     first start time and adds this start to `sessions`; any other file is another run's and is
     replaced."""
     earlier = read_run_info(run_dir)
-    same = earlier is not None and earlier.run_id == run_id
+    same = earlier if earlier is not None and earlier.run_id == run_id else None
     info = RunInfo(run_id=run_id, run_dir=str(Path(run_dir).resolve()),
-                   started=earlier.started if same else now,
-                   sessions=[*(earlier.sessions if same else []), now], placement=placement,
+                   started=same.started if same else now,
+                   sessions=[*(same.sessions if same else []), now], placement=placement,
                    hardware=host_hardware(visible_gpus()), algorithm=algorithm_summary(cfg),
                    versions={"ridgeline": ridgeline.__version__, "python": platform.python_version(),
                              "torch": torch.__version__, "transformers": transformers.__version__})

@@ -95,10 +95,13 @@ def examples_batch(objective: Objective, examples: Sequence[Any], pad_id: int, t
     """`examples` in the batch layout; example k's rows are trajectory k."""
     rows = samples_of(objective, examples)
     per = objective.rows_per_example
-    return build_training_batch([r.prompt_ids for r in rows], [r.response_ids for r in rows],
-                                [r.loss_mask for r in rows], [0.0] * len(rows),
-                                [f"{tag}-{i // per}" for i in range(len(rows))], None, pad_id,
-                                trajectory_index=[i // per for i in range(len(rows))])
+    batch = build_training_batch([r.prompt_ids for r in rows], [r.response_ids for r in rows],
+                                 [r.loss_mask for r in rows], [0.0] * len(rows),
+                                 [f"{tag}-{i // per}" for i in range(len(rows))], None, pad_id,
+                                 trajectory_index=[i // per for i in range(len(rows))])
+    # the policy worker passes advantages to every loss; the sft and dpo losses do not read them
+    batch.advantages = torch.zeros_like(batch.rewards)
+    return batch
 
 
 def worker_config(cfg: RidgelineConfig, objective: Objective, *, with_reference: bool = False) -> RidgelineConfig:
@@ -172,7 +175,7 @@ class SupervisedTrainer:
         check_model_paths(cfg)
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
-        prepare_data(cfg)  # data.prepare writes the files first, as for RL runs
+        prepare_data(cfg.data, cfg.environment)  # data.prepare writes the files first, as for RL runs
         envs = None
         if objective is DPO and cfg.dpo.pairs == "env":
             envs = EnvPairs(cfg, tokenizer)
@@ -212,7 +215,7 @@ class SupervisedTrainer:
         if resume_from is not None:
             checkpointer.load(resume_from, run, workers, trainer.steps_per_epoch)
             if envs is not None:
-                envs.weight_sync.sync(run.global_step)  # the engine samples from the resumed policy
+                envs.sync(run.global_step)  # the engine samples from the resumed policy
             checkpointer.restore_rng(resume_from, workers)
         return trainer
 
@@ -293,7 +296,7 @@ class SupervisedTrainer:
         metrics = self.workers.policy.train(batch)
         metrics.update(sampled)
         if self.envs is not None and self.objective is DPO:  # the next step samples from the updated policy
-            self.envs.weight_sync.sync(self.run.global_step)
+            self.envs.sync(self.run.global_step)
         if self.objective is DPO:  # TRL's names, means over the step's pairs
             metrics.update(preference_metrics(metrics, prefix="policy/"))
             metrics = {k: v for k, v in metrics.items() if not k.endswith("_sum")}
@@ -315,16 +318,21 @@ class SupervisedTrainer:
         if self.envs is not None and self.objective is DPO:
             return self.envs.evaluate(self.run.global_step)
         generated = self.envs.evaluate(self.run.global_step) if self.envs is not None else {}
+        val = self.val_examples
+        if not val:  # the loop evaluates only with held-out examples
+            raise RuntimeError("evaluate: no held-out examples (data.val_data)")
         size = int(self.cfg.trainer.eval_batch_size)
         nll = tokens = 0.0
         chosen, rejected = [], []
-        for start in range(0, len(self.val_examples), size):
-            batch = self._batch(self.val_examples[start:start + size], f"{self.run.global_step}-eval")
+        for start in range(0, len(val), size):
+            batch = self._batch(val[start:start + size], f"{self.run.global_step}-eval")
             logprobs = self.workers.policy.compute_logprobs(batch)
             if self.objective is SFT:
                 nll -= float((logprobs * batch.loss_mask).sum())
                 tokens += float(batch.loss_mask.sum())
             else:
+                if batch.old_logprobs is None:  # `_batch` puts the reference's logprobs there for DPO
+                    raise RuntimeError("DPO eval: the batch lacks the reference's logprobs")
                 ratios = sequence_logratios(logprobs, batch.old_logprobs, batch.loss_mask,
                                             average=self.cfg.dpo.loss_type == "ipo")
                 chosen.append(ratios[0::2])

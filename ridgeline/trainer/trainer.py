@@ -30,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from ridgeline.config.loader import save_config
 from ridgeline.allocator import active_allocator
 from ridgeline.algorithms import load_algorithm_modules
-from ridgeline.algorithms.kl_control import build_kl_controller, kl_penalized_rewards
+from ridgeline.algorithms.kl_control import KLController, build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
 from ridgeline.data import DatasetError, PromptDataset, PromptRow
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
@@ -67,7 +67,7 @@ from ridgeline.trainer.metrics import reward_metrics, rollout_metrics
 from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.run_record import start_run_info
 from ridgeline.trainer.state import AlgorithmState, RunState
-from ridgeline.training.batch import build_training_batch
+from ridgeline.training.batch import TrainingBatch, build_training_batch
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import NonFiniteLossError
 
@@ -194,7 +194,7 @@ class Trainer:
 
         tokenizer = load_tokenizer(policy_spec(cfg))
         configure_chat_template(tokenizer, cfg.generator)
-        prepare_data(cfg)
+        prepare_data(cfg.data, cfg.environment)
         default_env = cfg.environment.env_class
         train_data = PromptDataset(list(cfg.data.train_data), default_env_class=default_env,
                                    max_prompt_tokens=t.max_prompt_length, tokenizer=tokenizer,
@@ -209,7 +209,8 @@ class Trainer:
                                "trainer.train_batch_size")
         # environments before any model loads: a row whose env cannot be built stops the run here
         env_override = load_environments(cfg.environment)
-        check_environments(cfg, {"data.train_data": train_data, **({"data.val_data": val_data} if val_data else {})},
+        check_environments(cfg.environment, cfg.data, cfg.generator.max_turns,
+                           {"data.train_data": train_data, **({"data.val_data": val_data} if val_data else {})},
                            env_override)
         fingerprint = checkpoint.run_fingerprint(cfg, train_data)
         resume_from = checkpoint.find_resume_checkpoint(cfg)
@@ -227,8 +228,9 @@ class Trainer:
             engine = build_engine(cfg, tokenizer, policy.model)
             weight_sync: WeightSync = InProcessWeightSync(policy, engine)
             if isinstance(engine, RemoteEngine):
+                remote = engine
                 weight_sync = RemoteWeightSync(
-                    engine, tokenizer, push=lambda version: engine.update_weights(policy.named_weights(), version),
+                    engine, tokenizer, push=lambda version: remote.push_weights(policy.named_weights(), version),
                     trainer_probe=lambda: probe_logprobs(policy.model, tokenizer, device=device))
             shutdown = engine.close
             # an embedded engine on the trainer's GPU releases it while the trainer trains (sleep / wake)
@@ -259,7 +261,7 @@ class Trainer:
                 kl_controller=(build_kl_controller(alg.kl_ctrl.type, alg.kl_loss_coef, alg.kl_ctrl.kl_target,
                                                    alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None),
                 reward_std=RunningRewardStd() if workers.critic is not None and alg.normalize_reward else None))
-            generator = build_generator(cfg, engine, tokenizer)
+            generator = build_generator(cfg.generator, cfg.environment, engine, tokenizer)
             loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
             log.info("policy %s: %.1fM parameters, training compute %s, engine %s%s (%s; memory allocator %s)",
                      t.policy.model.path, parameters / 1e6, compute, engine.dtype,
@@ -471,6 +473,8 @@ class Trainer:
 
     def update_ref(self) -> None:
         """`update_ref_every_epoch`: the reference becomes the current policy (cast to its dtype)."""
+        if self.workers.ref is None:
+            raise RuntimeError("update_ref: this run has no reference model")
         self.workers.ref.load_from(self.workers.policy)
         self.run.ref_updated = True
         log.info("reference model set to the policy after epoch %d (update_ref_every_epoch)",
@@ -503,7 +507,8 @@ class Trainer:
         out = self.generator.generate(inp, seed=derive_seed(cfg.trainer.seed, "train", step, round_index))
         metrics = rollout_metrics(out.rewards, out.response_ids, out.stop_reasons, out.uids)
         shaped = apply_truncation_policy(out.stop_reasons, [len(r) for r in out.response_ids], out.rewards,
-                                         out.loss_masks, truncation_policy(cfg), training=True)
+                                         out.loss_masks, truncation_policy(cfg.generator, cfg.trainer.algorithm),
+                                         training=True)
         out.rewards, out.loss_masks = shaped.rewards, shaped.loss_masks
         metrics.update(shaped.metrics)
         if cfg.trainer.algorithm.zero_variance_filter:
@@ -606,9 +611,10 @@ class Trainer:
                     batch.ref_logprobs = self.workers.ref.compute_logprobs(batch)
                 if self.workers.critic is not None:
                     batch.values = self.workers.critic.compute_values(batch)
-            if self.run.algorithm.kl_controller is not None:
+            controller = self.run.algorithm.kl_controller
+            if controller is not None:
                 with timer.phase("apply_reward_kl_penalty"):
-                    metrics.update(self._apply_reward_kl_penalty(batch))
+                    metrics.update(self._apply_reward_kl_penalty(batch, controller))
             with timer.phase("compute_advantages_and_returns"):
                 metrics.update(compute_advantages(batch, alg, self.run.algorithm.reward_std))
             try:
@@ -650,13 +656,14 @@ class Trainer:
         engine also keeps them waiting from its sleep on: `SharedEngine`)."""
         return self.endpoint.hold() if self.endpoint is not None else contextlib.nullcontext()
 
-    def _apply_reward_kl_penalty(self, batch) -> dict[str, float]:
+    def _apply_reward_kl_penalty(self, batch: TrainingBatch, controller: KLController) -> dict[str, float]:
         """`use_kl_in_reward`: `batch.rewards` lowered by beta * KL(pi_old || ref) per loss token, then
         the controller steered by the batch KL; SkyRL's `loss/avg_kl`, `loss/avg_kl_max` and
         `loss/kl_loss_coef` (the beta applied). With `on_policy_distillation` the environment's reward
         is dropped and -beta * KL to the teacher is the reward (SkyRL's OnPolicyDistillationTrainer);
         `distill/teacher_kl` is then that KL's mean over the loss tokens."""
-        controller = self.run.algorithm.kl_controller
+        if batch.old_logprobs is None or batch.ref_logprobs is None:  # phase 5 computes both for a KL reward
+            raise RuntimeError("use_kl_in_reward: the batch lacks its old-policy or reference logprobs")
         beta = controller.value
         distill = bool(self.cfg.trainer.algorithm.on_policy_distillation)
         penalty = kl_penalized_rewards(batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask,
@@ -671,6 +678,8 @@ class Trainer:
     # --------------------------------------------------------------------------------- eval
     def evaluate(self) -> dict[str, float]:
         cfg = self.cfg
+        if self.val_data is None:
+            raise RuntimeError("evaluate: the run has no data.val_data")
         metrics, acc = run_eval(self.generator, [(row.data_source, row) for row in self.val_data], cfg,
                                 env_override=self.env_override, global_step=self.run.global_step)
         if cfg.trainer.dump_eval_results:

@@ -19,8 +19,9 @@ it through the object store; every worker moves each micro-batch to its own devi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import Iterator
+import copy
+from dataclasses import dataclass, field, fields
+from typing import Callable, Iterator
 
 import torch
 
@@ -88,24 +89,34 @@ class TrainingBatch:
     def select(self, index: slice | torch.Tensor) -> "TrainingBatch":
         """Rows `index` of every per-row field (metadata is shared)."""
         rows = range(self.batch_size)[index] if isinstance(index, slice) else index.tolist()
-        picked = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                picked[f.name] = value[index]
-            elif f.name == "uids":
-                picked[f.name] = [value[i] for i in rows]
-        return replace(self, **picked)
+        picked = self._map_tensors(lambda t: t[index])
+        picked.uids = [self.uids[i] for i in rows]
+        return picked
 
     def to(self, device: torch.device) -> "TrainingBatch":
         """Every tensor field on `device` (the trainer keeps batches on the host; a worker moves
         each micro-batch to its own device just before computing on it)."""
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        return self._map_tensors(lambda t: t.to(device))
+
+    def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "TrainingBatch":
+        """A shallow copy with `fn` of every tensor field (the others shared)."""
+        out = copy.copy(self)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                setattr(out, f.name, fn(value))
+        return out
 
     def chunks(self, size: int) -> Iterator["TrainingBatch"]:
         for start in range(0, self.batch_size, size):
             yield self.select(slice(start, start + size))
+
+
+def required(value: torch.Tensor | None, what: str) -> torch.Tensor:
+    """A field an earlier phase of the step fills (`what` names it); RuntimeError if it did not run."""
+    if value is None:
+        raise RuntimeError(f"the training batch lacks {what}: the step phase that computes it did not run")
+    return value
 
 
 def build_training_batch(prompt_ids: list[list[int]], response_ids: list[list[int]],
@@ -132,13 +143,14 @@ def build_training_batch(prompt_ids: list[list[int]], response_ids: list[list[in
             attention[i, width_p:width_p + len(r)] = 1
             response_mask[i, :len(r)] = 1
             loss_mask[i, :len(r)] = torch.tensor(loss_masks[i], dtype=torch.float)
-            if isinstance(rewards[i], list):
-                if len(rewards[i]) != len(r):
-                    raise ValueError(f"trajectory {i}: {len(rewards[i])} per-token rewards for {len(r)} response tokens")
-                token_rewards[i, :len(r)] = torch.tensor(rewards[i], dtype=torch.float)
+            reward = rewards[i]
+            if isinstance(reward, list):
+                if len(reward) != len(r):
+                    raise ValueError(f"trajectory {i}: {len(reward)} per-token rewards for {len(r)} response tokens")
+                token_rewards[i, :len(r)] = torch.tensor(reward, dtype=torch.float)
             else:
-                token_rewards[i, len(r) - 1] = rewards[i]
-            if logprobs is not None:
+                token_rewards[i, len(r) - 1] = reward
+            if logprobs is not None and rollout_logprobs is not None:
                 logprobs[i, :len(r)] = torch.tensor(rollout_logprobs[i])
     index = torch.tensor(list(trajectory_index) if trajectory_index is not None else list(range(batch)), dtype=torch.long)
     if index.numel() != batch or bool((index[1:] < index[:-1]).any()):

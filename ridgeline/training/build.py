@@ -11,6 +11,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 from ridgeline.algorithms import load_algorithm_modules, resolve_kl_estimator
 from ridgeline.config.loss_view import LossConfig
 from ridgeline.config.loss_view import loss_config as algorithm_view
@@ -157,12 +158,18 @@ def build_policy_worker(cfg: RidgelineConfig, tokenizer, parallel: DataParallel 
         model = wrap(model, lora, seed=t.seed)
     model = parallel.place(model)
     opt = t.policy.optimizer_config
-    optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
+    optimizer = build_optimizer(model, opt.lr, adam_betas(opt), opt.weight_decay)
     worker = PolicyWorker(model, policy_train_config(cfg, parallel.device), optimizer,
                           build_scheduler(optimizer, lr_schedule(cfg, "policy", training_batches)), parallel)
     worker.offload_optimizer = offloads_optimizer(cfg, opt, parallel.device)
     worker.profiler = step_profiler(cfg, parallel.rank)
     return worker
+
+
+def adam_betas(opt: OptimizerConfig) -> tuple[float, float]:
+    """(beta1, beta2) of `adam_betas` (validation checked it holds two numbers)."""
+    beta1, beta2 = opt.adam_betas
+    return beta1, beta2
 
 
 def step_profiler(cfg: RidgelineConfig, rank: int) -> StepProfiler | None:
@@ -284,15 +291,18 @@ def build_critic(cfg: RidgelineConfig, tokenizer, *, training_batches: int, para
     parallel = parallel or single_process(cfg)
     autocast = training_autocast_dtype(training_precision(t), parallel.device)
     model = load_value_model(spec, torch.float32, tokenizer, value_head_prefix=alg.value_head_prefix)
-    select_attention(model.backbone, parallel.device, training_max_tokens(cfg), bool(t.flash_attn))
+    backbone = model.backbone
+    if not isinstance(backbone, PreTrainedModel):  # freshly loaded: no adapters yet
+        raise TypeError(f"load_value_model gave a {type(backbone).__name__} backbone, not a transformers model")
+    select_attention(backbone, parallel.device, training_max_tokens(cfg), bool(t.flash_attn))
     if t.gradient_checkpointing:
         model.enable_activation_checkpointing(use_reentrant=bool(t.gradient_checkpointing_use_reentrant))
     lora = lora_settings(cfg, "critic")
     if lora is not None:
-        model.backbone = wrap(model.backbone, lora, seed=derive_seed(t.seed, "critic", "lora"))
+        model.backbone = wrap(backbone, lora, seed=derive_seed(t.seed, "critic", "lora"))
     model = parallel.place(model)
     opt = t.critic.optimizer_config
-    optimizer = build_optimizer(model, opt.lr, tuple(opt.adam_betas), opt.weight_decay)
+    optimizer = build_optimizer(model, opt.lr, adam_betas(opt), opt.weight_decay)
     config = CriticTrainConfig(
         mini_batch_trajectories=t.critic_mini_batch_size * cfg.generator.n_samples_per_prompt,
         micro_batch_size=t.micro_train_batch_size_per_gpu,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from ridgeline.algorithms.reductions import loss_normalizers
 from ridgeline.algorithms.value_loss import value_loss
@@ -23,7 +24,7 @@ from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors
 from ridgeline.models.value_model import VALUE_HEAD_FILE, ValueModel, save_value_head
 from ridgeline.tracking.progress import progress
-from ridgeline.training.batch import TrainingBatch
+from ridgeline.training.batch import TrainingBatch, required
 from ridgeline.training.forward_path import PLAIN, ForwardOptions, micro_values
 from ridgeline.training.parallel import DataParallel, SingleProcess, check_uniform_forwards, reduce_rank_metrics
 from ridgeline.training.worker import TrainedWorker, state_from_folder
@@ -63,11 +64,11 @@ _SUMMED = {"critic/value_loss", "critic/critic_loss"}
 _SHARED = {"critic/raw_grad_norm", "critic/critic_lr", "critic/critic_update_steps", "critic/skipped_steps"}
 
 
-class CriticWorker(TrainedWorker):
+class CriticWorker(TrainedWorker[ValueModel]):
     lora_key = "trainer.critic.model.lora"
 
     def __init__(self, model: ValueModel, config: CriticTrainConfig, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel | None = None):
+                 scheduler: LambdaLR, parallel: DataParallel | None = None):
         super().__init__(model, optimizer, scheduler, parallel or SingleProcess())
         self.config = config
 
@@ -135,7 +136,7 @@ class CriticWorker(TrainedWorker):
             "critic/values_mean": total.values_tokens / tokens,
             "critic/returns_mean": total.returns_tokens / tokens,
             "critic/raw_grad_norm": sum(grad_norms) / steps,
-            "critic/critic_lr": self.scheduler.get_last_lr()[0],
+            "critic/critic_lr": float(self.scheduler.get_last_lr()[0]),
             "critic/critic_update_steps": float(len(grad_norms)),
             "critic/skipped_steps": float(self.skipped_steps),
         }
@@ -161,7 +162,8 @@ class CriticWorker(TrainedWorker):
                 with autocast(device, c.autocast_dtype):
                     values = micro_values(self.model, micro, c.forward_options, device)
                 micro = micro.to(device)
-                loss, metrics = value_loss(values, micro.values, micro.returns, micro.loss_mask,
+                loss, metrics = value_loss(values, required(micro.values, "critic values"),
+                                           required(micro.returns, "returns"), micro.loss_mask,
                                            c.value_clip, c.loss_reduction)
                 loss_value, tokens = torch.stack([loss.detach().float(), micro.loss_mask.sum().float()]).tolist()
                 if not self.check_loss(loss_value, "critic value loss", c.nonfinite_loss):

@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from ridgeline.models.value_model import ValueModel, response_values
 from ridgeline.training.batch import TrainingBatch
@@ -55,6 +55,8 @@ from ridgeline.training.logprobs import prompt_groups, response_logprobs
 from ridgeline.training.packing import packed_response_hidden, packed_response_logprobs, scatter_response
 from ridgeline.training.parallel import DataParallel, check_uniform_forwards
 
+if TYPE_CHECKING:
+    from ridgeline.models.lora import MaybeAdapted
 
 class ForwardPath(enum.Enum):
     PLAIN = "plain"
@@ -128,7 +130,7 @@ def agreed_forward_options(parallel: DataParallel, model: nn.Module, micros: lis
     return agreed
 
 
-def micro_logprobs(model: PreTrainedModel, micro: TrainingBatch, temperature: float, options: ForwardOptions,
+def micro_logprobs(model: MaybeAdapted, micro: TrainingBatch, temperature: float, options: ForwardOptions,
                    device: torch.device, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` of the host micro-batch `micro` on the path `options` picks, computed on
     `device`: `[B, R]` logprobs (and entropy) there, equal on every real response token whichever

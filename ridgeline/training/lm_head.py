@@ -23,6 +23,8 @@ everything after it in fp32, the gradients cast back through the compute dtype.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
@@ -43,13 +45,23 @@ def chunk_size(rows: int, vocab: int) -> int:
     return min(vocab, max(MIN_CHUNK, CHUNK_ELEMENTS // max(1, rows)))
 
 
-def supports_fused_head(model: nn.Module) -> bool:
-    """A plain bias-free linear output embedding and no logit post-processing (Gemma-2's soft
-    cap, logit scales): the head is exactly `h W^T`."""
+class OutputEmbeddings(Protocol):
+    """What the head's logprobs read of a model: a transformers causal LM, peft's wrapper of one."""
+
+    def get_output_embeddings(self) -> nn.Module | None: ...
+
+
+def fused_head_weight(model: OutputEmbeddings) -> torch.Tensor | None:
+    """W of a plain bias-free linear output embedding with no logit post-processing (Gemma-2's
+    soft cap, logit scales), whose head is exactly `h W^T`; None for any other head."""
     head = model.get_output_embeddings()
     config = getattr(model, "config", None)
     post = any(getattr(config, key, None) for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
-    return isinstance(head, nn.Linear) and head.bias is None and not post
+    return head.weight if isinstance(head, nn.Linear) and head.bias is None and not post else None
+
+
+def supports_fused_head(model: OutputEmbeddings) -> bool:
+    return fused_head_weight(model) is not None
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -73,11 +85,11 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         h, w = hidden.to(dtype), weight.to(dtype)
         rows, vocab = h.shape[0], weight.shape[0]
         chunk = chunk_size(rows, vocab)
-        acc = {"device": h.device, "dtype": accumulation_dtype(dtype)}
-        running_max = torch.full((rows,), float("-inf"), **acc)
-        sum_exp = torch.zeros(rows, **acc)        # s = sum e^(z-m)
-        sum_exp_shift = torch.zeros(rows, **acc)  # u = sum e^(z-m) (z-m)
-        target_logit = torch.zeros(rows, **acc)
+        device, acc = h.device, accumulation_dtype(dtype)
+        running_max = torch.full((rows,), float("-inf"), device=device, dtype=acc)
+        sum_exp = torch.zeros(rows, device=device, dtype=acc)        # s = sum e^(z-m)
+        sum_exp_shift = torch.zeros(rows, device=device, dtype=acc)  # u = sum e^(z-m) (z-m)
+        target_logit = torch.zeros(rows, device=device, dtype=acc)
         for start in range(0, vocab, chunk):
             stop = min(vocab, start + chunk)
             z = _chunk_logits(h, w, start, stop, temperature)
@@ -134,11 +146,11 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             if scale != 1.0:
                 g_z.mul_(scale)
             g_logits = g_z.to(dtype)
-            if need_h:
+            if grad_hidden is not None:
                 grad_hidden += g_logits @ w[start:stop]
-            if need_w:
+            if grad_weight is not None:
                 grad_weight[start:stop] = g_logits.T @ h
-        return (grad_hidden.to(hidden.dtype) if need_h else None, grad_weight, None, None, None, None)
+        return (grad_hidden.to(hidden.dtype) if grad_hidden is not None else None, grad_weight, None, None, None, None)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
@@ -157,15 +169,18 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return logprobs, entropy
 
 
-def lm_head_logprobs(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+def lm_head_logprobs(model: OutputEmbeddings, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
                      with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(head(hidden) / temperature) at `targets` ([..., H] and [...]), and the entropy of
     that distribution when asked: the numbers of `logprobs.token_logprobs(head(hidden).float(), ...)`
     without the `[..., V]` logits (module docstring). Models whose head is more than `h W^T`
     take that plain path."""
-    if not supports_fused_head(model):
-        return token_logprobs(model.get_output_embeddings()(hidden).float(), targets, temperature, with_entropy)
-    weight = model.get_output_embeddings().weight
+    weight = fused_head_weight(model)
+    if weight is None:
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(model).__name__} has no output embedding (LM head) to score tokens with")
+        return token_logprobs(head(hidden).float(), targets, temperature, with_entropy)
     shape = targets.shape
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     logprobs, entropy = _ChunkedHeadLogprobs.apply(flat_hidden, weight, targets.reshape(-1), float(temperature),

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel
 
 from ridgeline.models.forward import (activation_checkpointing_on, cache_kwargs, model_device, output_cache,
                                       positions_from_mask)
 from ridgeline.training.lm_head import lm_head_logprobs
 
+if TYPE_CHECKING:
+    from ridgeline.models.lora import MaybeAdapted
 
-def prompt_groups(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
+
+def prompt_groups(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
                   response_width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(distinct `[prompt ids | prompt mask]` rows, index of each row's prompt among them) when the
     shared-prompt forward applies to these rows, else None: it needs a prompt, at least two rows
@@ -26,7 +30,7 @@ def prompt_groups(model: PreTrainedModel, sequences: torch.Tensor, attention_mas
     return None if unique.shape[0] == sequences.shape[0] else (unique, inverse)
 
 
-def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
+def response_logprobs(model: MaybeAdapted, sequences: torch.Tensor, attention_mask: torch.Tensor,
                       response_width: int, temperature: float = 1.0, with_entropy: bool = False,
                       share_prompts: bool = True, device: torch.device | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -63,7 +67,7 @@ def response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention
     return lm_head_logprobs(model, hidden, sequences[:, -response_width:], temperature, with_entropy)
 
 
-def _shared_prompt_hidden(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+def _shared_prompt_hidden(model: MaybeAdapted, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                           inverse: torch.Tensor, response_ids: torch.Tensor, attention_mask: torch.Tensor,
                           response_positions: torch.Tensor) -> torch.Tensor:
     """Last hidden states [B, R, H] at the positions predicting each response token: the prompt's

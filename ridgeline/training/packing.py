@@ -28,13 +28,16 @@ How the block-diagonal attention reaches the model depends on its attention impl
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from ridgeline.models.forward import model_device
 from ridgeline.training.lm_head import lm_head_logprobs
+
+if TYPE_CHECKING:
+    from ridgeline.models.lora import MaybeAdapted
 
 EXPLICIT_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
 PAD_SEGMENT = -1  # segment of the padding at the tail of a pack: one causal block of its own
@@ -153,7 +156,7 @@ def pack_inputs(sequences: torch.Tensor, attention_mask: torch.Tensor, response_
                         slots=(rows * response_width + column - prompt_width)[scored])
 
 
-def packed_response_hidden(decoder: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
+def packed_response_hidden(decoder: MaybeAdapted, sequences: torch.Tensor, attention_mask: torch.Tensor,
                            response_width: int, max_tokens_per_pack: int | None = None,
                            device: torch.device | None = None) -> tuple[PackedInputs, torch.Tensor]:
     """One packed forward of `decoder` (a transformers base model: `last_hidden_state` out) on
@@ -166,7 +169,7 @@ def packed_response_hidden(decoder: nn.Module, sequences: torch.Tensor, attentio
     packed = packed.to(device or model_device(decoder))
     inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "use_cache": False}
     if explicit:
-        dtype = decoder.get_input_embeddings().weight.dtype
+        dtype = next(decoder.get_input_embeddings().parameters()).dtype   # the embedding weight's
         inputs["attention_mask"] = block_causal_mask(packed.segments, implementation, dtype)
     hidden = decoder(**inputs).last_hidden_state                       # [packs, T, H]
     return packed, hidden.reshape(-1, hidden.shape[-1])[packed.predictors]
@@ -179,7 +182,7 @@ def scatter_response(packed: PackedInputs, values: torch.Tensor, batch: int, res
     return flat.index_put((packed.slots,), values).view(batch, response_width)
 
 
-def packed_response_logprobs(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
+def packed_response_logprobs(model: MaybeAdapted, sequences: torch.Tensor, attention_mask: torch.Tensor,
                              response_width: int, temperature: float = 1.0, with_entropy: bool = False,
                              max_tokens_per_pack: int | None = None, device: torch.device | None = None
                              ) -> tuple[torch.Tensor, torch.Tensor | None]:

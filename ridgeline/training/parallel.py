@@ -7,21 +7,31 @@ all-reduce through this seam, which in a world of one returns its input.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from ridgeline.models.loading import load_state_into
 
+M = TypeVar("M", bound=nn.Module)
+
 
 class DataParallel(Protocol):
     """Where a worker's model lives and how its ranks talk. Methods marked collective must be
     called on every rank of the group at once."""
 
-    device: torch.device   # where the worker computes (cuda:LOCAL_RANK on a GPU rank)
-    rank: int
-    world_size: int
+    # read-only: a rank's place is fixed (FSDPGroup reads it from torch.distributed)
+    @property
+    def device(self) -> torch.device:
+        """Where the worker computes (cuda:LOCAL_RANK on a GPU rank)."""
+        ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
 
     def all_sum(self, values: list[float]) -> list[float]:
         """Collective: the element-wise sum over ranks (float64)."""
@@ -31,7 +41,7 @@ class DataParallel(Protocol):
         """Collective: the element-wise maximum over ranks (float64)."""
         ...
 
-    def place(self, model: nn.Module) -> nn.Module:
+    def place(self, model: M) -> M:
         """Collective: the model on this group's device (sharded over the ranks by FSDP2). Called
         before the optimizer is built, which must hold the placed parameters."""
         ...
@@ -81,7 +91,7 @@ class SingleProcess:
     def all_max(self, values: list[float]) -> list[float]:
         return list(values)
 
-    def place(self, model: nn.Module) -> nn.Module:
+    def place(self, model: M) -> M:
         return model.to(self.device)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

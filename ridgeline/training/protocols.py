@@ -31,6 +31,10 @@ class Worker(Protocol):
         """Data-parallel ranks sharing each mini-batch (1 in one process)."""
         ...
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) weights, keys of the model's state dict (what a reference loads)."""
+        ...
+
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         """`[B, R]` logprobs of the batch's responses, zero outside the response mask."""
         ...

@@ -53,7 +53,8 @@ class TrajectoryLayout:
         mask[trajectory, position] = 1.0
         starts = torch.cumsum(torch.bincount(index, minlength=count), 0) - torch.bincount(index, minlength=count)
         uids = [batch.uids[int(r)] for r in starts]
-        return cls(uids, mask, rows, cols, trajectory, position, tuple(batch.response_mask.shape))
+        samples, width = batch.response_mask.shape
+        return cls(uids, mask, rows, cols, trajectory, position, (samples, width))
 
     def gather(self, per_token: Tensor) -> Tensor:
         """A batch tensor [B, R] -> [T, L] (zero outside the response tokens)."""

@@ -26,25 +26,26 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, TYPE_CHECKING
+from typing import Generic, Iterator, Mapping, Protocol, TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from torch.optim.lr_scheduler import LambdaLR
 
 if TYPE_CHECKING:  # a policy loss's `config` (ridgeline.config sits above this layer)
     from ridgeline.config.loss_view import LossConfig
+    from ridgeline.models.lora import MaybeAdapted
 from ridgeline.algorithms import PolicyLoss, kl_penalty, loss_normalizers, masked_mean, reduce_loss
 from ridgeline.algorithms.off_policy import logprob_mismatch, prob_ratio_moments, ratio_mean_std, rollout_kl_sum
 from ridgeline.errors import UserError
 from ridgeline.models.device import autocast
 from ridgeline.models.loading import read_safetensors, save_hf_weights
-from ridgeline.models.lora import adapter_layout, adapters_disabled, is_adapter_folder, plain
+from ridgeline.models.lora import AdapterLayout, adapter_layout, adapters_disabled, is_adapter_folder, plain
 from ridgeline.tracking.progress import progress
-from ridgeline.training.batch import TrainingBatch
+from ridgeline.training.batch import TrainingBatch, required
 from ridgeline.training.forward_path import PLAIN, ForwardOptions, agreed_forward_options, micro_logprobs
 from ridgeline.training.optim import restore_optimizer
-from ridgeline.training.parallel import DataParallel, SingleProcess, reduce_rank_metrics
+from ridgeline.training.parallel import M, DataParallel, SingleProcess, reduce_rank_metrics
 from ridgeline.training.profiler import StepProfiler
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class WeightsMismatchError(ValueError):
 
 
 @torch.no_grad()
-def batch_logprobs(model: PreTrainedModel, batch: TrainingBatch, micro_batch_size: int, temperature: float,
+def batch_logprobs(model: MaybeAdapted, batch: TrainingBatch, micro_batch_size: int, temperature: float,
                    autocast_dtype: torch.dtype | None, parallel: DataParallel,
                    forward_options: ForwardOptions = PLAIN) -> torch.Tensor:
     """Forward-only logprobs `[B, R]` of a host batch, on the host: `micro_batch_size` rows at a
@@ -90,11 +91,18 @@ def state_from_folder(folder: Path, prefix: str = "", keep_prefixed: tuple[str, 
     return state
 
 
-class ModelWorker:
+class WeightsSource(Protocol):
+    """What a reference takes the policy's weights from (`load_from`): a worker of this process, or
+    the trainer's `protocols.Worker`."""
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
+
+
+class ModelWorker(Generic[M]):
     """What every worker has: a model placed by its data-parallel group, and its weights on disk.
     Methods marked collective run on every rank of the group at once; rank 0 writes files."""
 
-    def __init__(self, model: nn.Module, parallel: DataParallel):
+    def __init__(self, model: M, parallel: DataParallel):
         self.model = model
         self.parallel = parallel
 
@@ -130,15 +138,15 @@ class ModelWorker:
                                        "another model?)") from None
 
 
-class TrainedWorker(ModelWorker):
+class TrainedWorker(ModelWorker[M]):
     """A worker with an optimizer (policy, critic): the end of an optimizer step, the skipped-step
     count, and its weights and optimizer state on disk: with LoRA (`adapters`), checkpoints hold
     what trains and exports the merged model, gathered from the ranks alike."""
 
     lora_key = "trainer.policy.model.lora"   # the config section of this worker's adapters
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel):
+    def __init__(self, model: M, optimizer: torch.optim.Optimizer,
+                 scheduler: LambdaLR, parallel: DataParallel):
         super().__init__(model, parallel)
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -160,12 +168,17 @@ class TrainedWorker(ModelWorker):
         if self.parallel.rank == 0:
             self._write_trained(Path(folder), state)
 
+    def _layout(self) -> AdapterLayout:
+        if self.adapters is None:  # callers write or read what trains only with LoRA
+            raise RuntimeError(f"{type(self).__name__}: the model has no LoRA adapters")
+        return self.adapters
+
     def _write_trained(self, folder: Path, state: dict[str, torch.Tensor]) -> None:
-        self.adapters.save(folder, state)
+        self._layout().save(folder, state)
 
     def _read_trained(self, folder: Path) -> dict[str, torch.Tensor]:
         """The inverse of `_write_trained`: the tensors that train, under the model's names."""
-        return self.adapters.read(folder, (name for name, _ in self.model.named_parameters()))
+        return self._layout().read(folder, (name for name, _ in self.model.named_parameters()))
 
     def export_weights(self, folder: Path) -> None:  # collective; rank 0 writes
         """The model files of a folder `from_pretrained` loads without Ridgeline or peft: with LoRA
@@ -339,8 +352,8 @@ _SUMMED = {"policy/policy_loss", "policy/final_loss", "policy/policy_kl"}
 _SHARED = {"policy/raw_grad_norm", "policy/policy_lr", "policy/policy_update_steps", "policy/skipped_steps"}
 
 
-class RefWorker(ModelWorker):
-    def __init__(self, model: PreTrainedModel, micro_forward_batch_size: int, temperature: float,
+class RefWorker(ModelWorker["MaybeAdapted"]):
+    def __init__(self, model: MaybeAdapted, micro_forward_batch_size: int, temperature: float,
                  autocast_dtype: torch.dtype | None, forward_options: ForwardOptions = PLAIN,
                  parallel: DataParallel | None = None):
         super().__init__(model.eval(), parallel or SingleProcess())
@@ -354,7 +367,7 @@ class RefWorker(ModelWorker):
         return batch_logprobs(self.model, batch, self.micro, self.temperature, self.autocast_dtype, self.parallel,
                               self.forward_options)
 
-    def load_from(self, policy: "PolicyWorker") -> None:  # collective over both groups
+    def load_from(self, policy: WeightsSource) -> None:  # collective over both groups
         """`update_ref_every_epoch`: the policy's current weights (cast to the reference's dtype)."""
         self.parallel.load_full_state_dict(self.model, policy.full_state_dict())
 
@@ -378,14 +391,14 @@ class BaseModelRefWorker(RefWorker):
         with adapters_disabled(self.model):
             return super().compute_logprobs(batch)
 
-    def load_from(self, policy: "PolicyWorker") -> None:
+    def load_from(self, policy: WeightsSource) -> None:
         raise RuntimeError("a LoRA policy's reference is its frozen base model and cannot take the policy's weights "
                            "(trainer.update_ref_every_epoch=true is refused with trainer.policy.model.lora.rank > 0)")
 
 
-class PolicyWorker(TrainedWorker):
-    def __init__(self, model: PreTrainedModel, config: PolicyTrainConfig, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, parallel: DataParallel | None = None):
+class PolicyWorker(TrainedWorker["MaybeAdapted"]):
+    def __init__(self, model: MaybeAdapted, config: PolicyTrainConfig, optimizer: torch.optim.Optimizer,
+                 scheduler: LambdaLR, parallel: DataParallel | None = None):
         super().__init__(model, optimizer, scheduler, parallel or SingleProcess())
         self.config = config
         self.policy_loss_fn = PolicyLoss.bind(config.policy_loss)  # Ridgeline's or SkyRL's convention
@@ -396,7 +409,7 @@ class PolicyWorker(TrainedWorker):
         return batch_logprobs(self.model, batch, c.micro_forward_batch_size, c.temperature, c.autocast_dtype,
                               self.parallel, c.forward_options)
 
-    def engine_weights(self, state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    def engine_weights(self, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         """What an engine loads, from this model's full weights `state` (`full_state_dict`): every
         parameter under the plain model's names, tied weights once; with LoRA the merged weights
         W + scaling * B @ A, computed one tensor at a time without touching the training weights
@@ -440,7 +453,7 @@ class PolicyWorker(TrainedWorker):
             "policy/final_loss": sums["final_loss"] / max(1.0, sums["micro_batches"]),
             "policy/policy_entropy": sums["entropy_tokens"] / max(1.0, local_tokens),
             "policy/raw_grad_norm": sum(grad_norms) / steps,
-            "policy/policy_lr": self.scheduler.get_last_lr()[0],
+            "policy/policy_lr": float(self.scheduler.get_last_lr()[0]),
             "policy/policy_update_steps": float(len(grad_norms)),
             "policy/skipped_steps": float(self.skipped_steps),
         }
@@ -517,7 +530,9 @@ class PolicyWorker(TrainedWorker):
         c = self.config
         device = self.parallel.device
         with autocast(device, c.autocast_dtype):
-            logprobs, entropy = micro_logprobs(self.model, micro, c.temperature, options, device, with_entropy=True)
+            logprobs, maybe_entropy = micro_logprobs(self.model, micro, c.temperature, options, device,
+                                                     with_entropy=True)
+        entropy = required(maybe_entropy, "the policy's entropy")
         micro = micro.to(device)
         mask = micro.loss_mask
         # No separate old-policy pass when the batch takes a single optimizer step (the trainer
@@ -537,12 +552,14 @@ class PolicyWorker(TrainedWorker):
             sums["ratio_dev_sum"] += dev_sum
             sums["ratio_dev_sq"] += dev_sq
             sums["ratio_tokens"] += ratio_count
-        pg_loss, pg_metrics = self.policy_loss_fn(logprobs, old, micro.advantages, mask, c.algorithm,
+        advantages = required(micro.advantages, "advantages")
+        pg_loss, pg_metrics = self.policy_loss_fn(logprobs, old, advantages, mask, c.algorithm,
                                                   rollout_log_probs=micro.rollout_logprobs)
         loss = pg_loss
         kl_loss = None
         if c.use_kl_loss:
-            kl_loss = reduce_loss(kl_penalty(logprobs, micro.ref_logprobs, c.kl_estimator), mask, c.loss_reduction)
+            ref = required(micro.ref_logprobs, "reference logprobs (use_kl_loss)")
+            kl_loss = reduce_loss(kl_penalty(logprobs, ref, c.kl_estimator), mask, c.loss_reduction)
             loss = loss + c.kl_loss_coef * kl_loss
         if c.use_entropy_loss:
             loss = loss - c.entropy_loss_coef * reduce_loss(entropy, mask, c.loss_reduction)

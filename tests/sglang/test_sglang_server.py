@@ -134,7 +134,7 @@ def test_weight_sync_over_an_update_group_then_the_probe_passes_and_a_skipped_sy
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn(p.shape, generator=noise))
             if version == 1:
-                stats = client.update_weights(model.named_parameters(), version)
+                stats = client.push_weights(model.named_parameters(), version)
                 assert stats["bytes"] == sum(p.numel() * 4 for p in model.parameters())
                 assert client._group.sessions == {client.urls[0]: True}  # 0.5.23's begin/end_weight_update
             trainer = probe_logprobs(model, prompt_ids=prompt_ids, response_ids=response_ids)
@@ -147,7 +147,7 @@ def test_weight_sync_over_an_update_group_then_the_probe_passes_and_a_skipped_sy
                     check_probe(trainer, engine, tolerance, version)
     finally:
         model.load_state_dict(original, strict=False)  # named_parameters: the tied lm_head is embed_tokens
-        client.update_weights(model.named_parameters(), 3)
+        client.push_weights(model.named_parameters(), 3)
     assert max_diff(client.score(prompt_ids, response_ids), before.tolist()) < TOLERANCE
 
 

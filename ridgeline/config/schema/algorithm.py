@@ -12,15 +12,24 @@ from ridgeline.config.fields import Report, Section, one_of, setting, show
 
 @dataclass
 class KLControlConfig(Section):
+    # how beta of the KL-in-reward penalty (use_kl_in_reward) moves: fixed at kl_loss_coef, or adaptive toward
+    # kl_target
     type: str = setting("fixed", choices=("fixed", "adaptive"))
+    # the adaptive controller's target KL per token
     kl_target: float = setting(0.1)
+    # the adaptive controller's horizon in samples: how fast beta follows the KL
     horizon: int = setting(10000)
 
 
 @dataclass
 class DynamicSamplingConfig(Section):
+    # DAPO's dynamic sampling: filter = sample more batches until train_batch_size prompt groups have reward
+    # variance; replace = copy groups with signal over those without; null = off
     type: Optional[str] = setting(None, choices=(None, "filter", "replace"))
+    # filter: batches sampled at most in one step; short of train_batch_size groups then, the step trains on
+    # those it has (with a warning)
     max_sample_batches: int = setting(30)
+    # replace: the share of groups with signal a batch needs for the replacement to happen
     min_replace_ratio: float = setting(0.3)
 
     def check(self, at: str, report: Report) -> None:
@@ -35,7 +44,9 @@ class DynamicSamplingConfig(Section):
 # Settings of single policy losses (SkyRL key names); each is read only by its loss.
 @dataclass
 class CISPOConfig(Section):
+    # CISPO clips its importance weight below at 1 - this
     cispo_eps_clip_low: float = setting(0.0)
+    # CISPO clips its importance weight above at 1 + this
     cispo_eps_clip_high: float = setting(5.0)
     # SkyRL 0.4: the policy the clipped weight is taken against: "old" (pi / pi_old, the paper's) or
     # "rollout" (pi / pi_rollout: the weight is then itself the off-policy correction, for async runs)
@@ -65,15 +76,21 @@ class OffPolicyCorrectionConfig(Section):
     # null | "geometric" | "product": drop a sequence whose (prod_t rho_t)^(1/T) or prod_t rho_t
     # lies outside [low, high] below
     sequence_mask_metric: Optional[str] = setting(None, choices=(None, "geometric", "product"))
+    # geometric sequence mask: upper bound on (prod_t rho_t)^(1/T)
     geo_mask_high: float = setting(1.01)
+    # geometric sequence mask: lower bound on (prod_t rho_t)^(1/T)
     geo_mask_low: float = setting(0.99)
+    # product sequence mask: upper bound on prod_t rho_t
     product_mask_high: float = setting(2.0)
+    # product sequence mask: lower bound on prod_t rho_t
     product_mask_low: float = setting(0.5)
     # drop a whole sequence when any of its tokens has rho_t below low / above high (either may be set)
     outlier_token_is_threshold_low: Optional[float] = setting(None, example="1e-4")
+    # drop a sequence holding a token with rho_t above this (null: no upper bound)
     outlier_token_is_threshold_high: Optional[float] = setting(None, example="100")
     # IcePop: drop single tokens whose rho_t lies outside [low, high] (on only when both are set)
     token_mask_is_threshold_low: Optional[float] = setting(None, example="0.5")
+    # IcePop's upper bound on rho_t
     token_mask_is_threshold_high: Optional[float] = setting(None, example="2.0")
 
     def check(self, at: str, report: Report) -> None:
@@ -105,20 +122,27 @@ class OffPolicyCorrectionConfig(Section):
 
 @dataclass
 class ClipCovConfig(Section):
+    # clip_cov: the share of tokens whose gradient is dropped
     clip_ratio: float = setting(0.0002)
+    # clip_cov: lower bound of the covariance a dropped token may have
     clip_cov_lb: float = setting(1.0)
+    # clip_cov: upper bound of the covariance a dropped token may have
     clip_cov_ub: float = setting(5.0)
 
 
 @dataclass
 class KLCovConfig(Section):
+    # kl_cov: the share of tokens (highest covariance first) that get the KL penalty
     kl_cov_frac: float = setting(0.2)
+    # kl_cov: the coefficient of the |log pi - log pi_old| penalty
     ppo_kl_coef: float = setting(1.0)
 
 
 @dataclass
 class SAPOConfig(Section):
+    # SAPO's gate temperature for positive advantages
     tau_pos: float = setting(1.0)
+    # SAPO's gate temperature for negative advantages
     tau_neg: float = setting(1.05)
 
 
@@ -148,34 +172,57 @@ class AlgorithmConfig(Section):
     # looked up, so the estimators and losses they register (@register_advantage_estimator /
     # @register_policy_loss, SkyRL's custom main file) can be named; every policy rank imports them too.
     algorithm_modules: List[str] = setting([])
+    # GRPO divides each prompt group's centred rewards by their standard deviation (false: Dr. GRPO's centring
+    # only)
     grpo_norm_by_std: bool = setting(True)
+    # SkyRL 0.3.1's switch: the k3 KL estimator (kl_estimator_type, when set, wins)
     use_kl_estimator_k3: bool = setting(True)
+    # SkyRL 0.3.1's switch: the |log ratio| KL estimator (wins over use_kl_estimator_k3; kl_estimator_type wins
+    # over both)
     use_abs_kl: bool = setting(False)
+    # the KL estimator of the KL terms (k1, k2, k3 or abs); null: use_abs_kl / use_kl_estimator_k3 decide
     kl_estimator_type: Optional[str] = setting(None, choices=(None, "k1", "k2", "k3", "abs"))
+    # subtract beta x KL(pi_old || ref) from each token's reward (beta from kl_ctrl) instead of a KL loss term
     use_kl_in_reward: bool = setting(False)
     # Ridgeline extension (SkyRL's on_policy_distillation example trainer): with use_kl_in_reward the
     # reward is the KL term alone, r_t = -kl_loss_coef * (log pi_old(y_t) - log pi_ref(y_t)), the
     # environment's reward is dropped, and trainer.ref.model.path is the teacher.
     on_policy_distillation: bool = setting(False)
+    # add kl_loss_coef x KL(pi || ref) to the policy loss
     use_kl_loss: bool = setting(True)
+    # the KL loss term's coefficient (and the fixed controller's beta)
     kl_loss_coef: float = setting(0.001)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    # subtract entropy_loss_coef x the policy's entropy from its loss
     use_entropy_loss: bool = setting(False)
+    # the entropy bonus's coefficient
     entropy_loss_coef: float = setting(0.01)
+    # whiten the advantages over every response token of the batch (mean 0, std 1) after the estimator
     advantage_batch_normalize: bool = setting(False)
+    # the critic's value head's name in its state dict and saved files
     value_head_prefix: str = setting("value_head")
+    # the policy loss, a registered name (SkyRL 0.3.1's key; policy_loss_type, when set, wins)
     ppo_loss_type: str = setting("regular")
     policy_loss_type: Optional[str] = setting(None)   # null: ppo_loss_type names the loss
     # token_mean: the mini-batch's token mean (SkyRL 0.4's); token_mean_legacy: SkyRL 0.3.1's mean of the
     # micro-batches' token means; prompt_mean (0.4): the token mean of each prompt group, averaged over prompts
     loss_reduction: str = setting("token_mean", choices=("token_mean", "token_mean_legacy", "sequence_mean",
                                                          "seq_mean_token_sum_norm", "prompt_mean"))
+    # GAE's lambda
     lambd: float = setting(1.0)
+    # the discount of GAE and the returns
     gamma: float = setting(1.0)
+    # the PPO ratio is clipped below at 1 - eps_clip_low
     eps_clip_low: float = setting(0.2)
+    # the PPO ratio is clipped above at 1 + eps_clip_high
     eps_clip_high: float = setting(0.2)
     clip_ratio_c: float = setting(3.0)   # read only by the dual_clip policy loss
+    # read only by the dro policy loss: beta of its penalty beta/2 (log p - log q)^2, which holds the
+    # policy near the sampler q (Ridgeline's key; policy_loss.DRO_BETA, the Tinker API's `beta`)
+    dro_beta: float = setting(0.05)
+    # the critic's clipped value loss keeps new values within this of the old ones; 0 or less: unclipped
     value_clip: float = setting(0.2)
+    # with a critic, divide rewards by their running standard deviation
     normalize_reward: bool = setting(True)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     # SkyRL 0.3.1: rows of a prompt group whose rewards are all equal get no loss (mask 0)
@@ -192,6 +239,7 @@ class AlgorithmConfig(Section):
     # token_tis_ratio_clip_high=tis_imp_ratio_cap (SkyRL 0.4's mapping, made in one place:
     # ridgeline.algorithms.off_policy.tis_setting)
     use_tis: bool = setting(False)
+    # use_tis's cap of the token importance weight (must be positive with use_tis)
     tis_imp_ratio_cap: float = setting(-1.0)
     off_policy_correction: OffPolicyCorrectionConfig = field(default_factory=OffPolicyCorrectionConfig)
     cispo: CISPOConfig = field(default_factory=CISPOConfig)
@@ -203,6 +251,7 @@ class AlgorithmConfig(Section):
     # longer than max_generate_length - overlong_buffer_len loses reward linearly, down to
     # -overlong_buffer_penalty_factor at max_generate_length.
     overlong_buffer_len: Optional[int] = setting(None)
+    # DAPO's largest overlong penalty, reached at max_generate_length
     overlong_buffer_penalty_factor: float = setting(1.0)
 
     @property
@@ -222,6 +271,9 @@ class AlgorithmConfig(Section):
         if not 0 <= self.eps_clip_low < 1:
             report.add(f"{at}.eps_clip_low={show(self.eps_clip_low)} must be in [0, 1): the ratio is clipped below "
                        f"at 1 - eps_clip_low, which must stay positive. Fix: e.g. {at}.eps_clip_low=0.2.")
+        if self.dro_beta < 0:
+            report.add(f"{at}.dro_beta={show(self.dro_beta)} must not be negative: the dro loss would push the "
+                       f"policy away from the sampler. Fix: e.g. {at}.dro_beta=0.05.")
         if self.eps_clip_high < 0:
             report.add(f"{at}.eps_clip_high={show(self.eps_clip_high)} must be 0 or more: the ratio is clipped above "
                        f"at 1 + eps_clip_high. Fix: e.g. {at}.eps_clip_high=0.2 (0.28 for clip-higher).")

@@ -112,7 +112,9 @@ class DataConfig(Section):
     # datasets `data.prepare.dataset` can name
     PREPARE_DATASETS: ClassVar[tuple[str, ...]] = ("arithmetic", "code", "gsm8k", "multiply", "text2sql")
 
+    # the training prompts: parquet / json / jsonl files, dataset folders or hub name:split (docs/data.md)
     train_data: List[str] = setting(["${oc.env:HOME}/data/gsm8k/train.parquet"])
+    # the evaluation prompts, in the same forms
     val_data: List[str] = setting(["${oc.env:HOME}/data/gsm8k/validation.parquet"])
     # Ridgeline extension: null, or {dataset: arithmetic|gsm8k|..., output_dir: PATH, ...options}.
     # When set, the trainer writes the dataset files into output_dir before loading data if

@@ -12,14 +12,19 @@ from ridgeline.config.fields import Report, Section, one_of, setting, show
 
 @dataclass
 class SamplingConfig(Section):
+    # the most tokens a response (one turn) may have; a longer one ends with stop reason "length"
     max_generate_length: int = setting(1024)
     # SkyRL keys. repetition_penalty: > 0, 1.0 = off; tokens of the prompt and of the response so
     # far get their logit divided by it when positive, multiplied otherwise (vLLM's rule). Rollout
     # logprobs stay those of the unpenalized distribution (docs/engines.md).
     repetition_penalty: float = setting(1.0)
+    # sampling temperature; 0 = greedy
     temperature: float = setting(1.0)
+    # nucleus sampling: sample from the smallest set of tokens holding this much probability; 1.0 = off
     top_p: float = setting(1.0)
+    # drop tokens whose probability is below min_p x the most likely token's; 0 = off
     min_p: float = setting(0.0)
+    # sample from the k most likely tokens; -1 = off
     top_k: int = setting(-1)
     # null, or N >= 0: the engine also returns the N most likely tokens of each position with their
     # logprobs (the sampled token's logprob is returned in every case).
@@ -56,6 +61,7 @@ class SamplingConfig(Section):
 
 @dataclass
 class EvalSamplingConfig(SamplingConfig):
+    # as generator.sampling_params.max_generate_length, for evaluation
     max_generate_length: int = setting("${generator.sampling_params.max_generate_length}")
 
 
@@ -65,7 +71,9 @@ class ChatTemplateConfig(Section):
     "file" + name_or_path: a Jinja file replacing the model's template; source "name" + a name of
     SkyRL's (qwen3_with_thinking, qwen3_without_thinking: ridgeline/models/chat_templates/); a null
     name_or_path keeps the model's own."""
+    # name: name_or_path is a template name of SkyRL's; file: name_or_path is a Jinja file
     source: str = setting("name", choices=("name", "file"))
+    # the template (see source); null keeps the model's own
     name_or_path: Optional[str] = setting(None)
 
     def check(self, at: str, report: Report) -> None:
@@ -89,8 +97,11 @@ class GeneratorConfig(Section):
     # SkyRL key: the model name the HTTP endpoint (enable_http_endpoint) and `ridgeline serve` serve;
     # OpenAI requests must name it as `model` (another name is refused).
     model_name: str = setting("${trainer.policy.model.path}")
+    # the dtype the inference engines run the model in
     model_dtype: str = setting("bfloat16", choices=("bfloat16", "float16", "float32"))
+    # the run starts its own engines; false: it uses the servers of remote_inference_engine_urls
     run_engines_locally: bool = setting(True)
+    # inference engines the run starts (each one tensor x pipeline x data parallel devices)
     num_inference_engines: int = setting(1)
     # Ridgeline: the default is "vllm" on a machine with a CUDA GPU and "hf" otherwise
     # (resolver registered by ridgeline.config).
@@ -100,23 +111,30 @@ class GeneratorConfig(Section):
                                        not_built="SkyRL 0.4's delta weight sync (checkpoint deltas through a shared "
                                        "folder or an object store) is not built: weights go to the engines over "
                                        "nccl or gloo")
+    # seconds a weight sync to the engines may take before the run stops with an error
     weight_sync_timeout: int = setting(60)
     # Engines colocated with the policy on GPUs (trainer.strategy=fsdp2 with
     # trainer.placement.colocate_all=true) take the weights as CUDA IPC handles of flat buffers of at
     # most this many GiB (a tensor larger than that gets a buffer of its own); each policy rank holds
     # one such buffer on its GPU at a time. > 0.
     weight_transfer_threshold_cuda_ipc_GB: float = setting(1.0)
+    # devices an engine shards its model over (tensor parallelism; the note below)
     inference_engine_tensor_parallel_size: int = setting(4)
     # SkyRL 0.3.1: an engine takes tensor x pipeline x data parallel devices; each data-parallel rank
     # is an engine process of its own (requests are split over all of them). Expert parallelism
     # (MoE) needs data 1 and expert = tensor: the experts are sharded over the tensor-parallel ranks.
     # vllm and sglang engines only (the hf engine refuses other values than 1). docs/engines.md
     inference_engine_pipeline_parallel_size: int = setting(1)
+    # ranks an engine shards a MoE model's experts over (the note above)
     inference_engine_expert_parallel_size: int = setting(1)
+    # data-parallel engine processes per engine (the note above)
     inference_engine_data_parallel_size: int = setting(1)
+    # responses sampled per training prompt (a GRPO group)
     n_samples_per_prompt: int = setting(5)
     async_engine: bool = setting(True)            # vllm engine mode; the hf engine is always synchronous
     batched: bool = setting(True)                 # vllm/sglang request batching; the hf engine batches on its own
+    # the most tokens a trajectory's context may reach (prompt plus turns); a multi-turn episode ends when the
+    # next turn would not fit
     max_input_length: int = setting("${trainer.max_prompt_length}")
     enable_prefix_caching: bool = setting(True)   # vllm/sglang KV-cache option
     enable_chunked_prefill: bool = setting(True)  # vllm option
@@ -131,27 +149,38 @@ class GeneratorConfig(Section):
                                         "LoRA layers for vLLM to shard")
     gpu_memory_utilization: float = setting(0.8)  # vllm/sglang KV-cache budget
     max_num_seqs: int = setting(1024)             # vllm/sglang scheduler option
+    # host:port of each server when run_engines_locally=false
     remote_inference_engine_urls: List[str] = setting(["127.0.0.1:8001"])
     # Ridgeline extensions for remote engines (run_engines_locally=false): seconds one HTTP request
     # may take, and retries (with doubling backoff from 0.5 s) after a connection error. A bearer
     # token, if the servers want one, comes from the RIDGELINE_ENGINE_API_KEY environment variable.
     remote_request_timeout_s: float = setting(600.0)
+    # retries of a remote request after a connection error (see remote_request_timeout_s)
     remote_max_retries: int = setting(3)
     # SkyRL keys: with enable_http_endpoint the run's engine also answers OpenAI-compatible requests
     # (/v1/chat/completions, /v1/completions, /v1/models, /health) on http://host:port while it trains
     # (and while `ridgeline eval` runs), for agent code to sample from the policy being trained.
     enable_http_endpoint: bool = setting(False)
+    # the address the HTTP endpoint listens on
     http_endpoint_host: str = setting("127.0.0.1")
+    # the port the HTTP endpoint listens on
     http_endpoint_port: int = setting(8000)
+    # the most model turns of one episode (1: single turn)
     max_turns: int = setting(1)
     # Ridgeline extension: the characters one environment step's observation messages may hold
     # (content, role and other fields, plus 32 a message for the template's markup); longer ones
     # are cut before they are tokenized and counted in generate/observations_truncated. init may
     # lengthen a prompt by as much. null: no cap (SkyRL has none).
     max_observation_chars: Optional[int] = setting(100_000)
+    # remote servers: replace a weight-update group an earlier trainer left on them (auto: when the server
+    # reports one), or refuse (disable)
     override_existing_update_group: str = setting("auto", choices=("auto", "enable", "disable"))
+    # extra keyword arguments for the engine's constructor (vLLM's LLM, SGLang's Engine; the hf engine takes
+    # attn_implementation)
     engine_init_kwargs: Dict[str, Any] = setting({})
     sampling_params: SamplingConfig = field(default_factory=SamplingConfig)
+    # multi-turn: observations are appended as chat messages rendered by the template (false: as plain text
+    # after the response)
     use_conversation_multi_turn: bool = setting(False)
     chat_template: ChatTemplateConfig = field(default_factory=ChatTemplateConfig)
     # template variables (e.g. enable_thinking: false), fixed for every rendering of the run
@@ -160,8 +189,11 @@ class GeneratorConfig(Section):
     # the eos token after it (loss mask 0, logprob 0.0) so the assistant message is closed.
     append_eos_token_after_stop_str_in_multi_turn: bool = setting(True)
     eval_sampling_params: EvalSamplingConfig = field(default_factory=EvalSamplingConfig)
+    # responses sampled per evaluation prompt
     eval_n_samples_per_prompt: int = setting(1)
+    # a response that did not end on a stop (stop reason "length") gets reward 0
     zero_reward_on_non_stop: bool = setting(False)
+    # DAPO's overlong filtering: a truncated response's tokens are masked out of the loss
     apply_overlong_filtering: bool = setting(False)
     # SkyRL key: every turn of a multi-turn trajectory trains as a sample of its own (the ids the
     # engine was given for it as prompt, its sampled ids as response); advantages, rewards and
@@ -170,6 +202,7 @@ class GeneratorConfig(Section):
     # SkyRL keys: RoPE overrides of the engines' model config (vLLM hf_overrides, SGLang
     # json_model_override_args, the embedded engine's model); the trainer's by default.
     rope_scaling: Optional[Dict[str, Any]] = setting("${trainer.rope_scaling}")
+    # the engines' RoPE base; by default trainer.rope_theta
     rope_theta: Optional[float] = setting("${trainer.rope_theta}")
 
     def check(self, at: str, report: Report) -> None:

@@ -17,6 +17,7 @@ class SFTConfig(Section):
     messages_key: str = setting("messages")
     # used when a row has no messages column: the prompt (text, or a chat) and the assistant's answer
     prompt_key: str = setting("prompt")
+    # the column of the assistant's answer (with prompt_key)
     response_key: str = setting("response")
     # rows whose templated chat is longer (tokens) are dropped, with a count in the log
     max_length: int = setting(2048)
@@ -39,8 +40,11 @@ class DPOConfig(Section):
     pairs: str = setting("file", choices=("file", "env"))
     # sigmoid: -log sigmoid(beta * margin) (DPO); ipo: (margin_avg - 1 / (2 beta))^2 on mean token logratios
     loss_type: str = setting("sigmoid", choices=("sigmoid", "ipo"))
+    # the column of a pair's prompt (text, or a chat)
     prompt_key: str = setting("prompt")
+    # the column of the preferred answer
     chosen_key: str = setting("chosen")
+    # the column of the dispreferred answer
     rejected_key: str = setting("rejected")
     # pairs whose longer templated side is longer (tokens) are dropped, with a count in the log
     max_length: int = setting(2048)

@@ -31,14 +31,18 @@ class LoraConfig(Section):
     """LoRA adapters through peft (docs/lora.md), `trainer.critic.model.lora` and the base of the
     policy's: rank 0 = off (full fine-tuning). With rank > 0 only the adapters train (and the
     critic's value head); checkpoints hold the adapters and exports the merged model."""
+    # LoRA rank r of the adapters; 0 = no LoRA (the whole model trains)
     rank: int = setting(0)
     alpha: float = setting(16.0)                  # the update is scaled by alpha / rank
+    # dropout on the adapters' input (peft's lora_dropout)
     dropout: float = setting(0.0)
     target_modules: Any = setting("all-linear")   # or a list of module names, e.g. [q_proj, v_proj]
     # SkyRL keys. exclude_modules: null, or module names (a list) / a regex (a string) left without
     # adapters (peft's exclude_modules). init_method: the adapters' initialisation (peft's
     # init_lora_weights): kaiming (peft's default, B = 0), gaussian or orthogonal.
     exclude_modules: Any = setting(None)
+    # how the adapters start (kaiming, gaussian or orthogonal), every one with B @ A = 0 so training starts from
+    # the base model
     init_method: str = setting("kaiming")
 
     def check(self, at: str, report: Report) -> None:
@@ -87,6 +91,7 @@ class PolicyLoraConfig(LoraConfig):
 
 @dataclass
 class PolicyModelConfig(Section):
+    # the policy model: a hub id, a folder, pkg://, tiny:// or random:// (docs/config.md)
     path: str = setting("Qwen/Qwen2.5-1.5B-Instruct")
     gguf_file: Optional[str] = setting(None)  # Ridgeline extension: a GGUF file inside the folder `path` names
     lora: PolicyLoraConfig = field(default_factory=PolicyLoraConfig)
@@ -123,16 +128,23 @@ class CriticModelConfig(Section):
 
 @dataclass
 class OptimizerConfig(Section):
+    # AdamW's peak learning rate
     lr: float = setting(1.0e-6)
+    # AdamW's (beta1, beta2)
     adam_betas: List[float] = setting([0.9, 0.999])
+    # AdamW's decoupled weight decay, applied to matrices only (biases and norm scales do not decay)
     weight_decay: float = setting(1e-2)
+    # the gradient norm is clipped to this before each optimizer step
     max_grad_norm: float = setting(1.0)
+    # with engines sharing the GPU (colocate_all), AdamW's moments wait on the host between optimizer steps
     offload_after_step: bool = setting(True)
     # SkyRL 0.3.1: optimizer steps of linear warmup for this model (0: trainer.num_warmup_steps
     # applies; both set and different is refused) and the learning-rate schedule, a name of
     # transformers' get_scheduler (constant_with_warmup, constant, linear, cosine,
     # cosine_with_restarts, polynomial, inverse_sqrt) over the run's optimizer steps
     num_warmup_steps: int = setting(0)
+    # the learning-rate schedule, a name of transformers' get_scheduler (constant_with_warmup, cosine, linear,
+    # ...)
     scheduler: str = setting("constant_with_warmup")
 
     def check(self, at: str, report: Report) -> None:
@@ -164,7 +176,9 @@ class MixedPrecisionConfig(Section):
     """SkyRL 0.4 keys: FSDP2's MixedPrecisionPolicy of one role's ranks (trainer.strategy=fsdp2 / fsdp):
     param_dtype is the dtype the sharded parameters are gathered in for forward/backward,
     reduce_dtype the dtype gradients are reduce-scattered in. Master weights stay fp32."""
+    # FSDP2 gathers the parameters in this dtype for compute on GPU ranks (the sharded master weights stay fp32)
     param_dtype: str = setting("bf16", choices=FSDP_DTYPES)
+    # FSDP2 reduce-scatters the gradients in this dtype
     reduce_dtype: str = setting("fp32", choices=FSDP_DTYPES)
     # FSDP1's buffer dtype; FSDP2 (SkyRL's fsdp2 too) keeps buffers in their own dtype
     buffer_dtype: str = setting("fp32", choices=("fp32",), not_built="a buffer dtype is not built: FSDP2 (SkyRL's "
@@ -173,7 +187,9 @@ class MixedPrecisionConfig(Section):
 
 @dataclass
 class FSDPConfig(Section):
+    # keep the sharded parameters, gradients and optimizer state on the host (GPU ranks)
     cpu_offload: bool = setting(False)
+    # free each layer's gathered parameters after its forward (ZeRO-3) rather than keep them for backward
     reshard_after_forward: bool = setting(True)
     fsdp_size: int = setting(-1)   # -1: shard over all ranks; N: shard groups of N ranks, replicated
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
@@ -185,20 +201,34 @@ class TorchProfilerConfig(Section):
     listed in `ranks`; in one process, rank 0). torch.profiler.schedule(skip_first, wait, warmup,
     active, repeat) counts policy training steps; traces go to save_path (default
     ${trainer.run_dir}/profiler) as Chrome traces (`export_type`: chrome_trace)."""
+    # profile the policy's training steps with torch.profiler
     enable: bool = setting(False)
+    # the ranks that profile
     ranks: List[int] = setting([0])
+    # folder of the traces; null: <trainer.run_dir>/profiler
     save_path: Optional[str] = setting(None)
     activities: List[str] = setting(["cpu", "cuda"])   # cuda is recorded only where CUDA is present
+    # training steps not profiled at the start
     skip_first: int = setting(10)
+    # steps of each cycle the profiler idles (torch.profiler.schedule's wait)
     wait: int = setting(0)
+    # steps of each cycle traced but discarded (schedule's warmup)
     warmup: int = setting(1)
+    # steps of each cycle recorded (schedule's active)
     active: int = setting(1)
+    # cycles recorded (schedule's repeat; 0 = until training ends)
     repeat: int = setting(1)
+    # record the operators' input shapes
     record_shapes: bool = setting(True)
+    # record tensor memory allocation and release
     profile_memory: bool = setting(False)
+    # record the Python stack of each operator
     with_stack: bool = setting(True)
+    # estimate the FLOPs of matrix multiplications and convolutions
     with_flops: bool = setting(False)
+    # record the nn.Module hierarchy of each operator
     with_modules: bool = setting(False)
+    # the trace format written
     export_type: str = setting("chrome_trace", built=("chrome_trace",),
                                not_built="other trace formats are not built: traces are written as Chrome traces")
     use_gzip: bool = setting(False)   # chrome traces written as .json.gz
@@ -230,9 +260,12 @@ class PolicyConfig(Section):
     model_config_kwargs: Dict[str, Any] = setting({})
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    # ranks one sequence is split over (Ulysses sequence parallelism); only 1 runs
     sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
+    # compile the policy with torch.compile
     use_torch_compile: bool = setting(False, not_built="torch.compile is not built (on one CPU core it costs "
                                       "minutes of compilation per shape; docs/benchmarks.md)")
+    # record CUDA memory snapshots
     record_memory: bool = setting(False, not_built="CUDA memory snapshots are not built (memory/peak_gpu_gib is "
                                   "logged every step)")
     torch_profiler_config: TorchProfilerConfig = field(default_factory=TorchProfilerConfig)   # SkyRL 0.4
@@ -249,6 +282,7 @@ class CriticConfig(Section):
     model_config_kwargs: Dict[str, Any] = setting({})   # SkyRL key: as the policy's
     optimizer_config: CriticOptimizerConfig = field(default_factory=CriticOptimizerConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    # as trainer.policy.sequence_parallel_size, for the critic
     sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
 
     def check(self, at: str, report: Report) -> None:
@@ -262,6 +296,7 @@ class RefConfig(Section):
     # SkyRL key: overrides of the reference's Hugging Face config (the policy's are not applied)
     model_config_kwargs: Dict[str, Any] = setting({})
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    # as trainer.policy.sequence_parallel_size, for the reference
     sequence_parallel_size: int = setting(1, not_built=SP_NOTE)
 
     def check(self, at: str, report: Report) -> None:
@@ -270,16 +305,28 @@ class RefConfig(Section):
 
 @dataclass
 class PlacementConfig(Section):
+    # policy, reference, critic and inference engines share the same GPUs, taking turns (engines sleep while the
+    # models train)
     colocate_all: bool = setting(True)
+    # the reference shares the policy's GPUs
     colocate_policy_ref: bool = setting(True)
+    # the critic shares the reward model's GPUs (SkyRL's; Ridgeline has no reward model)
     colocate_critic_reward: bool = setting(False)
+    # nodes of the policy's ranks
     policy_num_nodes: int = setting(1)
+    # policy ranks (one GPU each) per node
     policy_num_gpus_per_node: int = setting(4)
+    # nodes of the critic's ranks
     critic_num_nodes: int = setting(1)
+    # critic ranks (one GPU each) per node
     critic_num_gpus_per_node: int = setting(4)
+    # nodes of the reference's ranks
     ref_num_nodes: int = setting(1)
+    # reference ranks (one GPU each) per node
     ref_num_gpus_per_node: int = setting(4)
+    # nodes of a reward model (SkyRL's; Ridgeline has none)
     reward_num_nodes: int = setting(1)
+    # GPUs per node of a reward model (SkyRL's; Ridgeline has none)
     reward_num_gpus_per_node: int = setting(4)
     # Ridgeline extension: seconds to wait for Ray to reserve the placement groups (and for the
     # ranks of a group to meet) before failing with the resource that could not be placed.
@@ -327,12 +374,14 @@ class FullyAsyncConfig(Section):
 
 @dataclass
 class TrainerConfig(Section):
+    # how the models train: single (one process) or fsdp2 / fsdp (FSDP2 ranks as Ray actors)
     strategy: str = setting("fsdp2", choices=("fsdp2", "fsdp", "single", "deepspeed", "megatron"),
                             built=("single", "fsdp2", "fsdp"),
                             not_built="Megatron and DeepSpeed are not planned: the backends here are single (one "
                             "process) and fsdp2 / fsdp (FSDP2 ranks as Ray actors: gloo on CPU workers, NCCL on GPUs)")
     # SkyRL 0.3.1 (its only backend); sequence parallelism itself is not built (*.sequence_parallel_size)
     sequence_parallel_backend: str = setting("ulysses", built=("ulysses",), not_built=SP_NOTE)
+    # passes over the training data
     epochs: int = setting(1)
     # Ridgeline extension (SkyRL 0.3.1 has no step cap): null = epochs x the batches of an epoch;
     # N = exactly N steps, the learning-rate schedule spanning N, taking as many passes over the
@@ -341,31 +390,49 @@ class TrainerConfig(Section):
     # SkyRL 0.4 key: stop after N steps when epochs x the batches of an epoch is more (the run and its
     # learning-rate schedule span min(epochs x batches, N)); null = no cap. max_steps, when set, wins.
     max_training_steps: Optional[int] = setting(None)
+    # passes of optimizer steps over each generated batch (PPO's epochs)
     update_epochs_per_batch: int = setting(1)
+    # prompts per training step (each sampled generator.n_samples_per_prompt times)
     train_batch_size: int = setting(1024)
+    # prompts per policy optimizer step (their samples are the mini-batch)
     policy_mini_batch_size: int = setting(256)
+    # prompts per critic optimizer step
     critic_mini_batch_size: int = setting(256)
+    # samples per forward/backward pass; gradients accumulate over a mini-batch's micro-batches
     micro_train_batch_size_per_gpu: int = setting(1)
+    # samples per forward-only pass (old-policy, reference logprobs, critic values)
     micro_forward_batch_size_per_gpu: int = setting(1)
+    # the reference model takes the policy's weights after each epoch
     update_ref_every_epoch: bool = setting(False)
+    # optimizer steps of linear learning-rate warmup (policy and critic)
     num_warmup_steps: int = setting(0)
+    # pack a micro-batch's rows into few long rows without padding for the training forward
     use_sample_packing: bool = setting(True)
+    # prompts longer than this many tokens (after the chat template) are dropped from the data
     max_prompt_length: int = setting(512)
     gradient_checkpointing: bool = setting(True)   # activation recomputation: a memory option
     # SkyRL key: torch.utils.checkpoint's use_reentrant for activation checkpointing (policy, critic)
     gradient_checkpointing_use_reentrant: bool = setting(False)
+    # seed of the run: data order, sampling, initialisation (every other seed is derived from it)
     seed: int = setting(42)
+    # prompts per evaluation batch
     eval_batch_size: int = setting(1024)
+    # evaluate data.val_data before the first step
     eval_before_train: bool = setting(True)
+    # evaluate every N steps (and at the end); 0 or less: only before and after training
     eval_interval: int = setting(5)
     # Checkpoints and resume: docs/checkpointing.md. resume_mode null is SkyRL's spelling of none.
     resume_mode: Optional[str] = setting("latest", choices=("none", None, "latest", "from_path"))
+    # the checkpoint folder resume_mode=from_path resumes from
     resume_path: Optional[str] = setting(None)
     # Ridgeline extension: resume even when the checkpoint's run had another policy/critic model,
     # other training data, seed or train_batch_size (a warning instead of an error).
     resume_ignore_config_changes: bool = setting(False)
+    # folder of the run's checkpoints (global_step_N)
     ckpt_path: str = setting("${oc.env:HOME}/ckpts/")
+    # newest checkpoints kept, older ones deleted; -1 (or 0) = keep all
     max_ckpts_to_keep: int = setting(-1)
+    # write a checkpoint every N steps (and after the last); 0 or less: none
     ckpt_interval: int = setting(10)
     # Ridgeline extension: true = the first Ctrl-C lets the current step finish, writes a
     # checkpoint of it and exits (a second Ctrl-C aborts at once, writing nothing).
@@ -378,10 +445,14 @@ class TrainerConfig(Section):
     # start-up, model loading and worker set-up (Ridgeline's ridgeline.inference / .models /
     # .distributed / .training loggers, at INFO and above); the console keeps its own output
     log_path: str = setting("/tmp/skyrl-logs")
+    # the trackers' project (wandb, MLflow experiment)
     project_name: str = setting("skyrl")
+    # the run's name in the trackers and its folder under export_path
     run_name: str = setting("test_run")
     logger: Any = setting("wandb")   # a tracker name or a list of them
+    # write each step's training batch (decoded samples, rewards, advantages) under <export_path>/dumped_data
     dump_data_batch: bool = setting(False)
+    # write each evaluation's samples and scores under <export_path>/dumped_evals
     dump_eval_results: bool = setting(True)
     # Ridgeline extension: what a NaN/inf loss of a micro-batch does (checked before backward):
     # skip = drop that optimizer step (counted in policy/skipped_steps, critic/skipped_steps)
@@ -412,6 +483,7 @@ class TrainerConfig(Section):
     # critic), e.g. rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768};
     # null keeps the model's own. The engines take generator.rope_scaling / rope_theta.
     rope_scaling: Optional[Dict[str, Any]] = setting(None)
+    # the policy, reference and critic's RoPE base; null keeps the model's own
     rope_theta: Optional[float] = setting(None)
     # Ridgeline extension (docs/async.md): sync = generate each batch with the current policy, then
     # train on it; one_step_off_policy = generate batch i+1 (on the policy of step i-1) while step i

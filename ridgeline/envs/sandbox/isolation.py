@@ -52,8 +52,11 @@ class Isolation(Protocol):
     """How a program is contained. ``name``: "bwrap" or "process"; ``layers``: the kernel layers it
     adds (the bootstrap reports its own)."""
 
-    name: str
-    layers: tuple[str, ...]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def layers(self) -> tuple[str, ...]: ...
 
     def prepare(self, source: str, report_fd: int, limits: SandboxLimits) -> Launch:
         """The command line that runs ``source`` under ``limits``, reporting on ``report_fd``."""
