@@ -17,8 +17,9 @@ from typing import Any
 from ridgeline.errors import UserError
 
 # after a call failed with an error of its own, how long the others get to show whether an actor
-# died (a rank whose peer was killed fails its collective with "connection closed" first)
-DEATH_GRACE_S = 5.0
+# died (a rank whose peer was killed fails its collective with "connection closed" before Ray
+# reports the peer's death, which takes seconds on a loaded machine); the wait ends at the first
+DEATH_GRACE_S = 30.0
 
 
 class LostWorkerError(UserError, RuntimeError):
@@ -45,36 +46,52 @@ class LostWorkerError(UserError, RuntimeError):
 
 
 @dataclass(frozen=True)
+class Actor:
+    """An actor as messages name it: "engine 1 on node 3f2a9c01 (10.0.0.2)". Several nodes of one
+    machine share an address; the node's id tells them apart (and says whether it is still up)."""
+    name: str
+    node_id: str = ""
+    ip: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name} on node {self.node_id[:8]} ({self.ip})" if self.node_id else self.name
+
+
+@dataclass(frozen=True)
 class Call:
-    """One remote call: `label` names the actor and its node ("engine 1 on node 3f2a9c01
-    (10.0.0.2)"), `method` what it was asked to do, `ref` the result's ObjectRef."""
-    label: str
+    """One remote call: the `actor` asked, the `method` it runs, `ref` the result's ObjectRef."""
+    actor: Actor
     method: str
     ref: Any
 
 
-def this_node() -> str:
-    """Where the calling actor runs: "node <first 8 of its id> (<ip>)" (several nodes of one machine
-    share an address; the id tells them apart)."""
+def this_node() -> tuple[str, str]:
+    """(node id, ip address) of the calling process's Ray node."""
     import ray
 
-    return f"node {ray.get_runtime_context().get_node_id()[:8]} ({ray.util.get_node_ip_address()})"
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
 
-def lost_cause(ray, err: BaseException) -> str | None:
+def lost_cause(ray, err: BaseException, actor: Actor) -> str | None:
     """Why a call's actor is gone, or None when `err` is the actor's own error (it ran and raised)."""
     ex = ray.exceptions
     if isinstance(err, ex.RayTaskError):  # the method raised: not a lost worker
         return None
-    if isinstance(err, ex.NodeDiedError):
-        return "its node died"
-    if isinstance(err, ex.RayActorError):
-        text = str(err)
-        node = "its node died or was removed" if "node" in text.lower() and "died" in text.lower() else None
-        return node or "the actor's process died (killed, crashed or out of memory)"
-    if isinstance(err, (ex.WorkerCrashedError, ex.ObjectLostError)):
-        return f"its worker process is gone ({type(err).__name__})"
-    return None
+    if not isinstance(err, (ex.RayActorError, ex.NodeDiedError, ex.WorkerCrashedError, ex.ObjectLostError)):
+        return None
+    if isinstance(err, ex.NodeDiedError) or not _node_alive(ray, actor.node_id):
+        return f"its node {actor.node_id[:8]} ({actor.ip}) died or left the cluster"
+    return "the actor's process died (killed, crashed or out of memory)"
+
+
+def _node_alive(ray, node_id: str) -> bool:
+    """Whether the cluster still counts `node_id` as alive (True when unknown: no id, no answer)."""
+    if not node_id:
+        return True
+    try:
+        return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - the GCS itself may be gone: say what the actor's error says
+        return True
 
 
 class ActorCalls:
@@ -96,7 +113,7 @@ class ActorCalls:
             left = deadline - time.monotonic()
             ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(left, 0.0)) if left > 0 else ([], pending)
             if not ready:
-                waiting = ", ".join(f"{calls[index[r]].label} ({calls[index[r]].method})" for r in pending)
+                waiting = ", ".join(f"{calls[index[r]].actor} ({calls[index[r]].method})" for r in pending)
                 raise LostWorkerError(waiting, f"no answer within {self.timeout_s:g} s "
                                       "(trainer.placement.actor_call_timeout_s): the actor hangs or is stuck in a "
                                       "collective with a lost peer")
@@ -116,20 +133,23 @@ class ActorCalls:
         ex = self.ray.exceptions
         if isinstance(err, ex.GetTimeoutError):
             call = calls[failed]
-            return LostWorkerError(call.label, f"its {call.method} result could not be fetched within "
+            return LostWorkerError(str(call.actor), f"its {call.method} result could not be fetched within "
                                    f"{self.timeout_s:g} s (trainer.placement.actor_call_timeout_s)")
-        cause = lost_cause(self.ray, err)
+        call = calls[failed]
+        cause = lost_cause(self.ray, err, call.actor)
         if cause is not None:
-            call = calls[failed]
-            return LostWorkerError(call.label, f"{cause} in {call.method} ({type(err).__name__})")
+            return LostWorkerError(str(call.actor), f"{cause} in {call.method} ({type(err).__name__})")
         index = {c.ref: i for i, c in enumerate(calls)}
-        ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S) if pending else ([], [])
-        for ref in ready:
-            try:
-                self.ray.get(ref, timeout=1.0)
-            except Exception as other:  # noqa: BLE001
-                cause = lost_cause(self.ray, other)
-                if cause is not None:
-                    call = calls[index[ref]]
-                    return LostWorkerError(call.label, f"{cause} in {call.method} ({type(other).__name__})")
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while pending and time.monotonic() < deadline:
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            for ref in ready:
+                try:
+                    self.ray.get(ref, timeout=1.0)
+                except Exception as other:  # noqa: BLE001
+                    other_call = calls[index[ref]]
+                    cause = lost_cause(self.ray, other, other_call.actor)
+                    if cause is not None:
+                        return LostWorkerError(str(other_call.actor),
+                                               f"{cause} in {other_call.method} ({type(other).__name__})")
         return err

@@ -71,6 +71,7 @@ def init_ray(bundles: int, worker_env: dict[str, str] | None = None) -> dict[str
     if address:
         log.info("joining the Ray cluster at RAY_ADDRESS=%s", address)
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        _started_locally = False  # a cluster of its own: never restarted by this process
         return {"mode": "joined", "address": address}
     for key, value in LOCAL_RAY_ENV.items():
         os.environ.setdefault(key, value)

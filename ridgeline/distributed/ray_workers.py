@@ -34,7 +34,7 @@ import torch.distributed as dist
 from ridgeline.distributed.fsdp import FSDPGroup, GatheredState, rank_device
 from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementConfigError, PlacementPlan, bundle_index, plan_placement
-from ridgeline.distributed.ray_calls import ActorCalls, Call, this_node
+from ridgeline.distributed.ray_calls import Actor, ActorCalls, Call, this_node
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
 from ridgeline.distributed.weight_sync import (GroupSpec, ProbeTolerance, SyncStats, WeightReceiver, WeightSender,
                                                probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
@@ -101,8 +101,8 @@ class TrainingRank:
         self.ipc_transfer: IPCTransfer | None = None
         self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand it back
 
-    def node(self) -> str:
-        """Where this rank runs ("node <id> (<ip>)"), for the messages that name a lost actor."""
+    def node(self) -> tuple[str, str]:
+        """(node id, ip) where this rank runs, for the messages that name a lost actor."""
         return this_node()
 
     def master_address(self) -> tuple[str, int]:
@@ -315,8 +315,8 @@ class EngineRank:
         self.ipc_receiver = IPCReceiver()
         self.call_timeout_s = float(cfg.trainer.placement.actor_call_timeout_s)
 
-    def node(self) -> str:
-        """Where this engine runs ("node <id> (<ip>)"), for the messages that name a lost actor."""
+    def node(self) -> tuple[str, str]:
+        """(node id, ip) where this engine runs, for the messages that name a lost actor."""
         return this_node()
 
     def dtype(self) -> str:
@@ -339,7 +339,7 @@ class EngineRank:
 
         calls = ActorCalls(ray, self.call_timeout_s)
         return self.load_ipc(lambda index: calls.get_one(
-            Call("the policy rank on this engine's GPU", f"ipc_bucket({index})", sender.ipc_bucket.remote(index))))
+            Call(Actor("the policy rank on this engine's GPU", *this_node()), f"ipc_bucket({index})", sender.ipc_bucket.remote(index))))
 
     def load_ipc(self, fetch: Callable[[int], IPCBucket]) -> int:
         """Load a CUDA IPC handoff whose bucket k `fetch(k)` asks of the sending rank: the buckets
@@ -379,7 +379,7 @@ class _RankGroup:
     message when one is lost). Batches are split by `rank_shares` over mini-batches of
     `mini_batch_trajectories` trajectories, as the ranks' workers expect."""
 
-    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[str], mini_batch_trajectories: int):
+    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[Actor], mini_batch_trajectories: int):
         self.calls = calls
         self.actors = actors
         self.labels = labels
@@ -462,7 +462,7 @@ class _TrainedGroup(_RankGroup):
 class RayPolicyGroup(_TrainedGroup):
     """The trainer's `policy` when it is N FSDP2 ranks: the local `PolicyWorker`'s methods."""
 
-    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[str], config: PolicyTrainConfig,
+    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[Actor], config: PolicyTrainConfig,
                  mini_batch_trajectories: int):
         super().__init__(calls, actors, labels, mini_batch_trajectories)
         self.config = config
@@ -514,7 +514,7 @@ class RayEngineGroup:
     slices (a GRPO group's copies are adjacent, so they mostly stay on one engine and share its
     prompt prefill), one slice per engine, run concurrently; outputs in request order."""
 
-    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[str]):
+    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[Actor]):
         self.calls = calls
         self.actors = actors
         self.labels = labels  # each engine and its node, for the message when one is lost
@@ -721,13 +721,13 @@ def build_ray_workers(cfg: RidgelineConfig, tokenizer, training_batches: int) ->
         return ray.remote(cls).options(**options).remote(*args)
 
     calls = ActorCalls(ray, float(t.placement.actor_call_timeout_s))
-    labels: dict[str, list[str]] = {}
+    labels: dict[str, list[Actor]] = {}
 
     def located(role: str, actors: list[Any]) -> list[Any]:
-        """`actors`, once each has told its node: the labels name actor and node when one is lost."""
+        """`actors`, once each has told its node: messages name actor and node when one is lost."""
         names = [f"{role} rank {r}" if role != "engine" else f"engine {r}" for r in range(len(actors))]
-        nodes = calls.get([Call(name, "node", a.node.remote()) for name, a in zip(names, actors)])
-        labels[role] = [f"{name} on {node}" for name, node in zip(names, nodes)]
+        nodes = calls.get([Call(Actor(name), "node", a.node.remote()) for name, a in zip(names, actors)])
+        labels[role] = [Actor(name, node_id, ip) for name, (node_id, ip) in zip(names, nodes)]
         return actors
 
     def start_ranks() -> tuple[list[Any], list[Any], list[Any], list[dict[str, float]]]:
@@ -753,7 +753,7 @@ def build_ray_workers(cfg: RidgelineConfig, tokenizer, training_batches: int) ->
     shares_gpus = plan.device == "GPU" and bool(t.placement.colocate_all)
     policy_actors, ref_actors, critic_actors, infos = start_engines_first(calls, engine_actors, labels["engine"],
                                                                           shares_gpus, start_ranks)
-    log.info("Ray actors' nodes: %s", "; ".join(label for role in ("policy", "ref", "critic", "engine")
+    log.info("Ray actors' nodes: %s", "; ".join(str(label) for role in ("policy", "ref", "critic", "engine")
                                                  for label in labels[role]))
     mini = t.policy_mini_batch_size * n
     # the driver's copy of the ranks' settings (the trainer reads kl_estimator from it): computed for
@@ -781,7 +781,7 @@ def build_ray_workers(cfg: RidgelineConfig, tokenizer, training_batches: int) ->
     return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
 
 
-def start_engines_first(calls: ActorCalls, engines: list[Any], labels: list[str], shares_gpus: bool,
+def start_engines_first(calls: ActorCalls, engines: list[Any], labels: list[Actor], shares_gpus: bool,
                         start_ranks: Callable[[], T]) -> T:
     """Start the engines alone, then the ranks (SkyRL's order): vLLM sizes its KV cache from the
     GPU's free memory and checks that no other process took memory while it profiled, so no rank
