@@ -10,6 +10,7 @@ one bundle on each node, so every role spans both nodes and the weight sync cros
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -82,23 +83,24 @@ def cluster():
     # every process of this cluster inherits it: the fault tests touch only those (other Ray
     # instances may run on this machine)
     os.environ[MARK] = f"{os.getpid()}-{time.time_ns()}"
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False,
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3}})
-    c.worker = c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    previous = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = c.address
-    ray.init(address=c.address)
-    try:
-        yield c
-    finally:
-        _stop_ray()
-        if previous is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = previous
-        c.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        # Cluster records its head in /tmp/ray/ray_current_cluster, where every bare ray.init() on
+        # this machine would find and join it (other users' runs included), and deletes the file
+        # on shutdown (anyone's): this cluster is reached by its address only
+        patch.setattr(ray._private.utils, "write_ray_address", lambda *args, **kwargs: None)
+        patch.setattr(ray._common.utils, "reset_ray_address", lambda *args, **kwargs: None)
+        c = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3}})
+        try:
+            c.worker = c.add_node(num_cpus=1)
+            c.wait_for_nodes()
+            patch.setenv("RAY_ADDRESS", c.address)
+            ray.init(address=c.address)
+            yield c
+        finally:
+            _stop_ray()
+            c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +293,47 @@ def test_a_killed_driver_leaves_no_actors_or_placement_groups_behind(cluster, tw
     assert all(g.bundle_count == 2 for g in groups.values())
     for g in groups.values():
         remove_placement_group(g)
+
+
+def _marked_processes(mark: bytes) -> list[int]:
+    """The processes whose environment holds `mark` (NAME=value)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_killed_driver_of_a_private_ray_instance_takes_every_ray_process_along(tmp_path):
+    """Without RAY_ADDRESS the run starts its own Ray instance: kill -9 of `ridgeline train` once
+    its actors are up leaves no Ray process of it behind (Ray's head processes share the driver's fate)."""
+    value = f"private-{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", MARK: value}
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path / "driver.log"
+    command = [sys.executable, "-m", "ridgeline.cli", "train", *TINY, *ONE_NODE, f"trainer.export_path={tmp_path}"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        while "Ray workers up" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        mark = f"{MARK}={value}".encode()
+        assert len(_marked_processes(mark)) > 3  # the driver, Ray's head processes, the actors
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 120  # a hang guard: they go within seconds
+    while (left := _marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    titles = []
+    for pid in left:  # this test's own leftovers (the mark is its own): reported, then ended
+        with contextlib.suppress(OSError):
+            titles.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:60])
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], titles

@@ -77,8 +77,10 @@ def init_ray(bundles: int, worker_env: dict[str, str] | None = None) -> dict[str
         os.environ.setdefault(key, value)
     log.info("starting a local Ray instance (%d logical CPUs and this machine's GPUs) for %d bundle(s)", num_cpus,
              bundles)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
-             configure_logging=False)
+    # address="local": a new instance even when this machine runs another one that `ray start` (or
+    # a test cluster) recorded in /tmp/ray/ray_current_cluster, which a bare ray.init() would join
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
+             log_to_driver=True, configure_logging=False)
     _started_locally = True
     return {"mode": "local", "num_cpus": num_cpus}
 
