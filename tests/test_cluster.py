@@ -38,6 +38,7 @@ ONE_NODE = ["trainer.placement.policy_num_nodes=1", "trainer.placement.policy_nu
             "trainer.placement.ref_num_nodes=1", "trainer.placement.ref_num_gpus_per_node=2"]
 TWO_NODES = ["trainer.placement.policy_num_nodes=2", "trainer.placement.policy_num_gpus_per_node=1",
              "trainer.placement.ref_num_nodes=2", "trainer.placement.ref_num_gpus_per_node=1"]
+RESUME = ["trainer.resume_mode=latest"]  # the tiny preset starts over by default
 MARK = "RIDGELINE_CLUSTER_TEST"  # names this test's cluster in its processes' environment
 COMPARED = ("reward/avg_raw_reward", "policy/policy_loss", "policy/final_loss", "policy/policy_kl",
             "policy/raw_grad_norm", "policy/policy_entropy", "policy/rollout_train_prob_diff_mean",
@@ -109,12 +110,15 @@ def two_node_run(cluster, tmp_path_factory):
     from ridgeline.entrypoints.run import run_training
     out = tmp_path_factory.mktemp("two_nodes")
     records: list[str] = []
-    handler = _Collect(records)
-    logging.getLogger("ridgeline").addHandler(handler)
+    handler, logger = _Collect(records), logging.getLogger("ridgeline")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # under pytest the root logger stays at WARNING
     try:
         run_training(load_config(TINY + TWO_NODES + [f"trainer.export_path={out}"]))
     finally:
-        logging.getLogger("ridgeline").removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     return _rows(out / "tiny"), out / "tiny", records
 
 
@@ -216,12 +220,12 @@ def test_a_killed_actor_stops_the_run_naming_it_and_the_same_command_resumes_exa
     run_dir = tmp_path / "tiny"
     watcher = _kill_when(title, run_dir / "ckpts" / "global_step_1")
     with pytest.raises(LostWorkerError, match=lost + r" during step 2: the actor's process died .*"
-                       r"The newest checkpoint is .*global_step_1: the same command resumes from it "
-                       r"\(trainer.resume_mode=latest\)"):
+                       r"The newest checkpoint is .*global_step_1: rerun the command with "
+                       r"trainer.resume_mode=latest to resume from it"):
         run_training(load_config(args))
     watcher.join(timeout=1)
     assert _rows(run_dir) == expected[:1]
-    run_training(load_config(args))
+    run_training(load_config(args + RESUME))
     assert _rows(run_dir) == expected
 
 
@@ -237,7 +241,7 @@ def test_a_hanging_engine_stops_the_run_within_the_bound(two_node_run, tmp_path)
                                               r"60 s \(trainer.placement.actor_call_timeout_s\)"):
         run_training(load_config(args + ["trainer.placement.actor_call_timeout_s=60"]))
     watcher.join(timeout=1)
-    run_training(load_config(args))
+    run_training(load_config(args + RESUME))
     assert _rows(run_dir) == expected
 
 
@@ -262,7 +266,7 @@ def test_a_lost_node_stops_the_run_and_resumes_once_a_node_joins_again(cluster, 
     thread.join(timeout=60)
     cluster.worker = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
-    run_training(load_config(args))
+    run_training(load_config(args + RESUME))
     assert _rows(run_dir) == expected
 
 
