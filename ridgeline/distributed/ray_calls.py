@@ -111,7 +111,7 @@ class ActorCalls:
         deadline = time.monotonic() + self.timeout_s
         while pending:
             left = deadline - time.monotonic()
-            ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(left, 0.0)) if left > 0 else ([], pending)
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=left) if left > 0 else ([], pending)
             if not ready:
                 waiting = ", ".join(f"{calls[index[r]].actor} ({calls[index[r]].method})" for r in pending)
                 raise LostWorkerError(waiting, f"no answer within {self.timeout_s:g} s "

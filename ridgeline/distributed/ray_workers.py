@@ -337,9 +337,9 @@ class EngineRank:
         (`load_ipc`, each bucket asked of the rank by Ray). Returns the version received."""
         import ray
 
-        calls = ActorCalls(ray, self.call_timeout_s)
-        return self.load_ipc(lambda index: calls.get_one(
-            Call(Actor("the policy rank on this engine's GPU", *this_node()), f"ipc_bucket({index})", sender.ipc_bucket.remote(index))))
+        calls, rank = ActorCalls(ray, self.call_timeout_s), Actor("the policy rank on this engine's GPU", *this_node())
+        return self.load_ipc(lambda index: calls.get_one(Call(rank, f"ipc_bucket({index})",
+                                                              sender.ipc_bucket.remote(index))))
 
     def load_ipc(self, fetch: Callable[[int], IPCBucket]) -> int:
         """Load a CUDA IPC handoff whose bucket k `fetch(k)` asks of the sending rank: the buckets
@@ -486,7 +486,8 @@ class RayRefGroup(_RankGroup):
         """`update_ref_every_epoch`: the policy's current weights."""
         refs = [a.full_state_dict.remote() for a in policy.actors]  # collective over the policy ranks
         self.call("load_full_state_dict", refs[0])  # Ray passes rank 0's weights actor to actor, not via here
-        policy.wait("full_state_dict", refs)
+        # the other ranks' part of the gather (None each): rank 0's full weights never come to the driver
+        policy.calls.get([Call(label, "full_state_dict", ref) for label, ref in zip(policy.labels[1:], refs[1:])])
 
 
 class RayBaseModelRefGroup(_RankGroup):
@@ -529,8 +530,8 @@ class RayEngineGroup:
         k = len(self.actors)
         bounds = [len(requests) * i // k for i in range(k + 1)]
         # one engine samples exactly what the embedded engine would; several get a seed each
-        calls = [Call(self.labels[i], "generate",
-                      a.generate.remote(requests[lo:hi], seed if seed is None or k == 1 else derive_seed(seed, "engine", i)))
+        seeds = [seed if seed is None or k == 1 else derive_seed(seed, "engine", i) for i in range(k)]
+        calls = [Call(self.labels[i], "generate", a.generate.remote(requests[lo:hi], seeds[i]))
                  for i, (a, lo, hi) in enumerate(zip(self.actors, bounds, bounds[1:])) if hi > lo]
         return [out for part in self.calls.get(calls) for out in part]
 
