@@ -260,7 +260,9 @@ def test_a_lost_node_stops_the_run_and_resumes_once_a_node_joins_again(cluster, 
         cluster.remove_node(cluster.worker, allow_graceful=False)
     thread = threading.Thread(target=remove_node, daemon=True)
     thread.start()
-    with pytest.raises(LostWorkerError, match=r"(rank|engine) \d on node .* during step 2: .*"
+    lost = cluster.worker.node_id[:8]
+    with pytest.raises(LostWorkerError, match=rf"(rank|engine) \d on node {lost} \([\d.]+\) during step 2: its node "
+                                              rf"{lost} \([\d.]+\) died or left the cluster in \w+ \(\w+\). "
                                               r"The newest checkpoint is .*global_step_1"):
         run_training(load_config(args))
     thread.join(timeout=60)
