@@ -79,12 +79,13 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     _stop_ray()
-    for key, value in LOCAL_RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    # every process of this cluster inherits it: the fault tests touch only those (other Ray
-    # instances may run on this machine)
-    os.environ[MARK] = f"{os.getpid()}-{time.time_ns()}"
     with pytest.MonkeyPatch.context() as patch:
+        for key, value in LOCAL_RAY_ENV.items():  # what a private instance gets (no token, no usage stats)
+            if key not in os.environ:
+                patch.setenv(key, value)
+        # every process of this cluster inherits it: the fault tests touch only those (other Ray
+        # instances may run on this machine)
+        patch.setenv(MARK, f"{os.getpid()}-{time.time_ns()}")
         # Cluster records its head in /tmp/ray/ray_current_cluster, where every bare ray.init() on
         # this machine would find and join it (other users' runs included), and deletes the file
         # on shutdown (anyone's): this cluster is reached by its address only
