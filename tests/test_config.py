@@ -233,6 +233,7 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.flash_attn", True),
     # multi-process runs (docs/distributed.md)
     ("trainer.placement.timeout_s", 180),
+    ("trainer.placement.actor_call_timeout_s", 3600),
     # remote engines (docs/engines.md)
     ("generator.remote_request_timeout_s", 600.0),
     ("generator.remote_max_retries", 3),

@@ -354,8 +354,8 @@ class _OrderRay:
     def __init__(self):
         self.log = []
 
-    def get(self, refs):
-        return [ref() for ref in refs]
+    def get(self, calls):  # `ActorCalls.get`: labelled calls
+        return [call.ref() for call in calls]
 
 
 class _Method:
@@ -377,12 +377,12 @@ def test_engines_are_built_and_asleep_before_the_ranks_start():
 
     ray = _OrderRay()
     engines = [_Engine(ray.log, i) for i in range(2)]
-    started = start_engines_first(ray, engines, True, lambda: ray.log.append(("ranks start",)) or "ranks")
+    started = start_engines_first(ray, engines, ["engine 0", "engine 1"], True, lambda: ray.log.append(("ranks start",)) or "ranks")
     assert started == "ranks"
     assert ray.log == [("engine 0 built",), ("engine 1 built",), ("engine 0 sleep", 2), ("engine 1 sleep", 2),
                        ("ranks start",)]
     ray.log.clear()  # engines on GPUs of their own stay awake; remote engines have no actors
-    start_engines_first(ray, engines, False, lambda: ray.log.append(("ranks start",)))
+    start_engines_first(ray, engines, ["engine 0", "engine 1"], False, lambda: ray.log.append(("ranks start",)))
     assert ray.log == [("engine 0 built",), ("engine 1 built",), ("ranks start",)]
 
 

@@ -199,12 +199,13 @@ def test_ray_engine_actors_pull_buckets_from_their_own_policy_rank():
     workers = build_ray_workers(cfg, build_char_tokenizer(), training_batches=1)
     try:
         with pytest.raises(ValueError, match="2 policy ranks and 1 engines. Fix: generator.num_inference_engines=2"):
-            RayIPCWeightSync(ray, workers.policy, RayEngineGroup(ray, workers.engine.actors[:1]), 1024)
+            RayIPCWeightSync(workers.policy, RayEngineGroup(workers.engine.calls, workers.engine.actors[:1],
+                                                             workers.engine.labels[:1]), 1024)
         state = workers.policy.full_state_dict()
         g = torch.Generator().manual_seed(0)
         workers.policy.call("load_full_state_dict",
                             ray.put({k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in state.items()}))
-        sync = RayIPCWeightSync(ray, workers.policy, workers.engine, threshold_bytes=16 * 1024)
+        sync = RayIPCWeightSync(workers.policy, workers.engine, threshold_bytes=16 * 1024)
         workers.engine.sleep(2)
         metrics = sync.sync(5)
         assert metrics["weight_sync/megabytes"] > 0 and metrics["weight_sync/probe_abs_diff"] < 0.25

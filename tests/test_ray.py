@@ -149,6 +149,28 @@ def test_config_checks_for_fsdp2():
                                          "trainer.critic.model.path=tiny://llama", "trainer.placement.colocate_all=true",
                                          "generator.num_inference_engines=2"])
     assert any("critic has 4 ranks" in p and "colocate_all=true" in p for p in problems)
+    assert any(p.startswith("trainer.placement.actor_call_timeout_s=0 must be a positive number of seconds")
+               for p in _problems(TINY + FSDP2 + ["trainer.placement.actor_call_timeout_s=0"]))
+
+
+def test_a_lost_worker_is_one_message_naming_actor_node_step_and_resume():
+    """What `ActorCalls` raises for a lost actor, and what the trainer adds (tests/test_cluster.py
+    runs the real faults on a two-node cluster)."""
+    from ridgeline.distributed.ray_calls import Actor, LostWorkerError, lost_cause
+    from ridgeline.errors import UserError
+
+    engine = Actor("engine 1", "3f2a9c01d4", "10.0.0.2")
+    assert str(engine) == "engine 1 on node 3f2a9c01 (10.0.0.2)" and str(Actor("engine 1")) == "engine 1"
+    # node_id "" (unknown) is never looked up: a dead actor of a live node is its process's death
+    cause = lost_cause(ray, ray.exceptions.ActorDiedError(), Actor("engine 1"))
+    assert cause == "the actor's process died (killed, crashed or out of memory)"
+    assert lost_cause(ray, ValueError("the actor's own"), engine) is None
+    err = LostWorkerError(str(engine), f"{cause} in generate (ActorDiedError)")
+    assert isinstance(err, UserError)  # the command prints it as one message, exit code 2
+    err.at_step(2, "The newest checkpoint is runs/ckpts/global_step_1: the same command resumes from it")
+    assert str(err) == ("engine 1 on node 3f2a9c01 (10.0.0.2) during step 2: the actor's process died (killed, "
+                        "crashed or out of memory) in generate (ActorDiedError). The newest checkpoint is "
+                        "runs/ckpts/global_step_1: the same command resumes from it")
 
 
 # ------------------------------------------------------------------------------------ Ray runs

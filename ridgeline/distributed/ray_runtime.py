@@ -72,13 +72,14 @@ def init_ray(bundles: int, worker_env: dict[str, str] | None = None) -> dict[str
     if address:
         log.info("joining the Ray cluster at RAY_ADDRESS=%s", address)
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        _started_locally = False  # a cluster of its own: never restarted by this process
         return {"mode": "joined", "address": address}
     for key, value in LOCAL_RAY_ENV.items():
         os.environ.setdefault(key, value)
     log.info("starting a local Ray instance (%d logical CPUs and this machine's GPUs) for %d bundle(s)", num_cpus,
              bundles)
-    # address="local": a private instance even when `ray start` left a cluster on this machine, which a
-    # bare ray.init() would join (and then refuse num_cpus for); joining one is RAY_ADDRESS's job
+    # address="local": a new instance even when this machine runs another one that `ray start` (or
+    # a test cluster) recorded in /tmp/ray/ray_current_cluster, which a bare ray.init() would join
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
              log_to_driver=True, configure_logging=False)
     _started_locally = True

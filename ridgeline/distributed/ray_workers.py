@@ -35,6 +35,7 @@ from torch import nn
 from ridgeline.distributed.fsdp import FSDPGroup, GatheredState, rank_device
 from ridgeline.distributed.launch import free_port
 from ridgeline.distributed.placement import PlacementConfigError, PlacementPlan, bundle_index, plan_placement
+from ridgeline.distributed.ray_calls import Actor, ActorCalls, Call, this_node
 from ridgeline.distributed.ray_runtime import import_ray, init_ray, reserve_pools
 from ridgeline.distributed.weight_sync import (GroupSpec, ProbeTolerance, SyncStats, WeightReceiver, WeightSender,
                                                WeightSync, probe_engines, probe_logprobs, probe_tokens, probe_tolerance,
@@ -107,6 +108,10 @@ class TrainingRank:
         self.ipc_transfer: IPCTransfer | None = None
         self.shares_gpu = False   # an engine wakes on this rank's GPU after each call: hand it back
         self.remote: RemoteEngine | None = None   # rank 0's client to remote servers (init_remote_push)
+
+    def node(self) -> tuple[str, str]:
+        """(node id, ip) where this rank runs, for the messages that name a lost actor."""
+        return this_node()
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's rendezvous (this node's address, a free port)."""
@@ -363,6 +368,11 @@ class EngineRank:
         self.engine = build_engine(cfg, self.tokenizer)
         self.receiver: WeightReceiver | None = None
         self.ipc_receiver = IPCReceiver()
+        self.call_timeout_s = float(cfg.trainer.placement.actor_call_timeout_s)
+
+    def node(self) -> tuple[str, str]:
+        """(node id, ip) where this engine runs, for the messages that name a lost actor."""
+        return this_node()
 
     def dtype(self) -> str:
         return str(self.engine.dtype).removeprefix("torch.")
@@ -384,11 +394,9 @@ class EngineRank:
         (`load_ipc`, each bucket asked of the rank by Ray). Returns the version received."""
         import ray
 
-        def fetch(index: int) -> IPCBucket:
-            ref: ObjectRef[IPCBucket] = sender.ipc_bucket.remote(index)  # TrainingRank.ipc_bucket
-            return ray.get(ref)
-
-        return self.load_ipc(fetch)
+        calls, rank = ActorCalls(ray, self.call_timeout_s), Actor("the policy rank on this engine's GPU", *this_node())
+        return self.load_ipc(lambda index: calls.get_one(Call(rank, f"ipc_bucket({index})",
+                                                              sender.ipc_bucket.remote(index))))
 
     def load_ipc(self, fetch: Callable[[int], IPCBucket]) -> int:
         """Load a CUDA IPC handoff whose bucket k `fetch(k)` asks of the sending rank: the buckets
@@ -430,12 +438,14 @@ class EngineRank:
 
 # ------------------------------------------------------------------------------ driver side
 class _RankGroup:
-    """The actors of one FSDP group, called together. Batches are split by `rank_shares` over
-    mini-batches of `mini_batch_trajectories` trajectories, as the ranks' workers expect."""
+    """The actors of one FSDP group, called together (`labels`: each actor and its node, for the
+    message when one is lost). Batches are split by `rank_shares` over mini-batches of
+    `mini_batch_trajectories` trajectories, as the ranks' workers expect."""
 
-    def __init__(self, ray, actors: list[Any], mini_batch_trajectories: int):
-        self.ray = ray
+    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[Actor], mini_batch_trajectories: int):
+        self.calls = calls
         self.actors = actors
+        self.labels = labels
         self.mini_batch_trajectories = mini_batch_trajectories
 
     @property
@@ -444,13 +454,17 @@ class _RankGroup:
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every rank at once; the ranks' results."""
-        return self.ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        return self.wait(method, [getattr(a, method).remote(*args) for a in self.actors])
+
+    def wait(self, method: str, refs: list[Any]) -> list[Any]:
+        """The results of `method` called on the ranks (`refs`, in rank order), bounded (`ActorCalls`)."""
+        return self.calls.get([Call(label, method, ref) for label, ref in zip(self.labels, refs)])
 
     def call_split(self, method: str, batch: TrainingBatch) -> tuple[list[RankShare], list[Any]]:
         """`method(rank's share)` on every rank at once; (each rank's share, its result)."""
         shares = rank_shares(batch.trajectories(), self.mini_batch_trajectories, self.world_size)
         refs = [getattr(a, method).remote(batch.share(share)) for a, share in zip(self.actors, shares)]
-        return shares, self.ray.get(refs)
+        return shares, self.wait(method, refs)
 
     def gather_rows(self, method: str, batch: TrainingBatch) -> torch.Tensor:
         """A per-token `[B, R]` result of `method`, the ranks' rows put back in batch order (their
@@ -485,7 +499,7 @@ class _TrainedGroup(_RankGroup):
 
     @property
     def skipped_steps(self) -> int:
-        return self.ray.get(self.actors[0].skipped_steps.remote())
+        return self.calls.get_one(Call(self.labels[0], "skipped_steps", self.actors[0].skipped_steps.remote()))
 
     @skipped_steps.setter
     def skipped_steps(self, value: int) -> None:
@@ -505,14 +519,15 @@ class _TrainedGroup(_RankGroup):
             log.warning("the checkpoint holds the generator states of %d rank(s), this run has %d: the ranks keep "
                         "the states trainer.seed gave them", len(states), self.world_size)
             return
-        self.ray.get([a.set_rng_state.remote(state) for a, state in zip(self.actors, states)])
+        self.wait("set_rng_state", [a.set_rng_state.remote(state) for a, state in zip(self.actors, states)])
 
 
 class RayPolicyGroup(_TrainedGroup):
     """The trainer's `policy` when it is N FSDP2 ranks: the local `PolicyWorker`'s methods."""
 
-    def __init__(self, ray, actors: list[Any], config: PolicyTrainConfig, mini_batch_trajectories: int):
-        super().__init__(ray, actors, mini_batch_trajectories)
+    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[Actor], config: PolicyTrainConfig,
+                 mini_batch_trajectories: int):
+        super().__init__(calls, actors, labels, mini_batch_trajectories)
         self.config = config
 
     def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
@@ -536,7 +551,8 @@ class RayRefGroup(_RankGroup):
             raise TypeError(f"a Ray reference group loads from the Ray policy group, not a {type(policy).__name__}")
         refs = [a.full_state_dict.remote() for a in policy.actors]  # collective over the policy ranks
         self.call("load_full_state_dict", refs[0])  # Ray passes rank 0's weights actor to actor, not via here
-        self.ray.get(refs[1:])
+        # the other ranks' part of the gather (None each): rank 0's full weights never come to the driver
+        policy.calls.get([Call(label, "full_state_dict", ref) for label, ref in zip(policy.labels[1:], refs[1:])])
 
 
 class RayBaseModelRefGroup(_RankGroup):
@@ -564,27 +580,34 @@ class RayEngineGroup:
     slices (a GRPO group's copies are adjacent, so they mostly stay on one engine and share its
     prompt prefill), one slice per engine, run concurrently; outputs in request order."""
 
-    def __init__(self, ray, actors: list[Any]):
-        self.ray = ray
+    def __init__(self, calls: ActorCalls, actors: list[Any], labels: list[Actor]):
+        self.calls = calls
         self.actors = actors
-        self.dtype = DTYPES[ray.get(actors[0].dtype.remote())]
+        self.labels = labels  # each engine and its node, for the message when one is lost
+        self.dtype = DTYPES[calls.get_one(Call(labels[0], "dtype", actors[0].dtype.remote()))]
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every engine at once; their results (bounded: `ActorCalls`)."""
+        return self.calls.get([Call(label, method, getattr(a, method).remote(*args))
+                               for label, a in zip(self.labels, self.actors)])
 
     def generate(self, requests: list[EngineRequest], seed: int | None = None) -> list[EngineOutput]:
         k = len(self.actors)
         bounds = [len(requests) * i // k for i in range(k + 1)]
         # one engine samples exactly what the embedded engine would; several get a seed each
-        refs = [a.generate.remote(requests[lo:hi], seed if seed is None or k == 1 else derive_seed(seed, "engine", i))
-                for i, (a, lo, hi) in enumerate(zip(self.actors, bounds, bounds[1:])) if hi > lo]
-        return [out for part in self.ray.get(refs) for out in part]
+        seeds = [seed if seed is None or k == 1 else derive_seed(seed, "engine", i) for i in range(k)]
+        calls = [Call(self.labels[i], "generate", a.generate.remote(requests[lo:hi], seeds[i]))
+                 for i, (a, lo, hi) in enumerate(zip(self.actors, bounds, bounds[1:])) if hi > lo]
+        return [out for part in self.calls.get(calls) for out in part]
 
     def update_weights(self, named_tensors) -> None:
         raise RuntimeError("engines in other processes take weights through RayWeightSync.sync, not update_weights")
 
     def sleep(self, level: int = 1) -> None:
-        self.ray.get([a.sleep.remote(level) for a in self.actors])
+        self.call("sleep", level)
 
     def wake_up(self, tags: tuple[MemoryTag, ...] = WAKE_TAGS) -> None:
-        self.ray.get([a.wake_up.remote(tags) for a in self.actors])
+        self.call("wake_up", tags)
 
     def close(self) -> None:
         """Nothing to release here: `RayWorkers.shutdown` kills the engine actors."""
@@ -595,23 +618,29 @@ class RayWeightSync:
     probe: each engine's logprobs on a fixed text must match the trainer's within the tolerance
     of the engine's dtype, or the run stops with `StaleWeightsError`."""
 
-    def __init__(self, ray, policy: RayPolicyGroup, engines: RayEngineGroup, backend: str, timeout_s: float):
-        self.ray, self.policy, self.engines = ray, policy, engines
-        host, port = ray.get(policy.actors[0].master_address.remote())
+    def __init__(self, policy: RayPolicyGroup, engines: RayEngineGroup, backend: str, timeout_s: float):
+        self.policy, self.engines = policy, engines
+        calls = policy.calls
+        host, port = calls.get_one(Call(policy.labels[0], "master_address", policy.actors[0].master_address.remote()))
         world = 1 + len(engines.actors)
         specs = [GroupSpec(port=port, rank=r, world_size=world, backend=backend, host=host, timeout_s=timeout_s)
                  for r in range(world)]
-        ray.get([policy.actors[0].init_weight_sender.remote(specs[0])]
-                + [e.init_weight_receiver.remote(s) for e, s in zip(engines.actors, specs[1:])])
+        calls.get([Call(policy.labels[0], "init_weight_sender", policy.actors[0].init_weight_sender.remote(specs[0]))]
+                  + [Call(label, "init_weight_receiver", e.init_weight_receiver.remote(s))
+                     for label, e, s in zip(engines.labels, engines.actors, specs[1:])])
         self.dtype = str(engines.dtype).removeprefix("torch.")
         self.tolerance = probe_tolerance(engines.dtype)
         self.describe = specs[0].describe()
 
     def sync(self, version: int) -> dict[str, float]:
-        sends = [a.send_weights.remote(self.dtype, version) for a in self.policy.actors]
-        receives = [e.receive_weights.remote() for e in self.engines.actors]
-        stats: SyncStats = self.ray.get(sends)[0]
-        versions = self.ray.get(receives)
+        sends = [Call(label, "send_weights", a.send_weights.remote(self.dtype, version))
+                 for label, a in zip(self.policy.labels, self.policy.actors)]
+        receives = [Call(label, "receive_weights", e.receive_weights.remote())
+                    for label, e in zip(self.engines.labels, self.engines.actors)]
+        # one wait over senders and receivers: a lost engine is named while rank 0 still sends
+        results = self.policy.calls.get(sends + receives)
+        stats: SyncStats = results[0]
+        versions = results[len(sends):]
         if any(v != version for v in versions):
             raise RuntimeError(f"engines report weight versions {versions} after sending version {version}")
         t0 = time.perf_counter()
@@ -620,16 +649,15 @@ class RayWeightSync:
                            f"{len(self.engines.actors)} engine(s)", self.tolerance)
 
     def probe(self, version: int | None = None) -> float:
-        return probe_ray_engines(self.ray, self.policy, self.engines, self.tolerance, version)
+        return probe_ray_engines(self.policy, self.engines, self.tolerance, version)
 
 
-def probe_ray_engines(ray, policy: RayPolicyGroup, engines: RayEngineGroup, tolerance: ProbeTolerance,
+def probe_ray_engines(policy: RayPolicyGroup, engines: RayEngineGroup, tolerance: ProbeTolerance,
                       version: int | None = None) -> float:
     """The worst engine's |logprob difference| from the trainer on the probe text (max over tokens
     for float32 engines, mean for bf16/fp16: `probe_tolerance`); `StaleWeightsError` when one
     exceeds the engine dtype's tolerance."""
-    return probe_engines(policy.call("probe")[0], ray.get([e.probe.remote() for e in engines.actors]), tolerance,
-                         version)
+    return probe_engines(policy.call("probe")[0], engines.call("probe"), tolerance, version)
 
 
 def weight_sync_kind(device: str, colocated: bool) -> Literal["cuda_ipc", "broadcast"]:
@@ -648,14 +676,14 @@ class RayIPCWeightSync:
     weights are handed over, then the KV cache wakes, so device memory never holds the trainer's
     state and a full KV cache at once. Engines that are awake are left as they are."""
 
-    def __init__(self, ray, policy: RayPolicyGroup, engines: RayEngineGroup, threshold_bytes: int):
+    def __init__(self, policy: RayPolicyGroup, engines: RayEngineGroup, threshold_bytes: int):
         if len(engines.actors) != policy.world_size:
             # a handle opens only on its own GPU: engine r must share policy rank r's
             raise ValueError(f"CUDA IPC weight sync pairs policy rank r with engine r on one GPU, but there are "
                              f"{policy.world_size} policy ranks and {len(engines.actors)} engines. Fix: "
                              f"generator.num_inference_engines={policy.world_size}, or "
                              "trainer.placement.colocate_all=false")
-        self.ray, self.policy, self.engines = ray, policy, engines
+        self.policy, self.engines = policy, engines
         self.threshold_bytes = int(threshold_bytes)
         self.dtype = str(engines.dtype).removeprefix("torch.")
         self.tolerance = probe_tolerance(engines.dtype)
@@ -667,7 +695,8 @@ class RayIPCWeightSync:
         start = time.perf_counter()
         nbytes = self.policy.call("start_ipc", self.dtype, self.threshold_bytes, version)[0]
         try:
-            versions = self.ray.get([e.receive_ipc.remote(p) for e, p in zip(self.engines.actors, self.policy.actors)])
+            versions = self.engines.calls.get([Call(label, "receive_ipc", e.receive_ipc.remote(p)) for label, e, p
+                                               in zip(self.engines.labels, self.engines.actors, self.policy.actors)])
         finally:
             self.policy.call("finish_ipc")
         seconds = time.perf_counter() - start
@@ -680,7 +709,7 @@ class RayIPCWeightSync:
                            f"{len(self.engines.actors)} colocated engine(s) over CUDA IPC", self.tolerance)
 
     def probe(self, version: int | None = None) -> float:
-        return probe_ray_engines(self.ray, self.policy, self.engines, self.tolerance, version)
+        return probe_ray_engines(self.policy, self.engines, self.tolerance, version)
 
 
 # ------------------------------------------------------------------------------ building
@@ -696,7 +725,7 @@ class RayWorkers:
     parameters: int = 0   # of the policy
 
     def shutdown(self) -> None:
-        ray = self.policy.ray
+        ray = self.policy.calls.ray
         from ray.util.placement_group import remove_placement_group
         actors = {id(a): a for g in (self.policy, self.ref, self.critic) if g is not None for a in g.actors}
         for a in actors.values():  # a LoRA policy's reference group is the policy's actors
@@ -757,62 +786,82 @@ def build_ray_workers(cfg: RidgelineConfig, tokenizer, training_batches: int) ->
                        placement_group=groups[pool.name], placement_group_bundle_index=bundle_index(plan, role, index))}
         return ray.remote(cls).options(**options).remote(*args)
 
+    calls = ActorCalls(ray, float(t.placement.actor_call_timeout_s))
+    labels: dict[str, list[Actor]] = {}
+
+    def located(role: str, actors: list[Any]) -> list[Any]:
+        """`actors`, once each has told its node: messages name actor and node when one is lost."""
+        names = [f"{role} rank {r}" if role != "engine" else f"engine {r}" for r in range(len(actors))]
+        nodes = calls.get([Call(Actor(name), "node", a.node.remote()) for name, a in zip(names, actors)])
+        labels[role] = [Actor(name, node_id, ip) for name, (node_id, ip) in zip(names, nodes)]
+        return actors
+
     def start_ranks() -> tuple[list[Any], list[Any], list[Any], list[dict[str, float]]]:
-        policy_actors = [actor(TrainingRank, "policy", r, actor_cfg, "policy", r, plan.ranks["policy"], training_batches)
-                         for r in range(plan.ranks["policy"])]
-        ref_actors = ([actor(TrainingRank, "ref", r, actor_cfg, "ref", r, plan.ranks["ref"], training_batches)
-                       for r in range(plan.ranks["ref"])] if "ref" in plan.ranks else [])
-        critic_actors = ([actor(TrainingRank, "critic", r, actor_cfg, "critic", r, plan.ranks["critic"],
-                                training_batches) for r in range(plan.ranks["critic"])] if "critic" in plan.ranks else [])
+        policy_actors = located("policy", [actor(TrainingRank, "policy", r, actor_cfg, "policy", r,
+                                                 plan.ranks["policy"], training_batches)
+                                           for r in range(plan.ranks["policy"])])
+        ref_actors = located("ref", [actor(TrainingRank, "ref", r, actor_cfg, "ref", r, plan.ranks["ref"],
+                                           training_batches) for r in range(plan.ranks.get("ref", 0))])
+        critic_actors = located("critic", [actor(TrainingRank, "critic", r, actor_cfg, "critic", r,
+                                                 plan.ranks["critic"], training_batches)
+                                           for r in range(plan.ranks.get("critic", 0))])
         infos = []
-        for actors in (policy_actors, ref_actors, critic_actors):
+        for role, actors in (("policy", policy_actors), ("ref", ref_actors), ("critic", critic_actors)):
             if actors:
-                host, port = ray.get(actors[0].master_address.remote())
-                infos.append(ray.get([a.setup.remote(host, port) for a in actors])[0])
+                host, port = calls.get_one(Call(labels[role][0], "master_address", actors[0].master_address.remote()))
+                infos.append(calls.get([Call(label, "setup", a.setup.remote(host, port))
+                                        for label, a in zip(labels[role], actors)])[0])
         return policy_actors, ref_actors, critic_actors, infos
 
     n = cfg.generator.n_samples_per_prompt
-    engine_actors = [actor(EngineRank, "engine", i, actor_cfg) for i in range(plan.num_engines)]  # none if remote
+    engine_actors = located("engine", [actor(EngineRank, "engine", i, actor_cfg)
+                                       for i in range(plan.num_engines)])  # none if remote
     shares_gpus = plan.device == "GPU" and bool(t.placement.colocate_all)
-    policy_actors, ref_actors, critic_actors, infos = start_engines_first(ray, engine_actors, shares_gpus, start_ranks)
+    policy_actors, ref_actors, critic_actors, infos = start_engines_first(calls, engine_actors, labels["engine"],
+                                                                          shares_gpus, start_ranks)
+    log.info("Ray actors' nodes: %s", "; ".join(str(label) for role in ("policy", "ref", "critic", "engine")
+                                                 for label in labels[role]))
     mini = t.policy_mini_batch_size * n
     # the driver's copy of the ranks' settings (the trainer reads kl_estimator from it): computed for
     # the host, so the driver never opens a CUDA context; the ranks compute their own
-    policy = RayPolicyGroup(ray, policy_actors, policy_train_config(cfg, torch.device("cpu")), mini)
-    ref: RayRefGroup | RayBaseModelRefGroup | None = RayRefGroup(ray, ref_actors, mini) if ref_actors else None
+    policy = RayPolicyGroup(calls, policy_actors, labels["policy"], policy_train_config(cfg, torch.device("cpu")), mini)
+    ref: RayRefGroup | RayBaseModelRefGroup | None = (RayRefGroup(calls, ref_actors, labels["ref"], mini)
+                                                      if ref_actors else None)
     if ref_is_policy_base(cfg):
-        ref = RayBaseModelRefGroup(ray, policy_actors, mini)
+        ref = RayBaseModelRefGroup(calls, policy_actors, labels["policy"], mini)
         log.info("reference: the LoRA policy's base model on the policy ranks (adapters off); "
                  "trainer.placement.ref_* and trainer.ref.fsdp_config are not used")
-    critic = RayCriticGroup(ray, critic_actors, t.critic_mini_batch_size * n) if critic_actors else None
+    critic = (RayCriticGroup(calls, critic_actors, labels["critic"], t.critic_mini_batch_size * n)
+              if critic_actors else None)
     if not cfg.generator.run_engines_locally:
-        return _with_remote_engines(cfg, tokenizer, ray, plan, groups, policy, ref, critic,
+        return _with_remote_engines(cfg, tokenizer, plan, groups, policy, ref, critic,
                                     int(infos[0]["parameters"]))
-    engines = RayEngineGroup(ray, engine_actors)
+    engines = RayEngineGroup(calls, engine_actors, labels["engine"])
     g = cfg.generator
     sync: RayIPCWeightSync | RayWeightSync
     if weight_sync_kind("cuda" if plan.device == "GPU" else "cpu", bool(t.placement.colocate_all)) == "cuda_ipc":
-        sync = RayIPCWeightSync(ray, policy, engines, int(float(g.weight_transfer_threshold_cuda_ipc_GB) * GIB))
+        sync = RayIPCWeightSync(policy, engines, int(float(g.weight_transfer_threshold_cuda_ipc_GB) * GIB))
     else:
-        sync = RayWeightSync(ray, policy, engines, usable_backend(g.weight_sync_backend, gpus=plan.device == "GPU"),
+        sync = RayWeightSync(policy, engines, usable_backend(g.weight_sync_backend, gpus=plan.device == "GPU"),
                              float(g.weight_sync_timeout))
     log.info("Ray workers up: %s; weight sync %s", plan.describe(), sync.describe)
     return RayWorkers(policy, ref, critic, engines, sync, plan, groups, parameters=int(infos[0]["parameters"]))
 
 
-def start_engines_first(ray, engines: list[Any], shares_gpus: bool, start_ranks: Callable[[], T]) -> T:
+def start_engines_first(calls: ActorCalls, engines: list[Any], labels: list[Actor], shares_gpus: bool,
+                        start_ranks: Callable[[], T]) -> T:
     """Start the engines alone, then the ranks (SkyRL's order): vLLM sizes its KV cache from the
     GPU's free memory and checks that no other process took memory while it profiled, so no rank
     may load a model on that GPU meanwhile. Engines sharing the ranks' GPUs are put to sleep before
     the ranks start (level 2: the first weight sync brings the policy's weights)."""
     if engines:
-        ray.get([e.dtype.remote() for e in engines])  # answered once the engine is built
+        calls.get([Call(label, "dtype", e.dtype.remote()) for label, e in zip(labels, engines)])  # once built
         if shares_gpus:
-            ray.get([e.sleep.remote(2) for e in engines])
+            calls.get([Call(label, "sleep", e.sleep.remote(2)) for label, e in zip(labels, engines)])
     return start_ranks()
 
 
-def _with_remote_engines(cfg: RidgelineConfig, tokenizer, ray, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
+def _with_remote_engines(cfg: RidgelineConfig, tokenizer, plan: PlacementPlan, groups: dict[str, Any], policy: RayPolicyGroup,
                          ref: RayRefGroup | RayBaseModelRefGroup | None, critic: RayCriticGroup | None, parameters: int) -> RayWorkers:
     """`generator.run_engines_locally=false`: the driver's client generates; policy rank 0 pushes the
     gathered weights to the servers over its own weight-update group; the probe compares the

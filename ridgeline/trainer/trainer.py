@@ -33,6 +33,7 @@ from ridgeline.algorithms import load_algorithm_modules
 from ridgeline.algorithms.kl_control import KLController, build_kl_controller, kl_penalized_rewards
 from ridgeline.algorithms.reward_shaping import RunningRewardStd
 from ridgeline.data import DatasetError, PromptDataset, PromptRow
+from ridgeline.distributed.ray_calls import LostWorkerError
 from ridgeline.distributed.weight_sync import InProcessWeightSync, RemoteWeightSync, WeightSync, probe_logprobs
 from ridgeline.generation.generator import Generator
 from ridgeline.generation.step_wise import training_samples
@@ -324,8 +325,23 @@ class Trainer:
             if self.endpoint is not None:
                 self.endpoint.start()
             return self._train()
+        except LostWorkerError as err:
+            # the step in progress (global_step counts it from its start) and how to continue
+            raise err.at_step(self.run.global_step if self.in_step else self.run.global_step + 1,
+                              self._resume_hint()) from err.__cause__
         finally:
             self.close()
+
+    def _resume_hint(self) -> str:
+        """What continues a run whose Ray worker was lost: its newest checkpoint, by the same command."""
+        t = self.cfg.trainer
+        last = self.checkpointer.last
+        if last is None:
+            return (f"No checkpoint was written yet (trainer.ckpt_interval={t.ckpt_interval}): the same command "
+                    "starts the run over")
+        how = ("the same command resumes from it (trainer.resume_mode=latest)" if t.resume_mode == "latest"
+               else "rerun the command with trainer.resume_mode=latest to resume from it")
+        return f"The newest checkpoint is {last}: {how}"
 
     def close(self) -> None:
         """Stop the HTTP endpoint (first: no request reaches an engine being shut down) and the

@@ -331,6 +331,18 @@ class PlacementConfig(Section):
     # Ridgeline extension: seconds to wait for Ray to reserve the placement groups (and for the
     # ranks of a group to meet) before failing with the resource that could not be placed.
     timeout_s: int = setting(180)
+    # Ridgeline extension: seconds the driver waits on any one call to a Ray actor (a training step's
+    # share, a generation, a weight sync, building an engine) before the run stops naming the actor
+    # that does not answer (a hang, or a rank stuck in a collective with a lost peer). Raise it for
+    # steps that take longer.
+    actor_call_timeout_s: int = setting(3600)
+
+    def check(self, at: str, report: Report) -> None:
+        for name in ("timeout_s", "actor_call_timeout_s"):
+            value = getattr(self, name)
+            if value < 1:
+                report.add(f"{at}.{name}={show(value)} must be a positive number of seconds (every wait on Ray is "
+                           f"bounded). Fix: e.g. {at}.{name}={show(getattr(PlacementConfig(), name))}.")
 
 
 ASYNC_MODES: tuple[str, ...] = ("sync", "one_step_off_policy", "fully_async")
@@ -531,6 +543,7 @@ class TrainerConfig(Section):
         self.policy.check(f"{at}.policy", report)
         self.critic.check(f"{at}.critic", report)
         self.ref.check(f"{at}.ref", report)
+        self.placement.check(f"{at}.placement", report)
         check_rope(at, self.rope_scaling, self.rope_theta, report)
         if not self.bf16 and self.mixed_precision == "bf16":
             report.add(f"{at}.bf16=false asks for fp32 training and {at}.mixed_precision=bf16 for bf16 autocast: the "
