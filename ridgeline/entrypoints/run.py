@@ -28,8 +28,10 @@ def setup_logging() -> None:
 
 
 def run_training(cfg: RidgelineConfig) -> dict:
+    from ridgeline.entrypoints.preflight import preflight
     from ridgeline.trainer.run_lock import RunLock, run_folders
 
+    preflight(cfg)   # an engine or strategy this machine cannot run: doctor's one message, before any loading
     # the run's folders first, before torch and the rest load: a second command on them stops at once
     run_lock = RunLock.acquire(run_folders(cfg.trainer))
     try:
