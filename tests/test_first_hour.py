@@ -3,11 +3,16 @@ run it, Ctrl-C then the same command resumes, memory estimated before loading, e
 export folder. CLI runs are the real `ridgeline` command on the tiny preset.
 
 1: `ridgeline doctor`'s cheap checks run before `ridgeline train` loads anything
+4: Ctrl-C ends with one line saying where the checkpoint is; the same command resumes from it
 """
 
+import logging
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,9 @@ import pytest
 from ridgeline.entrypoints.doctor import OPTIONAL_PACKAGES, Package, find_package
 from ridgeline.entrypoints.doctor_facts import FAIL
 from ridgeline.entrypoints.preflight import preflight_failures, preflight_message
+from ridgeline.tracking.trackers import read_metrics
 
+from conftest import HANG_GUARD_S
 from test_doctor import config, cpu_machine, gpu_machine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,3 +101,67 @@ def test_1_cli_train_refuses_an_engine_it_cannot_start_before_loading(tmp_path, 
     assert len(lines) == 1 and lines[0].startswith(f"ridgeline: generator.backend={backend} needs the {backend} "
                                                    "package, which is not installed. Fix:"), proc.stderr
     assert not out.exists()   # nothing prepared, locked or loaded: refused before the run folder exists
+
+
+# ----------------------------------------------------------------------------- 4: Ctrl-C, then the same command
+
+def _trained_steps(metrics: Path) -> list[int]:
+    return [row["step"] for row in read_metrics(metrics) if "policy/policy_loss" in row]
+
+
+@pytest.mark.slow   # three tiny runs through the command: about a minute on this loaded machine
+def test_4_ctrl_c_then_the_same_command_resumes(tmp_path):
+    """A real `ridgeline train` gets SIGINT once its first step is in metrics.jsonl: it ends with one
+    line (the checkpoint, what to type), the same command resumes there, and once more says the run
+    is done. The tiny preset sets resume_mode=latest and ckpt_on_interrupt=true."""
+    out = tmp_path / "runs"
+    command = [sys.executable, "-m", "ridgeline.cli", "train", "+experiment=tiny", f"trainer.export_path={out}",
+               "trainer.max_steps=6", "trainer.eval_before_train=false", "trainer.eval_interval=-1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    metrics = out / "tiny" / "metrics.jsonl"
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        try:
+            while proc.poll() is None and not (metrics.is_file() and _trained_steps(metrics)):
+                time.sleep(0.05)   # the event: the first trained step's row in the run's own file
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=HANG_GUARD_S) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stderr = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    match = re.fullmatch(r"ridgeline: interrupted: stopped after step (\d): checkpoint (\S+) written; "
+                         r"the same command resumes from global_step_\1", last)
+    assert match, stderr[-3000:]
+    step = int(match.group(1))
+    assert Path(match.group(2)) == out / "tiny" / "ckpts" / f"global_step_{step}" and Path(match.group(2)).is_dir()
+    assert 1 <= step < 6 and _trained_steps(metrics) == list(range(1, step + 1))
+
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=HANG_GUARD_S)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {out / 'tiny' / 'ckpts' / f'global_step_{step}'}: step {step}" in again.stderr
+    assert _trained_steps(metrics) == [1, 2, 3, 4, 5, 6]   # each step once: none repeated, none lost
+    # the run's end is now where a rerun resumes, not the steps after the Ctrl-C
+    assert (out / "tiny" / "ckpts" / "latest_ckpt_global_step.txt").read_text() == "6"
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed at step 6, the run's last: nothing left to train (trainer.resume_mode=none starts over" in done.stderr
+    assert _trained_steps(metrics) == [1, 2, 3, 4, 5, 6]
+
+
+def test_4_starting_over_beside_a_checkpoint_says_how_to_resume(tmp_path, caplog):
+    from ridgeline.config import load_config
+    from ridgeline.trainer.checkpoint import find_resume_checkpoint
+
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "global_step_3").mkdir(parents=True)
+    (ckpts / "latest_ckpt_global_step.txt").write_text("3")
+    cfg = load_config(["+experiment=tiny", f"trainer.export_path={tmp_path}", f"trainer.ckpt_path={ckpts}",
+                       "trainer.resume_mode=none"])
+    caplog.set_level(logging.WARNING, logger="ridgeline")
+    assert find_resume_checkpoint(cfg) is None
+    assert caplog.messages == [f"trainer.resume_mode=none: starting over at step 0; to resume from "
+                               f"{ckpts / 'global_step_3'} instead, the same command with trainer.resume_mode=latest"]

@@ -346,6 +346,9 @@ class Trainer:
         if self.val_data is not None and t.eval_before_train and self.run.global_step == 0:
             first_eval = last_eval = self.evaluate()
             self._log(first_eval)
+        if self.run.global_step and self.run.global_step >= self.total_steps:
+            log.warning("resumed at step %d, the run's last: nothing left to train (trainer.resume_mode=none "
+                        "starts over, or raise trainer.epochs / trainer.max_steps to train on)", self.run.global_step)
         with self._interrupt_handling(), run_progress(self.total_steps, done=self.run.global_step) as steps:
             for epoch, batch, rows in self._remaining_batches():
                 self.in_step = True
@@ -365,6 +368,11 @@ class Trainer:
                 self.in_step = False
                 if self.stop_requested:
                     raise KeyboardInterrupt(f"stopped after step {self.run.global_step} (Ctrl-C)")
+        last = self.checkpointer.last
+        if t.ckpt_interval <= 0 and last is not None and checkpoint.checkpoint_step(last) != self.run.global_step:
+            # the checkpoint of a Ctrl-C is where a rerun resumes (resume_mode=latest): once the run is
+            # done, that must be its end, not the steps it has already trained after the interrupt
+            self.save_checkpoint()
         # the last step's own eval (eval_interval) counts as the final one
         if self.val_data is not None and not (self.run.global_step and t.eval_interval > 0
                                               and self.run.global_step % t.eval_interval == 0):
@@ -431,43 +439,49 @@ class Trainer:
         loop then raises KeyboardInterrupt); a Ctrl-C between steps, or a second one, interrupts at
         once. On the way out, a KeyboardInterrupt that arrived between steps writes a checkpoint of
         the last completed step; one that arrived inside a step writes nothing (the step's update may
-        be half done) and the newest checkpoint stays the resume point."""
-        if not self.cfg.trainer.ckpt_on_interrupt:
-            yield
-            return
-
-        def on_sigint(signum, frame):
-            if self.stop_requested or not self.in_step:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            log.warning("Ctrl-C: step %d finishes, then a checkpoint is written and the run stops "
-                        "(Ctrl-C again to stop at once without one)", self.run.global_step)
-
+        be half done) and the newest checkpoint stays the resume point. Either way the
+        KeyboardInterrupt leaves with one line: where the checkpoint is and how to resume."""
         previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, on_sigint)
+        if self.cfg.trainer.ckpt_on_interrupt and threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             yield
         except KeyboardInterrupt:
-            self._checkpoint_on_interrupt()
-            raise
+            # `from None`: the command prints this line, and the frames of wherever Ctrl-C landed say nothing
+            raise KeyboardInterrupt(self._checkpoint_on_interrupt()) from None
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
 
-    def _checkpoint_on_interrupt(self) -> None:
+    def _on_sigint(self, signum, frame) -> None:
+        if self.stop_requested or not self.in_step:
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        log.warning("Ctrl-C: step %d finishes, then a checkpoint is written and the run stops "
+                    "(Ctrl-C again to stop at once without one)", self.run.global_step)
+
+    def _checkpoint_on_interrupt(self) -> str:
+        """Save the last completed step when `ckpt_on_interrupt` asks for it and the Ctrl-C came
+        between steps; the line that says what was saved and what to type to resume."""
+        t = self.cfg.trainer
         step, last = self.run.global_step, self.checkpointer.last
         if self.in_step:
-            log.warning("interrupted inside step %d: its half-done update is not saved; the newest checkpoint "
-                        "is %s", step, last or "none")
+            done = f"stopped inside step {step}: its half-done update is not saved"
         elif step == 0:
-            log.warning("interrupted before the first step: nothing to save")
+            done = "stopped before the first step"
         elif last is not None and checkpoint.checkpoint_step(last) == step:
-            log.warning("interrupted after step %d, already saved in %s", step, last)
+            done = f"stopped after step {step}, saved in {last}"
+        elif not t.ckpt_on_interrupt:
+            done = f"stopped after step {step}; nothing saved (trainer.ckpt_on_interrupt=false)"
         else:
-            folder = self.save_checkpoint()
-            log.warning("interrupted after step %d: checkpoint %s written (resume with "
-                        "trainer.resume_mode=latest)", step, folder)
+            last = self.save_checkpoint()
+            done = f"stopped after step {step}: checkpoint {last} written"
+        if last is None:
+            return (f"{done}; no checkpoint to resume from, the same command starts over"
+                    + ("" if t.ckpt_on_interrupt else " (trainer.ckpt_on_interrupt=true saves one at Ctrl-C)"))
+        if t.resume_mode == "latest":
+            return f"{done}; the same command resumes from {last.name}"
+        return f"{done}; to resume from {last.name}, the same command with trainer.resume_mode=latest"
 
     def update_ref(self) -> None:
         """`update_ref_every_epoch`: the reference becomes the current policy (cast to its dtype)."""
