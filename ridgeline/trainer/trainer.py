@@ -43,7 +43,7 @@ from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_a
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.device import memory_metrics, use_device
-from ridgeline.models.loading import configure_chat_template, load_tokenizer
+from ridgeline.models.loading import configure_chat_template, load_tokenizer, model_config
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import DumpOwner, dump_training_batch, eval_dump_folder
@@ -68,6 +68,7 @@ from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.run_record import start_run_info
 from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import build_training_batch
+from ridgeline.training.memory_estimate import check_memory
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import NonFiniteLossError
 
@@ -215,6 +216,8 @@ class Trainer:
         resume_from = checkpoint.find_resume_checkpoint(cfg)
         if resume_from is not None:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
+        # weights + gradients + optimizer states that cannot fit stop here, not in the OOM killer
+        check_memory(cfg, model_config(policy_spec(cfg), tokenizer))
 
         # the learning-rate schedules run over the whole run's optimizer steps (build.lr_schedule)
         training_batches = planned_steps(train_data.num_batches(t.train_batch_size), t.epochs, t.max_steps,

@@ -387,6 +387,10 @@ class TrainerConfig(Section):
     # skip = drop that optimizer step (counted in policy/skipped_steps, critic/skipped_steps)
     # and warn; stop = end the run with an error naming the step.
     nonfinite_loss: str = setting("skip", choices=("skip", "stop"))
+    # Ridgeline extension: before any model loads, estimate the memory the run needs (weights,
+    # gradients, AdamW states, reference, engine; docs/troubleshooting.md) and refuse a run on a
+    # CPU whose weights and optimizer states alone exceed the memory available; false = start anyway.
+    check_memory: bool = setting(True)
     # Ridgeline extension: folder for metrics.jsonl, the run report and the final model.
     run_dir: str = setting("${trainer.export_path}/${trainer.run_name}")
     # Ridgeline extension: autocast compute dtype of the training forward/backward
