@@ -4,6 +4,7 @@ export folder. CLI runs are the real `ridgeline` command on the tiny preset.
 
 1: `ridgeline doctor`'s cheap checks run before `ridgeline train` loads anything
 4: Ctrl-C ends with one line saying where the checkpoint is; the same command resumes from it
+5: the memory a config needs is estimated before loading; a Ray memory kill is one message
 """
 
 import logging
@@ -240,7 +241,7 @@ def test_5_refused_when_the_weights_alone_do_not_fit_warned_when_the_longest_row
 
 def test_5_cli_a_run_that_cannot_fit_is_refused_before_loading(tmp_path):
     """A 13B-parameter model (Qwen2.5-0.5B's shape with a 200000-wide MLP) on this CPU: weights and
-    AdamW states alone are ~190 GiB, refused after the data is prepared and before the model is built."""
+    AdamW states alone are ~195 GiB, refused after the data is prepared and before the model is built."""
     proc = _train(tmp_path, "+experiment=tiny", f"trainer.export_path={tmp_path / 'runs'}",
                   'trainer.policy.model.path="random://qwen2.5-0.5b?intermediate_size=200000"',
                   "trainer.algorithm.use_kl_loss=false")
