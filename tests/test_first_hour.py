@@ -291,3 +291,22 @@ def test_5_a_ray_memory_kill_is_one_message_with_the_need_and_the_keys():
         "or trainer.max_prompt_length lower, or trainer.gradient_checkpointing=true; or fewer ranks on this machine "
         "(trainer.placement.policy_num_gpus_per_node, generator.num_inference_engines); or a smaller model "
         "(trainer.policy.model.path)")
+
+
+# ----------------------------------------------------------------------------- 7: each run its own exports
+
+@pytest.mark.parametrize("preset", ["tiny", "quickstart", "example_multiply", "sft", "dpo"])
+def test_7_presets_write_exports_and_dumps_in_the_runs_own_folder(preset, tmp_path):
+    from ridgeline.config import load_config
+    from ridgeline.tracking.dumps import eval_dump_folder
+
+    t = load_config([f"+experiment={preset}", f"trainer.export_path={tmp_path}"]).trainer
+    assert t.exports_per_run and t.exports_dir == t.run_dir == f"{tmp_path}/{t.run_name}"
+    assert eval_dump_folder(t.exports_dir, 3) == tmp_path / t.run_name / "dumped_evals" / "global_step_3_evals"
+
+
+def test_7_skyrls_own_configs_keep_its_shared_export_path(tmp_path):
+    from ridgeline.config import load_config
+
+    t = load_config(["+experiment=example_gsm8k", f"trainer.export_path={tmp_path}"]).trainer
+    assert not t.exports_per_run and t.exports_dir == str(tmp_path)

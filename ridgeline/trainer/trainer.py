@@ -417,9 +417,10 @@ class Trainer:
                 self.update_ref()
         step = self.run.global_step
         if t.hf_save_interval > 0 and (step % t.hf_save_interval == 0 or step == self.total_steps):
-            # SkyRL's place: <export_path>/global_step_<N>/{policy,critic}, and one after the last step
+            # SkyRL's place: <export_path>/global_step_<N>/{policy,critic} (the run's folder with
+            # exports_per_run), and one after the last step
             with timer.phase("save_hf_model"):
-                self.checkpointer.export(self.workers, Path(t.export_path) / f"global_step_{step}", step)
+                self.checkpointer.export(self.workers, Path(t.exports_dir) / f"global_step_{step}", step)
         if t.ckpt_interval > 0 and (step % t.ckpt_interval == 0 or step == self.total_steps):
             self.save_checkpoint(timer)
         return timer.seconds
@@ -651,7 +652,7 @@ class Trainer:
         metrics.update({f"timing/{k}": v for k, v in timer.seconds.items()})
         if t.dump_data_batch:  # outside the timer: a debugging aid, not part of the step
             # SkyRL's folder and file stem (it pickles its own batch class; this is JSON lines)
-            dump_training_batch(batch, self.tokenizer, Path(t.export_path) / "dumped_data"
+            dump_training_batch(batch, self.tokenizer, Path(t.exports_dir) / "dumped_data"
                                 / f"global_step_{self.run.global_step}_training_input.jsonl", self.run.global_step)
         trained_tokens = float(batch.attention_mask.sum())
         generated = float(batch.response_mask.sum())
@@ -691,7 +692,7 @@ class Trainer:
         metrics, acc = run_eval(self.generator, [(row.data_source, row) for row in self.val_data], cfg,
                                 env_override=self.env_override, global_step=self.run.global_step)
         if cfg.trainer.dump_eval_results:
-            acc.dump(eval_dump_folder(cfg.trainer.export_path, self.run.global_step),
+            acc.dump(eval_dump_folder(cfg.trainer.exports_dir, self.run.global_step),
                      owner=DumpOwner(self.run_info.run_id, self.run_info.run_dir))
         return metrics
 
