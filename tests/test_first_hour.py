@@ -310,3 +310,8 @@ def test_7_skyrls_own_configs_keep_its_shared_export_path(tmp_path):
 
     t = load_config(["+experiment=example_gsm8k", f"trainer.export_path={tmp_path}"]).trainer
     assert not t.exports_per_run and t.exports_dir == str(tmp_path)
+
+
+def test_1_eval_checks_the_engine_not_the_ranks():
+    assert [c.name for c in preflight_failures(config("vllm", strategy="fsdp2"), cpu_machine(), uses_ranks=False)] == [
+        "generator.backend"]

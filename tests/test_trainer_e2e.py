@@ -71,7 +71,7 @@ def test_final_model_loads_with_transformers_and_exports_and_evals_are_where_sky
             "data_source"} <= set(first)  # SkyRL's fields
     assert first["env_class"] == "arithmetic" and first["input_prompt"].endswith("assistant\n")
     aggregated = json.loads((dumped[1] / "aggregated_results.jsonl").read_text())
-    assert aggregated["eval/all/pass_at_1"] == [r for r in read_metrics(export / "tiny" / "metrics.jsonl")
+    assert aggregated["eval/all/pass_at_1"] == [r for r in read_metrics(export / "metrics.jsonl")
                                                 if r["step"] == 3][-1]["eval/all/pass_at_1"]
 
 

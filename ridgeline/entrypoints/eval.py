@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("--checkpoint %s: no config.yaml of the run that wrote it beside it; the command line's "
                  "config is used", args.checkpoint)
     cfg = load_config(args.overrides, run_config=run_config)
+    from ridgeline.entrypoints.preflight import preflight
+    preflight(cfg, uses_ranks=False)   # an engine this machine cannot run: doctor's message before any loading
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     report = evaluate_model(cfg, checkpoint=args.checkpoint, output=args.output)
     print(format_table(report.metrics))

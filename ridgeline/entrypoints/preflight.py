@@ -1,4 +1,5 @@
-"""`ridgeline doctor`'s cheap checks, run by every training command before anything loads.
+"""`ridgeline doctor`'s cheap checks, run by every training command (and `ridgeline eval`) before
+anything loads.
 
 SkyRL scripts set `generator.backend=vllm` (or `sglang`, an `attention_backend`, Ray ranks);
 on a machine that cannot run them the run used to fail minutes later, after data and model load,
@@ -25,10 +26,13 @@ class PreflightError(UserError):
     """The config asks for something this machine cannot run (doctor's FAIL)."""
 
 
-def preflight_failures(cfg: RidgelineConfig, facts: MachineFacts, uses_engine: bool = True) -> list[Check]:
+def preflight_failures(cfg: RidgelineConfig, facts: MachineFacts, uses_engine: bool = True,
+                       uses_ranks: bool = True) -> list[Check]:
     """The FAILs of doctor's config checks for `cfg` on a machine of `facts`; the engine's only when
-    the run builds one (`ridgeline sft` without an env eval builds none)."""
-    checks = (generator_checks(cfg, facts) if uses_engine else []) + strategy_checks(cfg, facts)
+    the command builds one (`ridgeline sft` without an env eval builds none), the strategy's only
+    when it starts training ranks (`ridgeline eval` starts none)."""
+    checks = ((generator_checks(cfg, facts) if uses_engine else [])
+              + (strategy_checks(cfg, facts) if uses_ranks else []))
     return [check for check in checks if check.status == FAIL]
 
 
@@ -39,8 +43,8 @@ def preflight_message(failures: list[Check]) -> str:
     return failures[0].detail + more
 
 
-def preflight(cfg: RidgelineConfig, uses_engine: bool = True) -> None:
+def preflight(cfg: RidgelineConfig, uses_engine: bool = True, uses_ranks: bool = True) -> None:
     """Raise `PreflightError` when `cfg` cannot run on this machine (module docstring)."""
-    failures = preflight_failures(cfg, machine_facts(), uses_engine)
+    failures = preflight_failures(cfg, machine_facts(), uses_engine, uses_ranks)
     if failures:
         raise PreflightError(preflight_message(failures))
