@@ -315,3 +315,22 @@ def test_7_skyrls_own_configs_keep_its_shared_export_path(tmp_path):
 def test_1_eval_checks_the_engine_not_the_ranks():
     assert [c.name for c in preflight_failures(config("vllm", strategy="fsdp2"), cpu_machine(), uses_ranks=False)] == [
         "generator.backend"]
+
+
+@pytest.mark.slow   # starts a local Ray instance and its actors: a minute or more here
+def test_5_cli_a_worker_ray_kills_for_memory_is_one_message(tmp_path):
+    """A real kill by Ray's memory monitor: with its threshold at 1% of the node, the first Ray
+    worker of an fsdp2 tiny run is killed at once; the command ends with one message, not Ray's report."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_memory_usage_threshold": "0.01",
+           "RAY_memory_monitor_refresh_ms": "100", "RAY_task_oom_retries": "0"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "ridgeline.cli", "train", "+experiment=tiny",
+                           f"trainer.export_path={tmp_path}", "trainer.strategy=fsdp2",
+                           "trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=1",
+                           "trainer.algorithm.use_kl_loss=false", "trainer.max_steps=1"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_GUARD_S)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ridgeline: Ray's memory monitor killed "), proc.stderr[-4000:]
+    assert "This run needs an estimated" in last and "Fix: trainer.micro_train_batch_size_per_gpu" in last
