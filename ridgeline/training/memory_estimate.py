@@ -98,7 +98,8 @@ class MemoryEstimate:
 
 
 def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """`12.3 GiB`; under a GiB in MiB (a tiny model's parts would all read 0.0 GiB)."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def estimate(shape: ModelShape, sizes: Sizes) -> MemoryEstimate:
