@@ -244,6 +244,8 @@ EXTENSION_DEFAULTS: list[tuple[str, object]] = [
     ("trainer.ckpt_on_interrupt", False),
     ("trainer.async_mode", "sync"),             # docs/async.md
     ("trainer.nonfinite_loss", "skip"),
+    ("trainer.check_memory", True),             # the memory estimate before loading (docs/troubleshooting.md)
+    ("trainer.exports_per_run", False),         # SkyRL's shared export_path unless a preset asks (docs/checkpointing.md)
     # per-loss settings and DAPO overlong punishment (SkyRL's names, beyond CONFIG_REFERENCE)
     ("trainer.algorithm.cispo.cispo_eps_clip_low", 0.0),
     ("trainer.algorithm.cispo.cispo_eps_clip_high", 5.0),

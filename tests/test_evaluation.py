@@ -212,7 +212,7 @@ def test_eval_on_the_tiny_preset_writes_metrics_and_dump(tmp_path, capsys):
     code = eval_cli.main(tiny(tmp_path, "generator.eval_n_samples_per_prompt=4",
                               "generator.eval_sampling_params.temperature=1.0"))
     assert code == 0
-    folder = tmp_path / "dumped_evals" / "eval_only"  # the default: SkyRL's, under trainer.export_path
+    folder = tmp_path / "tiny" / "dumped_evals" / "eval_only"  # SkyRL's layout, in the run's folder (exports_per_run)
     metrics = read_metrics(folder)
     for name in ["pass_at_1", "pass_at_2", "pass_at_4", "avg_score", "num_prompts"]:
         assert f"eval/arithmetic/{name}" in metrics and f"eval/all/{name}" in metrics
@@ -239,7 +239,7 @@ def test_eval_matches_the_trainers_eval(tmp_path):
     trained = Trainer.from_config(load_config(overrides)).evaluate()
     for key in ["eval/all/pass_at_1", "eval/all/avg_score", "eval/arithmetic/pass_at_1"]:
         assert report.metrics[key] == pytest.approx(trained[key]), key
-    dumped = read_results(tmp_path / "dumped_evals" / "global_step_0_evals")
+    dumped = read_results(tmp_path / "tiny" / "dumped_evals" / "global_step_0_evals")
     mine = read_results(tmp_path / "out")
     assert [(r["output_response"], r["score"]) for r in mine] == [(r["output_response"], r["score"]) for r in dumped]
 

@@ -61,7 +61,7 @@ def assert_same_logprobs(folder, trainer):
 
 @pytest.mark.integration
 def test_periodic_exports_load_with_transformers(run):
-    exports = Path(run.cfg.trainer.export_path)  # SkyRL's place: <export_path>/global_step_<N>
+    exports = Path(run.cfg.trainer.exports_dir)  # SkyRL's layout, <run_dir>/global_step_<N> with exports_per_run
     assert sorted(p.name for p in exports.glob("global_step_*")) == ["global_step_1", "global_step_2"]
     assert sorted(p.name for p in (exports / "global_step_2").iterdir()) == ["critic", "policy"]
     assert_same_logprobs(exports / "global_step_2" / "policy", run)

@@ -226,7 +226,7 @@ def test_6_eval_checkpoint_reads_the_runs_own_config(shout_run, capsys):
     # no preset, no env: the run's config.yaml names shout, its module and its export path
     assert main(["eval", "--checkpoint", str(out / "tiny" / "final_model")]) == 0
     printed = capsys.readouterr().out
-    dump = out / "dumped_evals" / "eval_only"
+    dump = out / "tiny" / "dumped_evals" / "eval_only"   # the run's folder: the tiny preset's exports_per_run
     assert f"in {dump}" in printed
     metrics = json.loads((dump / "aggregated_results.jsonl").read_text().splitlines()[-1])
     assert metrics["eval/all/avg_score"] == 0.25  # shout's reward

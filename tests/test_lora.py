@@ -303,7 +303,7 @@ def test_exports_are_merged_weights_that_plain_transformers_loads(run, tmp_path)
     with torch.no_grad():
         ours = run.workers.policy.model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits
     run.workers.policy.model.train()
-    for folder in (run.run_dir / "final_model", Path(run.cfg.trainer.export_path) / "global_step_2" / "policy",
+    for folder in (run.run_dir / "final_model", Path(run.cfg.trainer.exports_dir) / "global_step_2" / "policy",
                    tmp_path / "out" / "policy"):
         assert not list(folder.glob("adapter_*")), folder
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -276,14 +276,14 @@ def test_plot_rewards_still_works(tmp_path):
 # ------------------------------------------------------------------------------------ real runs
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """Two real tiny runs in one runs folder (the same trainer.export_path, so SkyRL's shared
-    dumped_evals/): `a` sums (evals at steps 0, 1, 2), then `b` multiplies (another seed; its
+    """Two real tiny runs in one runs folder (the same trainer.export_path and exports_per_run=false,
+    so SkyRL's shared dumped_evals/): `a` sums (evals at steps 0, 1, 2), then `b` multiplies (another seed; its
     final eval at step 2 replaces a's dump there). Then a's report is written again."""
     from ridgeline.config import load_config
     from ridgeline.entrypoints.run import run_training
 
     runs = tmp_path_factory.mktemp("runs")
-    common = ["+experiment=tiny", f"trainer.export_path={runs}", "data.prepare.num_train=32"]
+    common = ["+experiment=tiny", f"trainer.export_path={runs}", "trainer.exports_per_run=false", "data.prepare.num_train=32"]
     run_training(load_config([*common, "trainer.run_name=a", "trainer.eval_interval=1"]))
     run_training(load_config([*common, "trainer.run_name=b", "data.prepare.ops=*", "trainer.seed=7",
                               "trainer.eval_before_train=false"]))

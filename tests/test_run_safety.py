@@ -185,7 +185,7 @@ def test_a_full_disk_leaves_no_half_written_model_and_says_so(tmp_path, small_di
                            "data.prepare=null", *extra], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    target = small_disk / "tiny" / "final_model" if what == "final_model" else small_disk / "global_step_1"
+    target = small_disk / "tiny" / ("final_model" if what == "final_model" else "global_step_1")
     message = proc.stderr[proc.stderr.index("ridgeline: "):]
     assert message.startswith(f"ridgeline: no space left on device writing "
                               f"{'the final model' if what == 'final_model' else 'the step-1 export'} to {target} (")

@@ -153,7 +153,9 @@ def test_sft_trains_and_a_resumed_run_repeats_the_same_losses(tmp_path):
     evals = [r["eval/loss"] for r in _rows(tmp_path / "whole") if "eval/loss" in r]
     assert evals[-1] < evals[0]
     assert (tmp_path / "whole" / "final_model" / "config.json").exists()
-    assert (tmp_path / "exports" / "global_step_4" / "policy" / "config.json").exists()  # hf_save_interval
+    # hf_save_interval, in the run's folder (the preset's exports_per_run), not the shared export_path
+    assert (tmp_path / "whole" / "global_step_4" / "policy" / "config.json").exists()
+    assert not (tmp_path / "exports").exists()
     # killed after the step-2 checkpoint, then resumed: steps 3 and 4 repeat bit for bit
     assert main(_args("sft", chats, tmp_path / "cut", "trainer.max_steps=2")) == 0
     assert main(_args("sft", chats, tmp_path / "cut", "trainer.max_steps=4", "trainer.resume_mode=latest")) == 0

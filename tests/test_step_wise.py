@@ -347,7 +347,7 @@ def test_step_wise_training_runs_through_the_trainer(tmp_path):
         returns = [total_reward(r) for r in out.rewards]
         assert metrics["reward/avg_raw_reward"] == pytest.approx(sum(returns) / len(returns))
         assert metrics["loss/avg_final_rewards"] == pytest.approx(sum(returns) / len(returns))
-        dump = tmp_path / "dumped_data" / f"global_step_{step}_training_input.jsonl"
+        dump = tmp_path / "tiny" / "dumped_data" / f"global_step_{step}_training_input.jsonl"
         rows = [json.loads(line) for line in dump.read_text().splitlines()]
         assert len(rows) == sum(turns)
         by_trajectory: dict[int, set[float]] = {}
@@ -386,7 +386,7 @@ def test_step_wise_on_two_ranks_reproduces_one_process(tmp_path):
     # some critic mini-batch (1 prompt: 4 trajectories) held an odd number of steps: a rank got a padding row
     odd = 0
     for step in (1, 2):
-        dump = tmp_path / "single" / "dumped_data" / f"global_step_{step}_training_input.jsonl"
+        dump = tmp_path / "single" / "tiny" / "dumped_data" / f"global_step_{step}_training_input.jsonl"
         trajectories = [json.loads(line)["trajectory"] for line in dump.read_text().splitlines()]
         odd += sum(sum(t // 4 == k for t in trajectories) % 2 for k in range(4))
     assert odd > 0

@@ -54,7 +54,8 @@ def test_final_model_loads_with_transformers_and_exports_and_evals_are_where_sky
     cfg, summary, _ = tiny_run
     model = AutoModelForCausalLM.from_pretrained(summary["final_model"])
     assert model.config.vocab_size > 0
-    export = Path(cfg.trainer.export_path)
+    export = Path(cfg.trainer.run_dir)   # SkyRL's layout in the run's own folder (the preset's exports_per_run)
+    assert cfg.trainer.exports_dir == cfg.trainer.run_dir
     # hf_save_interval=2 over 3 steps: step 2, and one after the last step (as SkyRL does)
     assert sorted(p.name for p in export.glob("global_step_*")) == ["global_step_2", "global_step_3"]
     assert (export / "global_step_3" / "policy" / "model.safetensors").is_file()
@@ -63,14 +64,14 @@ def test_final_model_loads_with_transformers_and_exports_and_evals_are_where_sky
     # SkyRL's two files, and the run that wrote them (the run report shows its own run's dumps only)
     assert sorted(p.name for p in dumped[0].iterdir()) == ["aggregated_results.jsonl", "arithmetic.jsonl",
                                                            "ridgeline_run.json"]
-    owner, info = (json.loads(p.read_text()) for p in (dumped[0] / "ridgeline_run.json", export / "tiny" / "run.json"))
+    owner, info = (json.loads(p.read_text()) for p in (dumped[0] / "ridgeline_run.json", export / "run.json"))
     assert owner == {"run_id": info["run_id"], "run_dir": info["run_dir"]}
     first = json.loads((dumped[0] / "arithmetic.jsonl").read_text().splitlines()[0])
     assert {"input_prompt", "output_response", "score", "stop_reason", "env_class", "env_extras",
             "data_source"} <= set(first)  # SkyRL's fields
     assert first["env_class"] == "arithmetic" and first["input_prompt"].endswith("assistant\n")
     aggregated = json.loads((dumped[1] / "aggregated_results.jsonl").read_text())
-    assert aggregated["eval/all/pass_at_1"] == [r for r in read_metrics(export / "tiny" / "metrics.jsonl")
+    assert aggregated["eval/all/pass_at_1"] == [r for r in read_metrics(export / "metrics.jsonl")
                                                 if r["step"] == 3][-1]["eval/all/pass_at_1"]
 
 
@@ -226,7 +227,7 @@ def test_a_run_writes_its_trackers_dumps_samples_and_report(tmp_path, monkeypatc
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "mlruns").is_dir() and (run_dir / "mlflow_run_id").exists()
     assert list((run_dir / "wandb").glob("offline-run-*"))
-    dumps = sorted((tmp_path / "dumped_data").iterdir())  # SkyRL's folder and file stem
+    dumps = sorted((run_dir / "dumped_data").iterdir())  # SkyRL's folder and file stem, in the run's folder
     assert [d.name for d in dumps] == ["global_step_1_training_input.jsonl", "global_step_2_training_input.jsonl"]
     first = json.loads(dumps[0].read_text().splitlines()[0])
     assert {"uid", "prompt", "response", "reward"} <= set(first)

@@ -125,8 +125,9 @@ def disk_paths(cfg: RidgelineConfig | None) -> dict[str, str]:
     return paths
 
 
-def gather_facts(paths: dict[str, str] | None = None) -> MachineFacts:
-    """Look at this machine once: versions, GPUs, packages, free space under ``paths``, Ray."""
+def machine_facts() -> MachineFacts:
+    """What costs nothing to learn about this machine: versions, GPUs, which packages are
+    installed (located, not imported). What `ridgeline train` checks before it loads anything."""
     torch: ModuleType | None
     try:
         import torch
@@ -146,6 +147,13 @@ def gather_facts(paths: dict[str, str] | None = None) -> MachineFacts:
 
             facts.cpu_fast_bf16 = cpu_has_fast_bf16()
     facts.packages = {name: find_package(name, dists) for name, dists in OPTIONAL_PACKAGES.items()}
+    return facts
+
+
+def gather_facts(paths: dict[str, str] | None = None) -> MachineFacts:
+    """Look at this machine once: `machine_facts`, then free space under ``paths``, the code
+    sandbox and Ray."""
+    facts = machine_facts()
     for label, path in (paths or {".": "."}).items():
         folder = nearest_existing(path)
         facts.disk[label] = (str(folder), shutil.disk_usage(folder).free / 1e9)
@@ -249,9 +257,16 @@ def probe_remote_engines(cfg: RidgelineConfig, timeout_s: float = 5.0) -> dict[s
 
 def config_checks(cfg: RidgelineConfig, facts: MachineFacts) -> list[Check]:
     """Can the engine and strategy that ``cfg`` asks for work on this machine?"""
-    gen, strategy = cfg.generator, cfg.trainer.strategy
+    checks = [Check("config", OK, f"valid (generator.backend={cfg.generator.backend}, "
+                                  f"trainer.strategy={cfg.trainer.strategy})")]
+    return checks + generator_checks(cfg, facts) + strategy_checks(cfg, facts)
+
+
+def generator_checks(cfg: RidgelineConfig, facts: MachineFacts) -> list[Check]:
+    """The engine of `generator.*`: local (its package, backend, attention) or remote servers."""
+    gen = cfg.generator
     backend = gen.backend
-    checks = [Check("config", OK, f"valid (generator.backend={backend}, trainer.strategy={strategy})")]
+    checks: list[Check] = []
     if not gen.run_engines_locally:
         urls = [str(u) for u in gen.remote_inference_engine_urls]
         if not facts.remote:
@@ -268,6 +283,13 @@ def config_checks(cfg: RidgelineConfig, facts: MachineFacts) -> list[Check]:
         from ridgeline.entrypoints.doctor_sglang import sglang_known_issues
 
         checks += sglang_known_issues(cfg, os.environ)
+    return checks
+
+
+def strategy_checks(cfg: RidgelineConfig, facts: MachineFacts) -> list[Check]:
+    """`trainer.strategy`: Ray's strategies need ray installed."""
+    strategy = cfg.trainer.strategy
+    checks: list[Check] = []
     if strategy in RAY_STRATEGIES and facts.packages.get("ray") is None:
         checks.append(Check("trainer.strategy", FAIL,
                             f"trainer.strategy={strategy} runs its ranks as Ray actors, but ray is "

@@ -98,6 +98,11 @@ def attention_check(attention: str | None, facts: MachineFacts) -> Check:
         problem = attention_backend_problem(str(attention), cap)
         if problem:
             return Check("attention backend", FAIL, problem)
+        if str(attention) == "flashinfer" and facts.packages.get("flashinfer") is None:
+            other = fitting_attention_backend(cap) if cap else "torch_native"
+            return Check("attention backend", FAIL, "attention_backend=flashinfer needs the flashinfer package, which "
+                         "is not installed. Fix: pip install flashinfer-python, or "
+                         f"generator.engine_init_kwargs.attention_backend={'triton' if other == 'flashinfer' else other}")
         return Check("attention backend", OK, f"{attention} on {format_capability(cap) if cap else 'the CPU'}")
     if cap is None:
         return Check("attention backend", OK, "torch_native (SGLang's CPU backend)")

@@ -17,7 +17,7 @@ What is read: `data.val_data` (the files to score; `data.prepare` writes them fi
 `trainer.max_prompt_length` and `trainer.seed`.
 
 What is written to `--output` (default SkyRL-Train's eval-only dump folder,
-`<trainer.export_path>/dumped_evals/eval_only`): the eval dump (`<data_source>.jsonl`, every
+`<trainer.export_path>/dumped_evals/eval_only`, or under the run's folder with `trainer.exports_per_run`): the eval dump (`<data_source>.jsonl`, every
 sample, and `aggregated_results.jsonl`, the metrics; ridgeline.tracking.dumps) and `config.yaml`
 (the resolved config); the metrics table is printed. Each file of `data.val_data` is reported by
 its rows' data_source; when two files share a data source, each is reported as
@@ -74,7 +74,8 @@ def _add_arguments(parser: argparse.ArgumentParser, overrides_nargs: str = "*") 
                              "of trainer.policy.model.path, or a training checkpoint")
     parser.add_argument("--output", type=Path, default=None,
                         help="where the eval dump and config.yaml go "
-                             "(default: <trainer.export_path>/dumped_evals/eval_only)")
+                             "(default: <trainer.export_path>/dumped_evals/eval_only; the run's folder with "
+                             "trainer.exports_per_run=true, as the presets set)")
     parser.add_argument("overrides", nargs=overrides_nargs,
                         help="Hydra overrides, e.g. +experiment=tiny trainer.seed=1")
 
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("--checkpoint %s: no config.yaml of the run that wrote it beside it; the command line's "
                  "config is used", args.checkpoint)
     cfg = load_config(args.overrides, run_config=run_config)
+    from ridgeline.entrypoints.preflight import preflight
+    preflight(cfg, uses_ranks=False)   # an engine this machine cannot run: doctor's message before any loading
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     report = evaluate_model(cfg, checkpoint=args.checkpoint, output=args.output)
     print(format_table(report.metrics))
@@ -162,7 +165,7 @@ def evaluate_model(cfg: RidgelineConfig, checkpoint: Path | None = None, output:
     if g.enable_http_endpoint:  # a taken port stops here, before any model loads
         check_address(g.http_endpoint_host, g.http_endpoint_port)
     seed_everything(t.seed)
-    output = Path(output) if output is not None else eval_dump_folder(t.export_path, None)
+    output = Path(output) if output is not None else eval_dump_folder(t.exports_dir, None)
     cfg = copy.deepcopy(cfg)  # a copy; the caller's stays as it is
     engine: InferenceEngine
     if g.run_engines_locally and g.backend == "hf":

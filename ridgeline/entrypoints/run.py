@@ -28,14 +28,35 @@ def setup_logging() -> None:
 
 
 def run_training(cfg: RidgelineConfig) -> dict:
+    from ridgeline.entrypoints.preflight import preflight
     from ridgeline.trainer.run_lock import RunLock, run_folders
 
+    preflight(cfg)   # an engine or strategy this machine cannot run: doctor's one message, before any loading
     # the run's folders first, before torch and the rest load: a second command on them stops at once
     run_lock = RunLock.acquire(run_folders(cfg.trainer))
     try:
         return _train(cfg)
+    except Exception as exc:
+        if "ray" in sys.modules:   # a Ray worker killed for memory: one message, not Ray's OOM report
+            from ridgeline.distributed.ray_errors import RayMemoryError, memory_kill, memory_kill_message
+            kill = memory_kill(exc)
+            if kill is not None:
+                raise RayMemoryError(memory_kill_message(kill, _need(cfg))) from exc
+        raise
     finally:
         run_lock.release()
+
+
+def _need(cfg: RidgelineConfig) -> str | None:
+    """The run's memory estimate as a sentence, for the message of a worker killed for memory."""
+    from ridgeline.errors import UserError
+    from ridgeline.training.memory_estimate import need_sentence
+
+    try:
+        return need_sentence(cfg)
+    except (UserError, OSError, ValueError) as exc:   # the model's config cannot be read: the message goes without it
+        log.debug("no memory estimate: %s", exc)
+        return None
 
 
 def _train(cfg: RidgelineConfig) -> dict:

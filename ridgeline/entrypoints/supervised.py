@@ -32,9 +32,12 @@ def add_parsers(sub, add_arguments) -> None:
 
 
 def run(command: str, cfg: RidgelineConfig) -> dict:
+    from ridgeline.entrypoints.preflight import preflight
     from ridgeline.entrypoints.run import held_out_line, setup_logging
     from ridgeline.trainer.supervised import DPO, SFT, run_supervised
 
+    # an engine only samples DPO's env pairs or scores SFT's env eval
+    preflight(cfg, uses_engine=(command == "dpo" and cfg.dpo.pairs == "env") or (command == "sft" and cfg.sft.eval_with_env))
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     summary = run_supervised(cfg, SFT if command == "sft" else DPO)

@@ -1,4 +1,5 @@
-"""Debugging dumps under `trainer.export_path`, at SkyRL-Train's paths and file names.
+"""Debugging dumps under `trainer.export_path` (the run's own folder with `trainer.exports_per_run`,
+as the presets set), at SkyRL-Train's paths and file names.
 
 `trainer.dump_data_batch`: what a step trained on, one readable JSON line per row, in
 `<export_path>/dumped_data/global_step_<N>_training_input.jsonl` (SkyRL pickles its own batch
@@ -164,8 +165,8 @@ def write_eval_dump(folder: str | Path, records: Sequence[dict[str, Any]], metri
         earlier = eval_dump_owner(folder)
         if owner is not None and earlier is not None and earlier.run_id != owner.run_id:
             log.warning("%s held the eval dump of another run (%s); this run's replaces it. Runs with the same "
-                        "trainer.export_path share SkyRL's dumped_evals/: give each run its own "
-                        "trainer.export_path to keep both", folder, earlier.run_dir)
+                        "trainer.export_path share SkyRL's dumped_evals/: trainer.exports_per_run=true "
+                        "(or a trainer.export_path per run) keeps both", folder, earlier.run_dir)
         for old in folder.glob("*.jsonl"):
             old.unlink()
         (folder / OWNER_FILE).unlink(missing_ok=True)

@@ -4,7 +4,8 @@
 (`run_info.py`), `samples.jsonl` (`samples.py`) and the eval dumps
 (`dumped_evals/global_step_<N>_evals/`, SkyRL's layout, `dumps.py`). Eval dumps are looked for
 under `trainer.export_path` (where the trainer writes them, SkyRL's place, shared by every run
-with that export path) and in the run folder (a run folder copied elsewhere with its dumps); a
+with that export path) and in the run folder (where `trainer.exports_per_run` writes them, as the
+presets set, or a run folder copied elsewhere with its dumps); a
 dump counts as this run's when its owner file names this run's id, or, for a dump without one
 (SkyRL's, or from before owner files), when it sits in the run folder itself. The others are
 listed in `RunData.foreign_dumps`, so the report can say what it left out.

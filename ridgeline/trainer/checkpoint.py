@@ -280,6 +280,14 @@ def find_resume_checkpoint(cfg: RidgelineConfig) -> Path | None:
     when there is none); from_path -> `resume_path`, which must be a complete checkpoint."""
     t = cfg.trainer
     if t.resume_mode in (None, "none"):
+        root = Path(t.ckpt_path)
+        try:   # only for the note below: a pointer that is not a step does not stop a run that ignores it
+            step = pointed_step(root) if root.is_dir() and "://" not in str(t.ckpt_path) else None
+        except CheckpointError:
+            step = None
+        if step is not None:
+            log.warning("trainer.resume_mode=%s: starting over at step 0; to resume from %s instead, the same "
+                        "command with trainer.resume_mode=latest", t.resume_mode, root / f"{CKPT_PREFIX}{step}")
         return None
     if t.resume_mode == "latest":
         folder = latest_checkpoint(Path(t.ckpt_path))

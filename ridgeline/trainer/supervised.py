@@ -262,8 +262,8 @@ class SupervisedTrainer:
                     self.run.data_position = (epoch + 1, 0) if epoch_done else (epoch, batch + 1)
                     step = self.run.global_step
                     if t.hf_save_interval > 0 and (step % t.hf_save_interval == 0 or step == self.total_steps):
-                        # SkyRL's place, as RL runs: <export_path>/global_step_<N>/policy
-                        self.checkpointer.export(self.workers, Path(t.export_path) / f"global_step_{step}", step)
+                        # SkyRL's place, as RL runs: <export_path>/global_step_<N>/policy (or the run's folder)
+                        self.checkpointer.export(self.workers, Path(t.exports_dir) / f"global_step_{step}", step)
                     if t.ckpt_interval > 0 and (step % t.ckpt_interval == 0 or step == self.total_steps):
                         self.checkpointer.save(self.run, self.workers, self.steps_per_epoch)
                         self.checkpointer.prune_old()

@@ -44,7 +44,7 @@ from ridgeline.inference.endpoint import EndpointSettings, HttpEndpoint, check_a
 from ridgeline.inference.remote import RemoteEngine
 from ridgeline.inference.types import InferenceEngine, SamplingParams
 from ridgeline.models.device import memory_metrics, use_device
-from ridgeline.models.loading import configure_chat_template, load_tokenizer
+from ridgeline.models.loading import configure_chat_template, load_tokenizer, model_config
 from ridgeline.seeding import derive_seed
 from ridgeline.tracking.plot import plot_rewards
 from ridgeline.tracking.dumps import DumpOwner, dump_training_batch, eval_dump_folder
@@ -69,6 +69,7 @@ from ridgeline.trainer.run_lock import RunLock, run_folders
 from ridgeline.trainer.run_record import start_run_info
 from ridgeline.trainer.state import AlgorithmState, RunState
 from ridgeline.training.batch import TrainingBatch, build_training_batch
+from ridgeline.training.memory_estimate import check_memory
 from ridgeline.training.protocols import Workers
 from ridgeline.training.worker import NonFiniteLossError
 
@@ -217,6 +218,8 @@ class Trainer:
         resume_from = checkpoint.find_resume_checkpoint(cfg)
         if resume_from is not None:
             checkpoint.check_resume(cfg, resume_from, fingerprint)  # before any model loads
+        # weights + gradients + optimizer states that cannot fit stop here, not in the OOM killer
+        check_memory(cfg, model_config(policy_spec(cfg), tokenizer))
 
         # the learning-rate schedules run over the whole run's optimizer steps (build.lr_schedule)
         training_batches = planned_steps(train_data.num_batches(t.train_batch_size), t.epochs, t.max_steps,
@@ -364,6 +367,9 @@ class Trainer:
         if self.val_data is not None and t.eval_before_train and self.run.global_step == 0:
             first_eval = last_eval = self.evaluate()
             self._log(first_eval)
+        if self.run.global_step and self.run.global_step >= self.total_steps:
+            log.warning("resumed at step %d, the run's last: nothing left to train (trainer.resume_mode=none "
+                        "starts over, or raise trainer.epochs / trainer.max_steps to train on)", self.run.global_step)
         with self._interrupt_handling(), run_progress(self.total_steps, done=self.run.global_step) as steps:
             for epoch, batch, rows in self._remaining_batches():
                 self.in_step = True
@@ -383,6 +389,11 @@ class Trainer:
                 self.in_step = False
                 if self.stop_requested:
                     raise KeyboardInterrupt(f"stopped after step {self.run.global_step} (Ctrl-C)")
+        last = self.checkpointer.last
+        if t.ckpt_interval <= 0 and last is not None and checkpoint.checkpoint_step(last) != self.run.global_step:
+            # the checkpoint of a Ctrl-C is where a rerun resumes (resume_mode=latest): once the run is
+            # done, that must be its end, not the steps it has already trained after the interrupt
+            self.save_checkpoint()
         # the last step's own eval (eval_interval) counts as the final one
         if self.val_data is not None and not (self.run.global_step and t.eval_interval > 0
                                               and self.run.global_step % t.eval_interval == 0):
@@ -424,9 +435,10 @@ class Trainer:
                 self.update_ref()
         step = self.run.global_step
         if t.hf_save_interval > 0 and (step % t.hf_save_interval == 0 or step == self.total_steps):
-            # SkyRL's place: <export_path>/global_step_<N>/{policy,critic}, and one after the last step
+            # SkyRL's place: <export_path>/global_step_<N>/{policy,critic} (the run's folder with
+            # exports_per_run), and one after the last step
             with timer.phase("save_hf_model"):
-                self.checkpointer.export(self.workers, Path(t.export_path) / f"global_step_{step}", step)
+                self.checkpointer.export(self.workers, Path(t.exports_dir) / f"global_step_{step}", step)
         if t.ckpt_interval > 0 and (step % t.ckpt_interval == 0 or step == self.total_steps):
             self.save_checkpoint(timer)
         return timer.seconds
@@ -449,43 +461,49 @@ class Trainer:
         loop then raises KeyboardInterrupt); a Ctrl-C between steps, or a second one, interrupts at
         once. On the way out, a KeyboardInterrupt that arrived between steps writes a checkpoint of
         the last completed step; one that arrived inside a step writes nothing (the step's update may
-        be half done) and the newest checkpoint stays the resume point."""
-        if not self.cfg.trainer.ckpt_on_interrupt:
-            yield
-            return
-
-        def on_sigint(signum, frame):
-            if self.stop_requested or not self.in_step:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            log.warning("Ctrl-C: step %d finishes, then a checkpoint is written and the run stops "
-                        "(Ctrl-C again to stop at once without one)", self.run.global_step)
-
+        be half done) and the newest checkpoint stays the resume point. Either way the
+        KeyboardInterrupt leaves with one line: where the checkpoint is and how to resume."""
         previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, on_sigint)
+        if self.cfg.trainer.ckpt_on_interrupt and threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             yield
         except KeyboardInterrupt:
-            self._checkpoint_on_interrupt()
-            raise
+            # `from None`: the command prints this line, and the frames of wherever Ctrl-C landed say nothing
+            raise KeyboardInterrupt(self._checkpoint_on_interrupt()) from None
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
 
-    def _checkpoint_on_interrupt(self) -> None:
+    def _on_sigint(self, signum, frame) -> None:
+        if self.stop_requested or not self.in_step:
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        log.warning("Ctrl-C: step %d finishes, then a checkpoint is written and the run stops "
+                    "(Ctrl-C again to stop at once without one)", self.run.global_step)
+
+    def _checkpoint_on_interrupt(self) -> str:
+        """Save the last completed step when `ckpt_on_interrupt` asks for it and the Ctrl-C came
+        between steps; the line that says what was saved and what to type to resume."""
+        t = self.cfg.trainer
         step, last = self.run.global_step, self.checkpointer.last
         if self.in_step:
-            log.warning("interrupted inside step %d: its half-done update is not saved; the newest checkpoint "
-                        "is %s", step, last or "none")
+            done = f"stopped inside step {step}: its half-done update is not saved"
         elif step == 0:
-            log.warning("interrupted before the first step: nothing to save")
+            done = "stopped before the first step"
         elif last is not None and checkpoint.checkpoint_step(last) == step:
-            log.warning("interrupted after step %d, already saved in %s", step, last)
+            done = f"stopped after step {step}, saved in {last}"
+        elif not t.ckpt_on_interrupt:
+            done = f"stopped after step {step}; nothing saved (trainer.ckpt_on_interrupt=false)"
         else:
-            folder = self.save_checkpoint()
-            log.warning("interrupted after step %d: checkpoint %s written (resume with "
-                        "trainer.resume_mode=latest)", step, folder)
+            last = self.save_checkpoint()
+            done = f"stopped after step {step}: checkpoint {last} written"
+        if last is None:
+            return (f"{done}; no checkpoint to resume from, the same command starts over"
+                    + ("" if t.ckpt_on_interrupt else " (trainer.ckpt_on_interrupt=true saves one at Ctrl-C)"))
+        if t.resume_mode == "latest":
+            return f"{done}; the same command resumes from {last.name}"
+        return f"{done}; to resume from {last.name}, the same command with trainer.resume_mode=latest"
 
     def update_ref(self) -> None:
         """`update_ref_every_epoch`: the reference becomes the current policy (cast to its dtype)."""
@@ -656,7 +674,7 @@ class Trainer:
         metrics.update({f"timing/{k}": v for k, v in timer.seconds.items()})
         if t.dump_data_batch:  # outside the timer: a debugging aid, not part of the step
             # SkyRL's folder and file stem (it pickles its own batch class; this is JSON lines)
-            dump_training_batch(batch, self.tokenizer, Path(t.export_path) / "dumped_data"
+            dump_training_batch(batch, self.tokenizer, Path(t.exports_dir) / "dumped_data"
                                 / f"global_step_{self.run.global_step}_training_input.jsonl", self.run.global_step)
         trained_tokens = float(batch.attention_mask.sum())
         generated = float(batch.response_mask.sum())
@@ -699,7 +717,7 @@ class Trainer:
         metrics, acc = run_eval(self.generator, [(row.data_source, row) for row in self.val_data], cfg,
                                 env_override=self.env_override, global_step=self.run.global_step)
         if cfg.trainer.dump_eval_results:
-            acc.dump(eval_dump_folder(cfg.trainer.export_path, self.run.global_step),
+            acc.dump(eval_dump_folder(cfg.trainer.exports_dir, self.run.global_step),
                      owner=DumpOwner(self.run_info.run_id, self.run_info.run_dir))
         return metrics
 

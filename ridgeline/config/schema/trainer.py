@@ -453,6 +453,10 @@ class TrainerConfig(Section):
     hf_save_interval: int = setting(-1)
     # SkyRL's folder for exports and dumps (dumped_evals/, dumped_data/): docs/checkpointing.md
     export_path: str = setting("${oc.env:HOME}/exports/")
+    # Ridgeline extension: true = exports and dumps (global_step_N/, dumped_evals/, dumped_data/)
+    # go in the run's own folder (trainer.run_dir), so runs sharing an export_path keep theirs apart
+    # (the presets set it); false = SkyRL's place, trainer.export_path, shared by its runs.
+    exports_per_run: bool = setting(False)
     # SkyRL 0.4 key: folder of the infrastructure log, {log_path}/infra-YYMMDD_HHMMSS.log: engine
     # start-up, model loading and worker set-up (Ridgeline's ridgeline.inference / .models /
     # .distributed / .training loggers, at INFO and above); the console keeps its own output
@@ -470,6 +474,10 @@ class TrainerConfig(Section):
     # skip = drop that optimizer step (counted in policy/skipped_steps, critic/skipped_steps)
     # and warn; stop = end the run with an error naming the step.
     nonfinite_loss: str = setting("skip", choices=("skip", "stop"))
+    # Ridgeline extension: before any model loads, estimate the memory the run needs (weights,
+    # gradients, AdamW states, reference, engine; docs/troubleshooting.md) and refuse a run on a
+    # CPU whose weights and optimizer states alone exceed the memory available; false = start anyway.
+    check_memory: bool = setting(True)
     # Ridgeline extension: folder for metrics.jsonl, the run report and the final model.
     run_dir: str = setting("${trainer.export_path}/${trainer.run_name}")
     # Ridgeline extension: autocast compute dtype of the training forward/backward
@@ -509,6 +517,11 @@ class TrainerConfig(Section):
     ref: RefConfig = field(default_factory=RefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     fully_async: FullyAsyncConfig = field(default_factory=FullyAsyncConfig)
+
+    @property
+    def exports_dir(self) -> str:
+        """Where exports and dumps go: `run_dir` with `exports_per_run`, else `export_path`."""
+        return self.run_dir if self.exports_per_run else self.export_path
 
     def check(self, at: str, report: Report) -> None:
         for name in ("epochs", "update_epochs_per_batch", "train_batch_size", "policy_mini_batch_size",
