@@ -183,7 +183,8 @@ def test_a_rank_saves_and_restores_its_own_generators():
     from ridgeline.distributed.ray_workers import TrainingRank
 
     rank = object.__new__(TrainingRank)  # its methods, without Ray or a model
-    rank.worker = SimpleNamespace(parallel=SimpleNamespace(device=torch.device("cpu")))
+    rank._worker = SimpleNamespace(parallel=SimpleNamespace(device=torch.device("cpu")))
+    rank._group = rank._worker.parallel   # what setup() sets: the rank's FSDP group
     state = rank.rng_state()
     drawn = torch.rand(3)
     rank.set_rng_state(state)
@@ -325,7 +326,8 @@ def test_a_colocated_gpu_rank_offloads_frees_gradients_and_cached_memory_after_e
             return torch.zeros(1, 1)
 
     rank = object.__new__(TrainingRank)
-    rank.worker = Worker(optimizer=optimizer, model=Model(), parallel=SimpleNamespace(device=gpu, cpu_offload=False))
+    rank._worker = Worker(optimizer=optimizer, model=Model(), parallel=SimpleNamespace(device=gpu, cpu_offload=False))
+    rank._group = rank._worker.parallel   # what setup() sets: the rank's FSDP group
     rank.ipc_transfer = None
     monkeypatch.setattr("ridgeline.distributed.ray_workers.TrainedWorker", Worker)  # it has an optimizer
     rank.shares_gpu = False  # engines on GPUs of their own: the rank keeps its GPU
