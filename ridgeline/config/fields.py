@@ -115,8 +115,14 @@ def section_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.init]
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    # the schema's classes never change; resolving their string annotations was 40% of a load_config
+    return typing.get_type_hints(cls)
+
+
 def field_type(cls: type, name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
+    return _type_hints(cls)[name]
 
 
 def section_type(tp: Any) -> type | None:
