@@ -91,6 +91,7 @@ def test_1_a_run_without_an_engine_is_not_refused_for_its_engine():
     assert [c.status for c in preflight_failures(config("hf", strategy="fsdp2"), cpu_machine(), False)] == [FAIL]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_1_cli_train_refuses_an_engine_it_cannot_start_before_loading(tmp_path, backend):
     if find_package(backend, OPTIONAL_PACKAGES[backend]) is not None:   # not find_spec: tests/vllm is a folder
@@ -239,6 +240,7 @@ def test_5_refused_when_the_weights_alone_do_not_fit_warned_when_the_longest_row
         "micro-batch and 4 rows decoded together, beyond 12.0 GiB of weights and optimizer states)")
 
 
+@pytest.mark.integration
 def test_5_cli_a_run_that_cannot_fit_is_refused_before_loading(tmp_path):
     """A 13B-parameter model (Qwen2.5-0.5B's shape with a 200000-wide MLP) on this CPU: weights and
     AdamW states alone are ~195 GiB, refused after the data is prepared and before the model is built."""

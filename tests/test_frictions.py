@@ -208,6 +208,7 @@ def test_6_a_misspelled_preset_comes_without_the_base_configs_gpu_rules():
     assert "colocate_all" not in text and "num_inference_engines" not in text
 
 
+@pytest.mark.integration
 def test_6_a_bare_train_says_only_what_stops_it(tmp_path):
     """The base config's 4-GPU defaults are noted only once a run is built: a run that cannot start
     ends with its one message."""
@@ -253,6 +254,7 @@ def test_8_train_prints_the_config_with_cfg_job(tmp_path, capsys):
     assert not (tmp_path / "tiny").exists()  # printed, nothing run
 
 
+@pytest.mark.integration
 def test_8_train_help_lists_the_presets_and_version_answers():
     helped = subprocess.run([sys.executable, "-m", "ridgeline.cli", "train", "--help"], capture_output=True,
                             text=True, timeout=HANG_GUARD_S, cwd=REPO)

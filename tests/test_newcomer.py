@@ -319,6 +319,7 @@ def test_12_a_long_loop_off_a_terminal_logs_progress_lines_and_a_short_one_none(
     assert len(caplog.messages) == 1 + (1024 - 60) // 60 + 1
 
 
+@pytest.mark.integration
 def test_12_bare_tqdm_bars_are_off_in_a_command(tmp_path):
     """transformers' "de-quantizing GGUF tensors" is a bare tqdm bar; tqdm reads TQDM_DISABLE when
     imported, and the command's parsers import it: the noise is silenced before they run."""
