@@ -191,10 +191,10 @@ SIZES = Sizes(ranks=2, rows=3, tokens=5, compute_bytes=2, checkpointing=False, r
 def test_5_the_estimate_is_the_documented_sum():
     need = estimate(SHAPE, SIZES)
     assert need.static == {"master weights": 4000, "gradients": 4000, "AdamW states": 8000, "bf16 compute copy": 2000,
-                           "reference weights": 2000, "engine weights": 2000}
+                           "reference weights": 4000, "engine weights": 2000}   # the reference in float32
     # rows x tokens x hidden x b x layers x 17, on each of the 2 ranks; KV: 4 rows x 5 x 2 layers x (k, v) x 2 x 4 x 2
     assert need.peak_extra == {"activations": 3 * 5 * 8 * 2 * 2 * 17 * 2, "engine KV cache": 4 * 5 * 2 * 2 * 2 * 4 * 2}
-    assert (need.static_bytes, need.peak_bytes) == (22000, 22000 + 16320 + 1280)
+    assert (need.static_bytes, need.peak_bytes) == (24000, 24000 + 16320 + 1280)
 
 
 def test_5_checkpointing_fp32_a_critic_and_no_embedded_engine():
@@ -221,7 +221,12 @@ def test_5_the_tiny_presets_sizes():
 
     cfg = load_config(["+experiment=tiny"])
     assert run_sizes(cfg, cuda=False) == Sizes(ranks=1, rows=64, tokens=132, compute_bytes=4, checkpointing=False,
-                                               reference=True, critic=False, engine_bytes=4, engine_rows=1024)
+                                               reference=True, critic=False, engine_bytes=4, engine_rows=128)
+    # the engine decodes at most one call's rows: 4 prompts x 4 samples, and an eval of 5 prompts x 2
+    small = load_config(["+experiment=tiny", "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
+                         "generator.n_samples_per_prompt=4", "trainer.eval_batch_size=5",
+                         "generator.eval_n_samples_per_prompt=2"])
+    assert run_sizes(small, cuda=False).engine_rows == 16
 
 
 def test_5_refused_when_the_weights_alone_do_not_fit_warned_when_the_longest_rows_would_not():

@@ -11,12 +11,13 @@ process), b bytes per compute element (2 under bf16 autocast, 4 in fp32), e byte
 | AdamW states (two float32 moments) | 8P / N |
 | the bf16 compute copy (bf16 only) | 2P / N |
 | activations | rows x T x L x H x 17 x b; with gradient checkpointing rows x T x H x b x (L + 17) |
-| reference weights | P x b / N |
+| reference weights (float32, as the policy's master weights) | 4P / N |
 | engine weights (embedded engine) | P x e |
-| engine KV cache (embedded engine) | max_num_seqs x T x L x 2 x kv_heads x head_dim x e |
+| engine KV cache (embedded engine) | S x T x L x 2 x kv_heads x head_dim x e |
 
 rows = the micro-batch a rank trains (`trainer.micro_train_batch_size_per_gpu`, at most its share of
-a mini-batch), T = the longest row (`training_max_tokens`); 17 values per token, hidden unit and layer
+a mini-batch), T = the longest row (`training_max_tokens`), S = the sequences the engine decodes at
+once (`generator.max_num_seqs`, at most the rows a training or eval batch asks for); 17 values per token, hidden unit and layer
 are Korthikanti et al. 2022's 34 bytes in 16-bit without the attention-score term (SDPA, flash).
 A critic counts as the policy. vLLM / SGLang engines reserve `gpu_memory_utilization` of a GPU
 themselves and are not counted. The weights, gradients, optimizer states and engine weights are
@@ -74,7 +75,7 @@ class Sizes:
     reference: bool          # a reference model is loaded
     critic: bool             # a critic is trained
     engine_bytes: int | None  # e of the embedded engine; None: no embedded engine (vLLM, SGLang, remote)
-    engine_rows: int         # rows the embedded engine decodes together (generator.max_num_seqs)
+    engine_rows: int         # rows the embedded engine decodes together (max_num_seqs, at most a batch's rows)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def estimate(shape: ModelShape, sizes: Sizes) -> MemoryEstimate:
     # sharded parts summed over the N ranks: 4P/N x N = 4P
     static = {"master weights": 4 * p * trained, "gradients": 4 * p * trained, "AdamW states": 8 * p * trained,
               "bf16 compute copy": 2 * p * trained if b == 2 else 0,
-              "reference weights": p * b if sizes.reference else 0,
+              "reference weights": 4 * p if sizes.reference else 0,   # loaded in float32 (build_ref_worker)
               "engine weights": p * sizes.engine_bytes if sizes.engine_bytes else 0}
     kv = (sizes.engine_rows * sizes.tokens * shape.layers * 2 * shape.kv_heads * shape.head_dim * sizes.engine_bytes
           if sizes.engine_bytes else 0)
@@ -157,7 +158,9 @@ def run_sizes(cfg: RidgelineConfig, cuda: bool) -> Sizes:
                  checkpointing=bool(t.gradient_checkpointing), reference=needs_ref(cfg),
                  critic=bool(t.critic.model.path),
                  engine_bytes=engine_dtype(g.model_dtype, device).itemsize if embedded else None,
-                 engine_rows=int(g.max_num_seqs))
+                 # the engine decodes at most the rows one call asks for: a training or an eval batch
+                 engine_rows=min(int(g.max_num_seqs), max(int(t.train_batch_size) * int(g.n_samples_per_prompt),
+                                                          int(t.eval_batch_size) * int(g.eval_n_samples_per_prompt))))
 
 
 def available_memory() -> int | None:
