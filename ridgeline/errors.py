@@ -46,7 +46,8 @@ def debug_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what it was raised from or during (`__cause__`, else `__context__`), each once."""
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:
@@ -60,7 +61,7 @@ def is_disk_full(exc: BaseException, path: str | Path | None = None) -> bool:
     libraries use for them, or, for a writer that reports neither (torch.save's "file write failed"),
     less than 1 MiB free on `path`'s filesystem at the moment of the failure (call this before
     removing what was written)."""
-    for e in _chain(exc):
+    for e in exception_chain(exc):
         if isinstance(e, DiskFullError) or (isinstance(e, OSError) and e.errno in _NO_SPACE):
             return True
         if any(text in str(e) for text in _NO_SPACE_TEXT):

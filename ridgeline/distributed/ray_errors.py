@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ridgeline.errors import UserError
+from ridgeline.errors import UserError, exception_chain
 
 _NODE = re.compile(r"Memory on the node \([^)]*\)(?: where the .*? was running)? was ([\d.]+)\s*GB(?: used)? / "
                    r"([\d.]+)\s*GB", re.S)
@@ -39,20 +39,11 @@ class MemoryKill:
     limit_gb: float | None
 
 
-def _chain(exc: BaseException):
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def memory_kill(exc: BaseException) -> MemoryKill | None:
     """The `MemoryKill` in `exc` (or an exception it came from) when Ray killed a worker for memory."""
     from ray.exceptions import OutOfMemoryError
 
-    for error in _chain(exc):
+    for error in exception_chain(exc):
         text = str(error)
         if isinstance(error, OutOfMemoryError) or any(marker in text for marker in _OOM_TEXT):
             node, task = _NODE.search(text), _TASK.search(text)
