@@ -16,6 +16,7 @@ tinker = pytest.importorskip("tinker", reason="the tinker SDK is in the dev extr
 import httpx  # noqa: E402  (the SDK's HTTP client, installed with it)
 from tinker import types  # noqa: E402
 
+from conftest import HANG_GUARD_S  # noqa: E402
 from ridgeline.inference.http_app import ExposureError  # noqa: E402
 from ridgeline.tinker.command import make_server  # noqa: E402
 from ridgeline.tinker.service import TinkerService  # noqa: E402
@@ -251,6 +252,7 @@ def test_state_resumes_exactly_on_a_new_server(tmp_path):
 
 def _post(server, path, body, key=KEY, **kw):
     headers = {"X-API-Key": key} if key else {}
+    kw.setdefault("timeout", HANG_GUARD_S)   # a hang guard: httpx's own 5 s is a busy machine's clock
     return httpx.post(server.url + "/api/v1" + path, json=body, headers=headers, **kw)
 
 
